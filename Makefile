@@ -1,0 +1,65 @@
+# runwire: `make run` shows a run streaming; `make test` installs and passes every test.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_WORKERS ?= 2
+
+.PHONY: install run up down logs status test lint typecheck unit integration chaos schemas bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## Start the local stack, stream a demo run, keep everything up until Ctrl-C.
+run: $(STAMP)
+	$(BIN)/python -m infra.stack run
+
+## Start the local stack in the background; writes .runwire/env.
+up: $(STAMP)
+	$(BIN)/python -m infra.stack up
+
+## Stop every process `make up` or `make run` started.
+down:
+	@if [ -x $(BIN)/python ]; then $(BIN)/python -m infra.stack down; fi
+
+## Follow the services' logs.
+logs: $(STAMP)
+	$(BIN)/python -m infra.stack logs
+
+status: $(STAMP)
+	$(BIN)/python -m infra.stack status
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+## Lint, types, then every test (unit, integration, chaos) in parallel.
+test: lint typecheck
+	$(BIN)/pytest -n $(PYTEST_WORKERS) -q -p no:cacheprovider
+
+unit: $(STAMP)
+	$(BIN)/pytest -q -m unit
+
+integration: $(STAMP)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) -q -m integration
+
+chaos: $(STAMP)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) -q -m chaos
+
+## Write the JSON Schema of every wire model to contracts/schema/.
+schemas: $(STAMP)
+	$(BIN)/python -m contracts.schemas
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+clean: down
+	rm -rf $(VENV) .runwire

@@ -1,0 +1,61 @@
+"""Command bodies, sent request/reply on `<prefix>.<tenant>.cmd.<name>`.
+
+The tenant is taken from the subject, never from the body.
+"""
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import Field
+
+from contracts.base import Versioned
+
+MAX_ID_LENGTH = 200
+RUNNER_NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
+
+
+class Multitask(StrEnum):
+    """What a new run does when its session already has an active run."""
+
+    INTERRUPT = "interrupt"
+    ENQUEUE = "enqueue"
+    REJECT = "reject"
+
+
+class SubmitCommand(Versioned):
+    """Start a run. `request_id` is the idempotency key within the tenant."""
+
+    request_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
+    input: dict[str, Any]
+    runner: str = Field(default="scripted", pattern=RUNNER_NAME_PATTERN)
+    session_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_LENGTH)
+    multitask: Multitask = Multitask.INTERRUPT
+    max_attempts: int | None = Field(default=None, ge=1, le=100)
+    attempt_timeout_ms: int | None = Field(default=None, ge=100, le=86_400_000)
+    queue_timeout_ms: int | None = Field(default=None, ge=100, le=86_400_000)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class CancelCommand(Versioned):
+    """Cancel a run. Cancelling a terminal run answers with the run unchanged."""
+
+    run_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
+
+
+class GetCommand(Versioned):
+    """Read a run's summary."""
+
+    run_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
+
+
+class AbortSessionCommand(Versioned):
+    """Cancel every active and queued run of a session."""
+
+    session_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
+
+
+class JoinCommand(Versioned):
+    """Join a run's frames: every frame with `seq > after`, then live."""
+
+    run_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
+    after: int = Field(default=0, ge=0)

@@ -1,0 +1,40 @@
+"""Stable error codes and the error reply every command may answer with."""
+
+from enum import StrEnum
+from typing import Literal
+
+from contracts.base import Versioned, WireModel
+
+
+class ErrorCode(StrEnum):
+    """Error codes of the wire contract. Stable: clients branch on them."""
+
+    INVALID_REQUEST = "INVALID_REQUEST"
+    PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
+    NOT_FOUND = "NOT_FOUND"
+    SESSION_BUSY = "SESSION_BUSY"
+    QUEUE_FULL = "QUEUE_FULL"
+    QUEUE_TIMEOUT = "QUEUE_TIMEOUT"
+    ATTEMPT_TIMEOUT = "ATTEMPT_TIMEOUT"
+    RUNNER_ERROR = "RUNNER_ERROR"
+    RUNNER_FATAL = "RUNNER_FATAL"
+    CANCELED = "CANCELED"
+    SUPERSEDED = "SUPERSEDED"
+    INTERRUPTED = "INTERRUPTED"
+    UNAVAILABLE = "UNAVAILABLE"
+    UNAUTHORIZED = "UNAUTHORIZED"
+
+
+class ErrorBody(WireModel):
+    """What went wrong, and whether trying again may succeed."""
+
+    code: ErrorCode
+    message: str
+    retryable: bool
+
+
+class ErrorReply(Versioned):
+    """A command's answer when it failed."""
+
+    ok: Literal[False] = False
+    error: ErrorBody

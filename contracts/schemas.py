@@ -1,0 +1,64 @@
+"""Export the JSON Schema of every wire body to `contracts/schema/` (`make schemas`)."""
+
+import json
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from contracts.commands import (
+    AbortSessionCommand,
+    CancelCommand,
+    GetCommand,
+    JoinCommand,
+    SubmitCommand,
+)
+from contracts.errors import ErrorReply
+from contracts.frames import Frame, Job, RawFrame
+from contracts.replies import AbortSessionReply, JoinReply, RunReply, RunSummary, SubmitReply
+from contracts.scripted import ScriptedInput
+
+SCHEMA_DIR = Path(__file__).parent / "schema"
+
+EXPORTED: tuple[type[BaseModel], ...] = (
+    SubmitCommand,
+    CancelCommand,
+    GetCommand,
+    AbortSessionCommand,
+    JoinCommand,
+    SubmitReply,
+    RunReply,
+    AbortSessionReply,
+    JoinReply,
+    ErrorReply,
+    RunSummary,
+    Frame,
+    RawFrame,
+    Job,
+    ScriptedInput,
+)
+
+
+def render() -> dict[str, str]:
+    """File name → JSON text of each exported model's schema."""
+    return {
+        f"{model.__name__}.json": json.dumps(model.model_json_schema(), indent=2, sort_keys=True)
+        + "\n"
+        for model in EXPORTED
+    }
+
+
+def main() -> None:
+    """Write every schema, removing files of models no longer exported."""
+    SCHEMA_DIR.mkdir(exist_ok=True)
+    rendered = render()
+    for stale in SCHEMA_DIR.glob("*.json"):
+        if stale.name not in rendered:
+            stale.unlink()
+    for name, text in rendered.items():
+        (SCHEMA_DIR / name).write_text(text)
+    sys.stdout.write(f"wrote {len(rendered)} schemas to {SCHEMA_DIR}\n")
+
+
+if __name__ == "__main__":
+    main()

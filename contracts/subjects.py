@@ -1,0 +1,96 @@
+"""Subject and stream names. Every name hangs off one prefix (`rw` by default).
+
+A prefix other than `rw` isolates a deployment (or a test) on a shared NATS server.
+"""
+
+import re
+from dataclasses import dataclass
+
+DEFAULT_PREFIX = "rw"
+DEFAULT_TENANT = "default"
+TENANT_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+PREFIX_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+COMMANDS = ("submit", "cancel", "get", "abort_session", "join")
+
+
+@dataclass(frozen=True)
+class Subjects:
+    """All subject and stream names under one prefix."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    def __post_init__(self) -> None:
+        if not PREFIX_PATTERN.match(self.prefix):
+            raise ValueError(f"invalid subject prefix {self.prefix!r}")
+
+    # -- streams -------------------------------------------------------------
+    @property
+    def jobs_stream(self) -> str:
+        return f"{self.prefix.upper()}_JOBS"
+
+    @property
+    def frames_in_stream(self) -> str:
+        return f"{self.prefix.upper()}_FRAMES_IN"
+
+    @property
+    def run_frames_stream(self) -> str:
+        return f"{self.prefix.upper()}_RUN_FRAMES"
+
+    @property
+    def events_stream(self) -> str:
+        return f"{self.prefix.upper()}_EVENTS"
+
+    # -- subjects ------------------------------------------------------------
+    def command(self, tenant: str, name: str) -> str:
+        """`<prefix>.<tenant>.cmd.<name>`: a command, request/reply."""
+        return f"{self.prefix}.{tenant}.cmd.{name}"
+
+    def command_wildcard(self, name: str) -> str:
+        return f"{self.prefix}.*.cmd.{name}"
+
+    def tenant_of_command(self, subject: str) -> str:
+        """The tenant token of a command subject."""
+        return subject.split(".")[1]
+
+    def job(self, tenant: str) -> str:
+        return f"{self.prefix}.jobs.{tenant}"
+
+    @property
+    def jobs_wildcard(self) -> str:
+        return f"{self.prefix}.jobs.*"
+
+    def frames_in(self, tenant: str, run_id: str) -> str:
+        """Where an attempt publishes its raw frames."""
+        return f"{self.prefix}.frames.in.{tenant}.{run_id}"
+
+    @property
+    def frames_in_wildcard(self) -> str:
+        return f"{self.prefix}.frames.in.*.*"
+
+    def run_frames(self, tenant: str, run_id: str) -> str:
+        """Where clients read a run's frames, in `seq` order."""
+        return f"{self.prefix}.{tenant}.runs.{run_id}.frames"
+
+    @property
+    def run_frames_wildcard(self) -> str:
+        return f"{self.prefix}.*.runs.*.frames"
+
+    def events(self, tenant: str, run_id: str) -> str:
+        return f"{self.prefix}.{tenant}.events.{run_id}"
+
+    @property
+    def events_wildcard(self) -> str:
+        return f"{self.prefix}.*.events.*"
+
+    def cancel_notice(self, run_id: str) -> str:
+        """Core-NATS notice from the submitter to executors: abort this run now."""
+        return f"{self.prefix}.ctl.cancel.{run_id}"
+
+    @property
+    def cancel_notice_wildcard(self) -> str:
+        return f"{self.prefix}.ctl.cancel.*"
+
+
+def valid_tenant(tenant: str) -> bool:
+    """A tenant is one subject token of letters, digits, `_` or `-`."""
+    return bool(TENANT_PATTERN.match(tenant))

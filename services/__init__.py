@@ -1,0 +1,1 @@
+"""runwire's services: runtime (shared), submitter, executor, relay, recovery, client."""

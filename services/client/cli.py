@@ -1,0 +1,150 @@
+"""The `runwire` command: submit runs, watch their frames, get and cancel them.
+
+It finds the stack from `--nats-url`, `RUNWIRE_NATS_URL`, or the `.runwire/env` file
+that `make up` writes.
+"""
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+from contracts.frames import Frame, FrameType
+from services.client.sdk import Client, ClientError, Transcript
+from services.client.settings import load_settings
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="runwire", description="Submit and follow runwire runs.")
+    parser.add_argument("--nats-url", help="NATS URL (default: RUNWIRE_NATS_URL or .runwire/env)")
+    parser.add_argument("--tenant", help="tenant (default: RUNWIRE_TENANT or 'default')")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    submit = sub.add_parser("submit", help="submit a run of the scripted runner")
+    submit.add_argument("--tokens", nargs="+", metavar="TOKEN", help="tokens the run emits")
+    submit.add_argument("--input", help="the run's input as JSON (instead of --tokens)")
+    submit.add_argument("--runner", default="scripted")
+    submit.add_argument("--token-delay-ms", type=int, default=0)
+    submit.add_argument("--request-id", help="idempotency key (default: a new one)")
+    submit.add_argument("--session", dest="session_id")
+    submit.add_argument("--multitask", choices=["interrupt", "enqueue", "reject"])
+    submit.add_argument("--max-attempts", type=int)
+    submit.add_argument("--attempt-timeout-ms", type=int)
+    submit.add_argument("--watch", action="store_true", help="stream the run's text")
+
+    watch = sub.add_parser("watch", help="stream a run's frames from a cursor")
+    watch.add_argument("run_id")
+    watch.add_argument("--after", type=int, default=0, help="last seq already seen")
+    watch.add_argument("--frames", action="store_true", help="print every frame as JSON")
+
+    get = sub.add_parser("get", help="print a run's summary")
+    get.add_argument("run_id")
+
+    cancel = sub.add_parser("cancel", help="cancel a run")
+    cancel.add_argument("run_id")
+    return parser
+
+
+def _submit_input(args: argparse.Namespace) -> dict[str, Any]:
+    if args.input:
+        value = json.loads(args.input)
+        if not isinstance(value, dict):
+            raise ValueError("--input must be a JSON object")
+        return value
+    if not args.tokens:
+        raise ValueError("give --tokens or --input")
+    return {"tokens": args.tokens, "token_delay_ms": args.token_delay_ms}
+
+
+async def _watch(client: Client, run_id: str, after: int, frames: bool) -> int:
+    transcript = Transcript()
+    status = "unknown"
+    async for frame in client.stream(run_id, after):
+        if frames:
+            print(frame.model_dump_json(), flush=True)
+        else:
+            _print_frame(frame, transcript)
+        if frame.type == FrameType.DONE:
+            status = str(frame.data.get("status"))
+            code = frame.data.get("code")
+            if not frames:
+                print(f"\nrun {run_id} {status}" + (f" ({code})" if code else ""), flush=True)
+    return 0 if status == "finished" else EXIT_FAILED
+
+
+def _print_frame(frame: Frame, transcript: Transcript) -> None:
+    before = transcript.text
+    transcript.apply(frame)
+    if frame.type == FrameType.MESSAGE:
+        sys.stdout.write(transcript.text[len(before) :])
+        sys.stdout.flush()
+    elif frame.type == FrameType.RUN and frame.data.get("resumed"):
+        print(
+            f"\n[attempt {frame.data.get('attempt')} resumes after "
+            f"{frame.data.get('partial_length')} characters]",
+            flush=True,
+        )
+        sys.stdout.write(transcript.text)
+    elif frame.type == FrameType.ERROR:
+        print(f"\n[error {frame.data.get('code')}: {frame.data.get('message')}]", flush=True)
+
+
+async def _main(args: argparse.Namespace) -> int:
+    settings = load_settings()
+    url = args.nats_url or settings.nats_url
+    tenant = args.tenant or settings.tenant
+    try:
+        client = await Client.connect(url, tenant=tenant, prefix=settings.prefix)
+    except (OSError, TimeoutError) as exc:
+        print(
+            f"runwire: cannot reach NATS at {url}: {exc} (is the stack up? `make up`)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    async with client:
+        if args.command == "submit":
+            options = {
+                k: v
+                for k in ("runner", "session_id", "multitask", "max_attempts", "attempt_timeout_ms")
+                if (v := getattr(args, k)) is not None
+            }
+            reply = await client.submit(_submit_input(args), request_id=args.request_id, **options)
+            note = " (duplicate request: the first run)" if reply.duplicate else ""
+            print(f"run {reply.run.run_id} {reply.run.status}{note}", flush=True)
+            if args.watch:
+                return await _watch(client, reply.run.run_id, 0, False)
+            return 0
+        if args.command == "watch":
+            return await _watch(client, args.run_id, args.after, args.frames)
+        if args.command == "get":
+            print((await client.get(args.run_id)).model_dump_json(indent=2))
+            return 0
+        if args.command == "cancel":
+            run = await client.cancel(args.run_id)
+            print(f"run {run.run_id} {run.status}")
+            return 0
+    return EXIT_USAGE
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the `runwire` command."""
+    args = _parser().parse_args(argv)
+    try:
+        code = asyncio.run(_main(args))
+    except ClientError as exc:
+        print(f"runwire: {exc.code}: {exc.message}", file=sys.stderr)
+        code = EXIT_FAILED
+    except ValueError as exc:
+        print(f"runwire: {exc}", file=sys.stderr)
+        code = EXIT_USAGE
+    except KeyboardInterrupt:
+        code = 130
+    raise SystemExit(code)
+
+
+if __name__ == "__main__":
+    main()

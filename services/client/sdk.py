@@ -1,0 +1,212 @@
+"""The async Python client: submit, get, cancel, abort_session, join and stream.
+
+`stream(run_id, after)` yields every frame after the cursor exactly once and in order
+until `done`, re-joining by itself when the connection, the relay or the live
+subscription is lost.
+"""
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NatsClient
+from nats.js.api import ConsumerConfig, DeliverPolicy
+from pydantic import BaseModel, ValidationError
+
+from contracts.commands import (
+    AbortSessionCommand,
+    CancelCommand,
+    GetCommand,
+    JoinCommand,
+    SubmitCommand,
+)
+from contracts.errors import ErrorBody, ErrorCode, ErrorReply
+from contracts.frames import Frame, FrameType
+from contracts.replies import AbortSessionReply, JoinReply, RunReply, RunSummary, SubmitReply
+from contracts.subjects import DEFAULT_PREFIX, DEFAULT_TENANT, Subjects
+
+log = logging.getLogger(__name__)
+
+REQUEST_TIMEOUT_S = 10.0
+REJOIN_DELAY_S = 0.2
+# With no frame for this long, the client re-joins to check the run is still alive.
+LIVE_IDLE_S = 5.0
+
+
+class ClientError(Exception):
+    """A command answered with an error, or no service answered."""
+
+    def __init__(self, error: ErrorBody) -> None:
+        super().__init__(f"{error.code}: {error.message}")
+        self.code = error.code
+        self.message = error.message
+        self.retryable = error.retryable
+
+
+class Transcript:
+    """The text of a run as frames arrive, honouring a resumed attempt's cut."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def apply(self, frame: Frame) -> None:
+        if frame.type == FrameType.RUN and frame.data.get("resumed"):
+            self.text = self.text[: int(frame.data.get("partial_length", len(self.text)))]
+        elif frame.type == FrameType.MESSAGE:
+            self.text += str(frame.data.get("text", ""))
+
+
+class Client:
+    """A connection to runwire for one tenant."""
+
+    def __init__(self, nc: NatsClient, *, tenant: str, prefix: str) -> None:
+        self.nc = nc
+        self.tenant = tenant
+        self.subjects = Subjects(prefix)
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        *,
+        tenant: str = DEFAULT_TENANT,
+        prefix: str = DEFAULT_PREFIX,
+    ) -> "Client":
+        nc = await nats.connect(url, name="runwire-client", max_reconnect_attempts=-1)
+        return cls(nc, tenant=tenant, prefix=prefix)
+
+    async def close(self) -> None:
+        if not self.nc.is_closed:
+            await self.nc.close()
+
+    async def __aenter__(self) -> "Client":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _request(self, name: str, body: BaseModel, reply: type[Any]) -> Any:
+        subject = self.subjects.command(self.tenant, name)
+        try:
+            msg = await self.nc.request(
+                subject,
+                body.model_dump_json(exclude_unset=True).encode(),
+                timeout=REQUEST_TIMEOUT_S,
+            )
+        except nats.errors.NoRespondersError as exc:
+            raise ClientError(
+                ErrorBody(
+                    code=ErrorCode.UNAVAILABLE,
+                    message=f"no service answers {subject}",
+                    retryable=True,
+                )
+            ) from exc
+        except (nats.errors.TimeoutError, TimeoutError) as exc:
+            raise ClientError(
+                ErrorBody(
+                    code=ErrorCode.UNAVAILABLE,
+                    message=f"no reply on {subject} within {REQUEST_TIMEOUT_S}s",
+                    retryable=True,
+                )
+            ) from exc
+        try:
+            return reply.model_validate_json(msg.data)
+        except ValidationError:
+            raise ClientError(ErrorReply.model_validate_json(msg.data).error) from None
+
+    async def submit(
+        self, input: dict[str, Any], *, request_id: str | None = None, **options: Any
+    ) -> SubmitReply:
+        """Submit a run; `options` are the optional fields of the submit command."""
+        cmd = SubmitCommand(request_id=request_id or str(uuid.uuid4()), input=input, **options)
+        reply: SubmitReply = await self._request("submit", cmd, SubmitReply)
+        return reply
+
+    async def get(self, run_id: str) -> RunSummary:
+        reply: RunReply = await self._request("get", GetCommand(run_id=run_id), RunReply)
+        return reply.run
+
+    async def cancel(self, run_id: str) -> RunSummary:
+        reply: RunReply = await self._request("cancel", CancelCommand(run_id=run_id), RunReply)
+        return reply.run
+
+    async def abort_session(self, session_id: str) -> list[str]:
+        reply: AbortSessionReply = await self._request(
+            "abort_session", AbortSessionCommand(session_id=session_id), AbortSessionReply
+        )
+        return reply.canceled
+
+    async def join(self, run_id: str, after: int = 0) -> JoinReply:
+        reply: JoinReply = await self._request(
+            "join", JoinCommand(run_id=run_id, after=after), JoinReply
+        )
+        return reply
+
+    async def stream(self, run_id: str, after: int = 0) -> AsyncIterator[Frame]:
+        """Every frame with `seq > after`, once each, in order, ending with `done`."""
+        cursor = after
+        while True:
+            try:
+                reply = await self.join(run_id, cursor)
+            except ClientError as exc:
+                if not exc.retryable:
+                    raise
+                log.info("join failed (%s); joining again", exc.message)
+                await asyncio.sleep(REJOIN_DELAY_S)
+                continue
+            for frame in reply.replay:
+                if frame.seq > cursor:
+                    cursor = frame.seq
+                    yield frame
+                    if frame.type == FrameType.DONE:
+                        return
+            if reply.live is None:
+                if not reply.replay:
+                    await asyncio.sleep(REJOIN_DELAY_S)  # ended, `done` not relayed yet
+                continue
+            async for frame in self._follow(
+                reply.live.subject, reply.live.stream, reply.live.stream_seq
+            ):
+                if frame.seq > cursor:
+                    cursor = frame.seq
+                    yield frame
+                    if frame.type == FrameType.DONE:
+                        return
+
+    async def _follow(self, subject: str, stream: str, start: int) -> AsyncIterator[Frame]:
+        """Live frames from a stream position, until the subscription goes quiet or fails."""
+        js = self.nc.jetstream()
+        try:
+            sub = await js.subscribe(
+                subject,
+                stream=stream,
+                ordered_consumer=True,
+                config=ConsumerConfig(
+                    deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start
+                ),
+            )
+        except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+            log.info("live subscription failed (%s); joining again", exc)
+            return
+        try:
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=LIVE_IDLE_S)
+                except (nats.errors.TimeoutError, TimeoutError):
+                    return  # quiet: re-join to learn whether the run is still going
+                except nats.errors.Error as exc:
+                    log.info("live subscription lost (%s); joining again", exc)
+                    return
+                try:
+                    yield Frame.model_validate_json(msg.data)
+                except ValidationError:
+                    log.warning("malformed frame on %s skipped", subject)
+        finally:
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()

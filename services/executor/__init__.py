@@ -1,0 +1,1 @@
+"""The executor: claims queued attempts, runs their runner, records the outcome."""

@@ -1,0 +1,5 @@
+"""`python -m services.executor`."""
+
+from services.executor.main import main
+
+main()

@@ -1,0 +1,225 @@
+"""One attempt of a run: the runner, its heartbeat, its deadline and its abort signal.
+
+The attempt owns a generation. Every frame it publishes and every write it makes is
+tagged or guarded by that generation, so once the attempt is fenced out (its lease
+lost to recovery) nothing it does takes effect.
+"""
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from contracts.errors import ErrorBody, ErrorCode
+from contracts.frames import FrameType, RawFrame
+from services.executor.runners.base import AttemptClosed, AttemptContext, Runner, RunnerError
+from services.runtime.broker import Broker
+from services.runtime.errors import LostRace, RunwireError, Unavailable
+from services.runtime.settings import ExecutorSettings
+from services.runtime.store import Run, Store
+
+log = logging.getLogger(__name__)
+
+PUBLISH_TRIES = 5
+
+
+class AbortReason(StrEnum):
+    """Why an attempt was stopped before its runner returned."""
+
+    CANCEL = "cancel"
+    TIMEOUT = "timeout"
+    SHUTDOWN = "shutdown"
+    LOST = "lost"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an attempt ended: exactly one of finished, error or abort is set."""
+
+    result: dict[str, Any] | None = None
+    error: ErrorBody | None = None
+    abort: AbortReason | None = None
+
+
+class Attempt:
+    """A claimed run being executed by this process."""
+
+    def __init__(
+        self,
+        run: Run,
+        runner: Runner,
+        *,
+        store: Store,
+        broker: Broker,
+        settings: ExecutorSettings,
+        owner: str,
+        on_heartbeat: Any = None,
+    ) -> None:
+        self.run = run
+        self.generation = run.generation
+        self._runner = runner
+        self._store = store
+        self._broker = broker
+        self._settings = settings
+        self._owner = owner
+        self._on_heartbeat = on_heartbeat
+        self._seq = 0
+        self._parts: list[str] = []
+        self.continuation = run.partial_text
+        self.abort_signal = asyncio.Event()
+        self.abort_reason: AbortReason | None = None
+        self.closed = False
+
+    @property
+    def partial_text(self) -> str:
+        """The run's text so far: what earlier attempts delivered plus this one's."""
+        return self.continuation + "".join(self._parts)
+
+    def abort(self, reason: AbortReason) -> None:
+        """Ask the runner to stop; the first reason that arrives is the one recorded."""
+        if self.abort_reason is None:
+            self.abort_reason = reason
+        self.abort_signal.set()
+
+    async def publish(self, type: FrameType, data: dict[str, Any]) -> None:
+        """Publish a frame of this attempt (also used to close it, after `closed`)."""
+        self._seq += 1
+        frame = RawFrame(
+            run_id=self.run.run_id,
+            tenant=self.run.tenant,
+            generation=self.generation,
+            seq=self._seq,
+            type=type,
+            data=data,
+            at=datetime.now(UTC),
+        )
+        # A failed publish may still have been stored: retry the same message id (the
+        # stream de-duplicates it) so the run's frames never have a gap.
+        for attempt in range(PUBLISH_TRIES):
+            try:
+                await self._broker.publish_raw_frame(frame)
+                return
+            except Unavailable:
+                if attempt == PUBLISH_TRIES - 1:
+                    raise
+                await asyncio.sleep(0.2 * (attempt + 1))
+
+    async def _emit(self, type: FrameType, data: dict[str, Any]) -> None:
+        if self.closed or self.abort_reason == AbortReason.LOST:
+            raise AttemptClosed(f"attempt {self.generation} of run {self.run.run_id} is closed")
+        await self.publish(type, data)
+        if type == FrameType.MESSAGE:
+            self._parts.append(str(data.get("text", "")))
+
+    async def _checkpoint(self, state: Any) -> None:
+        if self.closed:
+            raise AttemptClosed(f"attempt {self.generation} of run {self.run.run_id} is closed")
+        await self.publish(FrameType.CHECKPOINT, {"state": state})
+        try:
+            await self._store.save_checkpoint(
+                self.run.run_id, self.generation, state, self.partial_text
+            )
+        except LostRace:
+            self.abort(AbortReason.LOST)
+            raise AttemptClosed("lease lost") from None
+
+    async def execute(self) -> Outcome:
+        """Run the runner under heartbeat, deadline and abort; return how it ended."""
+        resumed = self.run.attempts > 1 or bool(self.continuation)
+        await self.publish(
+            FrameType.RUN,
+            {
+                "attempt": self.run.attempts,
+                "resumed": resumed,
+                "partial_length": len(self.continuation),
+            },
+        )
+        ctx = AttemptContext(
+            run_id=self.run.run_id,
+            tenant=self.run.tenant,
+            input=self.run.input,
+            attempt=self.run.attempts,
+            resumed=resumed,
+            continuation=self.continuation,
+            checkpoint_state=self.run.checkpoint,
+            abort=self.abort_signal,
+            _emit=self._emit,
+            _checkpoint=self._checkpoint,
+        )
+        runner_task: asyncio.Task[dict[str, Any] | None] = asyncio.create_task(self._runner(ctx))
+        heartbeat = asyncio.create_task(self._heartbeat())
+        aborted = asyncio.create_task(self.abort_signal.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {runner_task, aborted},
+                timeout=self.run.attempt_timeout_ms / 1000,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            if runner_task not in done:
+                if not self.abort_signal.is_set():
+                    self.abort(AbortReason.TIMEOUT)
+                # Give the runner a short grace to stop by itself, then abandon it.
+                await asyncio.wait({runner_task}, timeout=self._settings.abort_grace_ms / 1000)
+            return self._outcome(runner_task)
+        finally:
+            self.closed = True
+            heartbeat.cancel()
+            aborted.cancel()
+            if not runner_task.done():
+                log.warning("runner did not stop after abort; abandoning it")
+                runner_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+
+    def _outcome(self, task: "asyncio.Task[dict[str, Any] | None]") -> Outcome:
+        # An abort wins: a runner that returns after its abort did not finish its work.
+        if self.abort_reason is not None:
+            return Outcome(abort=self.abort_reason)
+        exc = task.exception()
+        if exc is None:
+            return Outcome(result=task.result() or {})
+        if isinstance(exc, RunnerError):
+            code = ErrorCode.RUNNER_ERROR if exc.retryable else ErrorCode.RUNNER_FATAL
+            return Outcome(error=ErrorBody(code=code, message=exc.message, retryable=exc.retryable))
+        if isinstance(exc, AttemptClosed):
+            return Outcome(abort=self.abort_reason or AbortReason.LOST)
+        if isinstance(exc, RunwireError):
+            return Outcome(
+                error=ErrorBody(code=exc.code, message=exc.message, retryable=exc.retryable)
+            )
+        log.error("runner raised %s", type(exc).__name__, exc_info=exc)
+        return Outcome(
+            error=ErrorBody(
+                code=ErrorCode.RUNNER_ERROR,
+                message=f"runner crashed: {type(exc).__name__}: {exc}",
+                retryable=True,
+            )
+        )
+
+    async def _heartbeat(self) -> None:
+        interval = self._settings.heartbeat_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            if self._on_heartbeat is not None:
+                await self._on_heartbeat()
+            try:
+                cancel = await self._store.heartbeat(
+                    self.run.run_id,
+                    self.generation,
+                    self._settings.lease_ttl_ms,
+                    self.partial_text,
+                )
+            except LostRace:
+                log.warning("lease lost to a newer attempt; stopping")
+                self.abort(AbortReason.LOST)
+                return
+            except RunwireError as exc:
+                # Postgres is away: keep going; if the lease expires, recovery takes over
+                # and the fence stops every later write of this attempt.
+                log.warning("heartbeat not recorded: %s", exc.message)
+                continue
+            if cancel:
+                self.abort(AbortReason.CANCEL)

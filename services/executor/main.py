@@ -1,0 +1,227 @@
+"""The executor process: pull jobs, claim, run attempts, settle; drain on SIGTERM."""
+
+import asyncio
+import logging
+import os
+import random
+import socket
+import uuid
+from datetime import UTC, datetime
+
+import nats.errors
+from nats.aio.msg import Msg
+from pydantic import ValidationError
+
+from contracts.errors import ErrorBody, ErrorCode
+from contracts.frames import Job
+from contracts.status import RunStatus
+from contracts.subjects import Subjects
+from services.executor.attempt import AbortReason, Attempt, Outcome
+from services.executor.outcome import Settler
+from services.executor.runners import RUNNERS, Runner
+from services.executor.runners.base import RunnerError
+from services.runtime.broker import EXECUTOR_CONSUMER, Broker
+from services.runtime.closing import publish_closing
+from services.runtime.errors import RunwireError
+from services.runtime.lifecycle import run_service
+from services.runtime.logs import bind
+from services.runtime.settings import ExecutorSettings
+from services.runtime.store import Store
+
+log = logging.getLogger(__name__)
+
+FETCH_BATCH = 64
+FETCH_WAIT_S = 1.0
+QUEUE_TIMEOUT = ErrorBody(
+    code=ErrorCode.QUEUE_TIMEOUT,
+    message="the run waited in the queue past its queue timeout",
+    retryable=True,
+)
+
+
+async def _unknown_runner(ctx: object) -> None:
+    raise RunnerError("no runner of that name is registered on this executor", retryable=False)
+
+
+class Executor:
+    """Runs up to `max_in_flight` attempts at once; the consumer caps the global total."""
+
+    def __init__(
+        self,
+        settings: ExecutorSettings,
+        store: Store,
+        broker: Broker,
+        runners: dict[str, Runner] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.broker = broker
+        self.runners = RUNNERS if runners is None else runners
+        self.owner = settings.executor_id or (
+            f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        )
+        self.attempts: dict[str, Attempt] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._slot_freed = asyncio.Event()
+        self._settler = Settler(store, broker, settings, self.owner, random.Random())
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Fetch and run jobs until `stop`, then drain."""
+        subjects = self.broker.subjects
+        await self.broker.ensure_streams(
+            queue_capacity=self.settings.queue_capacity,
+            frame_max_age_s=self.settings.frame_stream_max_age_s,
+        )
+        await self.broker.ensure_consumer(
+            subjects.jobs_stream,
+            EXECUTOR_CONSUMER,
+            max_ack_pending=self.settings.max_in_flight,
+            ack_wait_s=self.settings.ack_wait_ms / 1000,
+        )
+        psub = await self.broker.pull(subjects.jobs_stream, EXECUTOR_CONSUMER)
+        await self.broker.subscribe(subjects.cancel_notice_wildcard, self._on_cancel_notice)
+        log.info("executor ready", extra={"fields": {"owner": self.owner}})
+        stopping = asyncio.create_task(stop.wait())
+        try:
+            while not stop.is_set():
+                free = self.settings.max_in_flight - len(self._tasks)
+                if free <= 0:
+                    self._slot_freed.clear()
+                    waiter = asyncio.create_task(self._slot_freed.wait())
+                    await asyncio.wait({waiter, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                    waiter.cancel()
+                    continue
+                fetch = asyncio.create_task(
+                    psub.fetch(min(free, FETCH_BATCH), timeout=FETCH_WAIT_S)
+                )
+                await asyncio.wait({fetch, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                if not fetch.done():
+                    fetch.cancel()
+                    break
+                try:
+                    msgs = fetch.result()
+                except (TimeoutError, nats.errors.TimeoutError):
+                    continue
+                except (nats.errors.Error, OSError) as exc:
+                    log.warning("fetching jobs failed: %s", exc)
+                    await asyncio.sleep(0.5)
+                    continue
+                for msg in msgs:
+                    task = asyncio.create_task(self._handle(msg))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._done)
+        finally:
+            stopping.cancel()
+            await self._drain()
+
+    def _done(self, task: "asyncio.Task[None]") -> None:
+        self._tasks.discard(task)
+        self._slot_freed.set()
+
+    async def _drain(self) -> None:
+        if self.attempts:
+            log.info("shutting down: returning %d attempts to the queue", len(self.attempts))
+        for attempt in list(self.attempts.values()):
+            attempt.abort(AbortReason.SHUTDOWN)
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=self.settings.drain_ms / 1000)
+
+    async def _on_cancel_notice(self, msg: Msg) -> None:
+        run_id = msg.subject.rsplit(".", 1)[-1]
+        attempt = self.attempts.get(run_id)
+        if attempt is not None:
+            with bind(run_id=run_id):
+                log.info("cancel notice: aborting the attempt")
+            attempt.abort(AbortReason.CANCEL)
+
+    async def _handle(self, msg: Msg) -> None:
+        try:
+            job = Job.model_validate_json(msg.data)
+        except ValidationError as exc:
+            log.error("malformed job dropped: %s", exc)
+            await msg.term()
+            return
+        with bind(run_id=job.run_id, tenant=job.tenant):
+            try:
+                await self._run_job(job, msg)
+            except RunwireError as exc:
+                # Postgres or NATS away: the job comes back; the fence keeps it safe.
+                log.warning("job not processed: %s", exc.message)
+                await msg.nak(delay=1.0)
+            except Exception:
+                log.exception("job handling crashed")
+                await msg.nak(delay=1.0)
+
+    async def _run_job(self, job: Job, msg: Msg) -> None:
+        run = await self.store.claim(
+            job.run_id, job.generation, self.owner, self.settings.lease_ttl_ms
+        )
+        if run is None:
+            await self._not_claimed(job, msg)
+            return
+        runner = self.runners.get(run.runner, _unknown_runner)
+        attempt = Attempt(
+            run,
+            runner,
+            store=self.store,
+            broker=self.broker,
+            settings=self.settings,
+            owner=self.owner,
+            on_heartbeat=msg.in_progress,
+        )
+        self.attempts[run.run_id] = attempt
+        with bind(attempt=run.attempts, generation=run.generation):
+            log.info("attempt started")
+            try:
+                outcome = await attempt.execute()
+            except RunwireError as exc:
+                log.warning("attempt could not publish: %s", exc.message)
+                outcome = Outcome(
+                    error=ErrorBody(code=exc.code, message=exc.message, retryable=True)
+                )
+            finally:
+                self.attempts.pop(run.run_id, None)
+            await self._settler.settle(attempt, outcome, msg)
+
+    async def _not_claimed(self, job: Job, msg: Msg) -> None:
+        """A job that did not start an attempt: stale, early, canceled or timed out."""
+        run = await self.store.get_run_by_id(job.run_id)
+        waiting = (
+            run is not None
+            and run.status in (RunStatus.QUEUED, RunStatus.RECOVERING)
+            and run.generation == job.generation
+            and not run.cancel_requested
+        )
+        if run is None or not waiting:
+            await msg.ack()  # duplicate, stale or already closed: nothing to do
+            return
+        now = datetime.now(UTC)
+        if (
+            run.attempts == 0
+            and run.queue_timeout_ms is not None
+            and (now - run.created_at).total_seconds() * 1000 >= run.queue_timeout_ms
+        ):
+            failed = await self.store.fail_queued(run.run_id, QUEUE_TIMEOUT, self.owner)
+            if failed is not None:
+                await publish_closing(self.broker, failed)
+            await msg.ack()
+            return
+        delay = max(0.01, (run.not_before - now).total_seconds())
+        await msg.nak(delay=delay)
+
+
+async def serve(settings: ExecutorSettings, stop: asyncio.Event) -> None:
+    store = await Store.connect(settings.database_url, pool_size=settings.db_pool_size)
+    broker = await Broker.connect(
+        settings.nats_url, Subjects(settings.prefix), name="runwire-executor"
+    )
+    try:
+        await Executor(settings, store, broker).run(stop)
+    finally:
+        await broker.close()
+        await store.close()
+
+
+def main() -> None:
+    settings = ExecutorSettings()
+    run_service("executor", settings, lambda stop: serve(settings, stop))

@@ -1,0 +1,119 @@
+"""The one place that maps an attempt's outcome to Postgres and to JetStream.
+
+finished → finish + `done` + ack; retryable error with attempts left → requeue with
+backoff + `error` frame + new job + ack; fatal or exhausted → fail + `error` + `done`
++ term; canceled → cancel + `done` + ack; shutdown → release (not counted) + new job
++ ack; lease lost → ack only (the newer attempt owns the run).
+"""
+
+import logging
+import random
+from dataclasses import dataclass
+
+from nats.aio.msg import Msg
+
+from contracts.errors import ErrorBody, ErrorCode
+from contracts.frames import FrameType, Job
+from contracts.status import RunStatus
+from services.executor.attempt import AbortReason, Attempt, Outcome
+from services.runtime.broker import Broker
+from services.runtime.errors import LostRace, RunwireError
+from services.runtime.logs import fields
+from services.runtime.settings import ExecutorSettings
+from services.runtime.store import Store
+
+log = logging.getLogger(__name__)
+
+CANCELED = ErrorBody(code=ErrorCode.CANCELED, message="canceled by request", retryable=False)
+
+
+def backoff_ms(attempt: int, base_ms: int, max_ms: int, rng: random.Random) -> int:
+    """Exponential backoff with full jitter in its upper half."""
+    ceiling = min(max_ms, base_ms * 2 ** max(0, attempt - 1))
+    return int(ceiling * (0.5 + rng.random() / 2))
+
+
+def timeout_error(timeout_ms: int) -> ErrorBody:
+    return ErrorBody(
+        code=ErrorCode.ATTEMPT_TIMEOUT,
+        message=f"the attempt ran past its deadline of {timeout_ms} ms",
+        retryable=True,
+    )
+
+
+@dataclass
+class Settler:
+    """Records outcomes for one executor process."""
+
+    store: Store
+    broker: Broker
+    settings: ExecutorSettings
+    owner: str
+    rng: random.Random
+
+    async def settle(self, attempt: Attempt, outcome: Outcome, msg: Msg) -> None:
+        """Write the outcome (fenced by generation), publish its frames, ack the job."""
+        try:
+            await self._settle(attempt, outcome, msg)
+        except LostRace:
+            log.warning("outcome not recorded: a newer attempt owns the run")
+            await msg.ack()
+
+    async def _settle(self, attempt: Attempt, outcome: Outcome, msg: Msg) -> None:
+        run, gen, text = attempt.run, attempt.generation, attempt.partial_text
+        if outcome.result is not None:
+            await self.store.finish(
+                run.run_id, gen, {"text": text, **outcome.result}, text, self.owner
+            )
+            await attempt.publish(FrameType.DONE, {"status": RunStatus.FINISHED.value})
+            await msg.ack()
+            log.info("run finished", extra=fields(attempt=run.attempts))
+            return
+        if outcome.abort == AbortReason.LOST:
+            await msg.ack()
+            return
+        if outcome.abort == AbortReason.CANCEL:
+            await self.store.close_attempt(
+                run.run_id, gen, RunStatus.CANCELED, CANCELED, text, self.owner
+            )
+            await attempt.publish(
+                FrameType.DONE,
+                {"status": RunStatus.CANCELED.value, "code": ErrorCode.CANCELED.value},
+            )
+            await msg.ack()
+            log.info("run canceled", extra=fields(attempt=run.attempts))
+            return
+        if outcome.abort == AbortReason.SHUTDOWN:
+            await self.store.release(run.run_id, gen, text, self.owner)
+            await self._queue(Job(run_id=run.run_id, tenant=run.tenant, generation=gen))
+            await msg.ack()
+            log.info("attempt returned to the queue for shutdown")
+            return
+        error = outcome.error or timeout_error(run.attempt_timeout_ms)
+        if error.retryable and run.attempts < run.max_attempts:
+            delay = backoff_ms(
+                run.attempts, self.settings.retry_base_ms, self.settings.retry_max_ms, self.rng
+            )
+            await self.store.requeue(run.run_id, gen, error, text, delay, self.owner)
+            await attempt.publish(FrameType.ERROR, error.model_dump(mode="json"))
+            await self._queue(Job(run_id=run.run_id, tenant=run.tenant, generation=gen))
+            await msg.ack()
+            log.info(
+                "attempt failed; retrying",
+                extra=fields(attempt=run.attempts, code=error.code, delay_ms=delay),
+            )
+            return
+        await self.store.close_attempt(run.run_id, gen, RunStatus.FAILED, error, text, self.owner)
+        await attempt.publish(FrameType.ERROR, error.model_dump(mode="json"))
+        await attempt.publish(
+            FrameType.DONE, {"status": RunStatus.FAILED.value, "code": error.code.value}
+        )
+        await msg.term()
+        log.info("run failed", extra=fields(attempt=run.attempts, code=error.code))
+
+    async def _queue(self, job: Job) -> None:
+        try:
+            await self.broker.publish_job(job)
+        except RunwireError as exc:
+            # Postgres says queued; recovery re-publishes jobs that never reached the stream.
+            log.warning("retry job not published yet, recovery will: %s", exc.message)

@@ -1,0 +1,1 @@
+"""The recovery service: re-drives every run from Postgres, whatever crashed."""

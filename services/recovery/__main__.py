@@ -1,0 +1,5 @@
+"""`python -m services.recovery`."""
+
+from services.recovery.main import main
+
+main()

@@ -1,0 +1,47 @@
+"""Start the recovery service: `runwire-recovery` or `python -m services.recovery`."""
+
+import asyncio
+import contextlib
+import logging
+
+from contracts.subjects import Subjects
+from services.recovery.sweep import Sweeper
+from services.runtime.broker import Broker
+from services.runtime.errors import RunwireError
+from services.runtime.lifecycle import run_service
+from services.runtime.logs import fields
+from services.runtime.settings import RecoverySettings
+from services.runtime.store import Store
+
+log = logging.getLogger(__name__)
+
+
+async def serve(settings: RecoverySettings, stop: asyncio.Event) -> None:
+    """Tick every `recovery_interval_ms` until `stop` is set."""
+    store = await Store.connect(settings.database_url, pool_size=settings.db_pool_size)
+    broker = await Broker.connect(
+        settings.nats_url, Subjects(settings.prefix), name="runwire-recovery"
+    )
+    try:
+        await broker.ensure_streams(
+            queue_capacity=settings.queue_capacity,
+            frame_max_age_s=settings.frame_stream_max_age_s,
+        )
+        sweeper = Sweeper(settings, store, broker)
+        while not stop.is_set():
+            try:
+                report = await sweeper.tick()
+                if report.any():
+                    log.info("recovery tick", extra=fields(**vars(report)))
+            except RunwireError as exc:
+                log.warning("recovery tick failed: %s", exc.message)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), settings.recovery_interval_ms / 1000)
+    finally:
+        await broker.close()
+        await store.close()
+
+
+def main() -> None:
+    settings = RecoverySettings()
+    run_service("recovery", settings, lambda stop: serve(settings, stop))

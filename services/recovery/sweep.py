@@ -1,0 +1,97 @@
+"""One recovery tick: expired leases, queue timeouts, lost jobs, unclosed runs.
+
+Every step is a guarded write with `FOR UPDATE SKIP LOCKED`, so any number of
+recovery replicas can tick at once without acting twice on a run.
+"""
+
+import logging
+from dataclasses import dataclass
+
+from contracts.errors import ErrorBody, ErrorCode
+from contracts.frames import Job
+from contracts.status import RunStatus
+from services.runtime.broker import Broker
+from services.runtime.closing import INTERRUPTED_MESSAGE, publish_closing
+from services.runtime.errors import RunwireError
+from services.runtime.logs import bind
+from services.runtime.settings import RecoverySettings
+from services.runtime.store import Run, Store
+
+log = logging.getLogger(__name__)
+
+ACTOR = "recovery"
+INTERRUPTED = ErrorBody(code=ErrorCode.INTERRUPTED, message=INTERRUPTED_MESSAGE, retryable=True)
+QUEUE_TIMEOUT = ErrorBody(
+    code=ErrorCode.QUEUE_TIMEOUT,
+    message="the run waited in the queue past its queue timeout",
+    retryable=True,
+)
+
+
+@dataclass
+class TickReport:
+    """What one tick did, for logs and tests."""
+
+    recovering: int = 0
+    interrupted: int = 0
+    timed_out: int = 0
+    republished: int = 0
+    closed: int = 0
+
+    def any(self) -> bool:
+        return any(vars(self).values())
+
+
+class Sweeper:
+    """Runs recovery ticks."""
+
+    def __init__(self, settings: RecoverySettings, store: Store, broker: Broker) -> None:
+        self.settings = settings
+        self.store = store
+        self.broker = broker
+
+    async def tick(self) -> TickReport:
+        s = self.settings
+        report = TickReport()
+        for run in await self.store.expire_leases(
+            limit=s.batch_size,
+            max_recoveries=s.max_recoveries,
+            backoff_ms=s.recovery_backoff_ms,
+            error=INTERRUPTED,
+            actor=ACTOR,
+        ):
+            with bind(run_id=run.run_id, tenant=run.tenant):
+                if run.status == RunStatus.INTERRUPTED:
+                    report.interrupted += 1
+                    log.warning("run interrupted: no progress after repeated recoveries")
+                    await self._close(run)
+                else:
+                    report.recovering += 1
+                    log.info("lease expired; run recovering")
+                    await self._publish_job(run.run_id, run.tenant, run.generation)
+        for run in await self.store.expire_queue(
+            limit=s.batch_size, error=QUEUE_TIMEOUT, actor=ACTOR
+        ):
+            report.timed_out += 1
+            await self._close(run)
+        for run_id, tenant, generation in await self.store.stale_queued(
+            s.republish_after_ms, s.batch_size
+        ):
+            report.republished += 1
+            await self._publish_job(run_id, tenant, generation)
+        for run in await self.store.unclosed_terminal(s.close_grace_ms, s.batch_size):
+            report.closed += 1
+            await self._close(run)
+        return report
+
+    async def _publish_job(self, run_id: str, tenant: str, generation: int) -> None:
+        try:
+            await self.broker.publish_job(Job(run_id=run_id, tenant=tenant, generation=generation))
+        except RunwireError as exc:
+            log.warning("job of run %s not published, next tick retries: %s", run_id, exc.message)
+
+    async def _close(self, run: Run) -> None:
+        try:
+            await publish_closing(self.broker, run)
+        except RunwireError as exc:
+            log.warning("closing frames not published, a later tick retries: %s", exc.message)

@@ -1,0 +1,1 @@
+"""The relay: raw frames → ordered client frames and Postgres segments; `join`."""

@@ -1,0 +1,5 @@
+"""`python -m services.relay`."""
+
+from services.relay.main import main
+
+main()

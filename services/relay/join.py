@@ -1,0 +1,82 @@
+"""`join`: every frame after a cursor known so far, and where live frames continue.
+
+History is read after the live position is fixed (the stream's last sequence at the
+start), so replay plus live misses nothing; the client de-duplicates by `seq`.
+Older frames come from Postgres segments, the rest from the stream.
+"""
+
+import json
+
+from contracts.commands import JoinCommand
+from contracts.frames import Frame, FrameType
+from contracts.replies import JoinReply, LiveCursor
+from services.runtime.broker import HDR_FRAME_TYPE, Broker
+from services.runtime.commands import parse
+from services.runtime.errors import NotFound
+from services.runtime.settings import RelaySettings
+from services.runtime.store import Store
+
+
+class Joiner:
+    """Answers join commands from segments and the client frames stream."""
+
+    def __init__(self, settings: RelaySettings, store: Store, broker: Broker) -> None:
+        self.settings = settings
+        self.store = store
+        self.broker = broker
+
+    async def join(self, tenant: str, data: bytes) -> JoinReply:
+        cmd = parse(JoinCommand, data, max_bytes=64 * 1024)
+        stream = self.broker.subjects.run_frames_stream
+        subject = self.broker.subjects.run_frames(tenant, cmd.run_id)
+        live_from = await self.broker.last_stream_seq(stream) + 1
+        run = await self.store.get_run(tenant, cmd.run_id)
+        if run is None:
+            raise NotFound(f"no run {cmd.run_id!r}")
+
+        replay: list[Frame] = []
+        cursor = cmd.after
+        size = 0
+        full = False
+        read_from = 1
+        closed = False
+        for segment in await self.store.segments_after(run.run_id, cmd.after):
+            for body in segment.frames:
+                if body["seq"] <= cursor:
+                    continue
+                frame = Frame.model_validate(body)
+                replay.append(frame)
+                cursor = frame.seq
+                closed = closed or frame.type == FrameType.DONE
+                size += len(json.dumps(body))
+            read_from = segment.last_stream_seq + 1
+            if size >= self.settings.replay_max_bytes:
+                full = True
+                break
+
+        last = None if full else await self.broker.last_on_subject(stream, subject)
+        if last is not None:
+            closed = closed or last.headers.get(HDR_FRAME_TYPE) == FrameType.DONE.value
+            if last.stream_seq >= read_from:
+                for msg in await self.broker.read_subject(
+                    stream, subject, read_from, last.stream_seq
+                ):
+                    frame = Frame.model_validate_json(msg.data)
+                    if frame.seq <= cursor:
+                        continue
+                    replay.append(frame)
+                    cursor = frame.seq
+                    size += len(msg.data)
+                    if size >= self.settings.replay_max_bytes:
+                        full = True
+                        break
+            live_from = max(live_from, last.stream_seq + 1)
+        closed = closed or run.frames_closed
+        # No live part when the run's frames are complete, or when the replay was cut at
+        # the size limit: the client joins again from its new cursor.
+        live = (
+            None
+            if closed or full
+            else LiveCursor(stream=stream, subject=subject, stream_seq=live_from)
+        )
+        return JoinReply(run=run.summary(), replay=replay, live=live)

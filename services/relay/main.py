@@ -1,0 +1,39 @@
+"""Start the relay: `runwire-relay` or `python -m services.relay`."""
+
+import asyncio
+
+from contracts.subjects import Subjects
+from services.relay.join import Joiner
+from services.relay.pipeline import Pipeline
+from services.runtime.broker import Broker
+from services.runtime.commands import CommandServer
+from services.runtime.lifecycle import run_service
+from services.runtime.settings import RelaySettings
+from services.runtime.store import Store
+
+QUEUE_GROUP = "relay"
+
+
+async def serve(settings: RelaySettings, stop: asyncio.Event) -> None:
+    """Relay frames and answer joins until `stop` is set."""
+    store = await Store.connect(settings.database_url, pool_size=settings.db_pool_size)
+    broker = await Broker.connect(
+        settings.nats_url, Subjects(settings.prefix), name="runwire-relay"
+    )
+    try:
+        await broker.ensure_streams(
+            queue_capacity=settings.queue_capacity,
+            frame_max_age_s=settings.frame_stream_max_age_s,
+        )
+        server = CommandServer(broker, QUEUE_GROUP)
+        await server.serve("join", Joiner(settings, store, broker).join)
+        await Pipeline(settings, store, broker).run(stop)
+        await server.drain()
+    finally:
+        await broker.close()
+        await store.close()
+
+
+def main() -> None:
+    settings = RelaySettings()
+    run_service("relay", settings, lambda stop: serve(settings, stop))

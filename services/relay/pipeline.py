@@ -1,0 +1,217 @@
+"""The relay pipeline: raw frames in, ordered client frames out, segments in Postgres.
+
+Each kept frame is published at once on the run's client subject (low latency) and
+buffered for Postgres; buffers are flushed every `segment_flush_ms`, when they pass
+`segment_bytes`, and at once for `run`, tool, `error` and `done` frames, as one
+multi-row write per flush.
+"""
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import nats.errors
+from nats.aio.msg import Msg
+from pydantic import ValidationError
+
+from contracts.frames import URGENT_FRAME_TYPES, Frame, FrameType, RawFrame
+from services.relay.sequencer import RunCursor, Verdict
+from services.runtime.broker import (
+    HDR_FRAME_SEQ,
+    HDR_FRAME_TYPE,
+    HDR_GENERATION,
+    HDR_RAW_SEQ,
+    RELAY_CONSUMER,
+    Broker,
+)
+from services.runtime.errors import RunwireError
+from services.runtime.logs import bind
+from services.runtime.settings import RelaySettings
+from services.runtime.store import Segment, Store
+
+log = logging.getLogger(__name__)
+
+FETCH_BATCH = 256
+FETCH_WAIT_S = 1.0
+GAP_RETRY_DELAY_S = 0.25
+# After this many deliveries a frame that follows a gap is kept: the gap is lost for good.
+GAP_GIVE_UP_DELIVERIES = 40
+
+
+@dataclass
+class SegmentBuffer:
+    run_id: str
+    frames: list[dict[str, Any]] = field(default_factory=list)
+    size: int = 0
+    last_stream_seq: int = 0
+    closed: bool = False
+
+
+class Pipeline:
+    """Consumes the raw frames stream with one durable consumer."""
+
+    def __init__(self, settings: RelaySettings, store: Store, broker: Broker) -> None:
+        self.settings = settings
+        self.store = store
+        self.broker = broker
+        self.cursors: dict[str, RunCursor] = {}
+        self.buffers: dict[str, SegmentBuffer] = {}
+        self._flush_lock = asyncio.Lock()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        subjects = self.broker.subjects
+        await self.broker.ensure_consumer(
+            subjects.frames_in_stream,
+            RELAY_CONSUMER,
+            max_ack_pending=10_000,
+            ack_wait_s=30.0,
+        )
+        psub = await self.broker.pull(subjects.frames_in_stream, RELAY_CONSUMER)
+        flusher = asyncio.create_task(self._flush_every())
+        stopping = asyncio.create_task(stop.wait())
+        try:
+            while not stop.is_set():
+                fetch = asyncio.create_task(psub.fetch(FETCH_BATCH, timeout=FETCH_WAIT_S))
+                await asyncio.wait({fetch, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                if not fetch.done():
+                    fetch.cancel()
+                    break
+                try:
+                    msgs = fetch.result()
+                except (TimeoutError, nats.errors.TimeoutError):
+                    continue
+                except (nats.errors.Error, OSError) as exc:
+                    log.warning("fetching frames failed: %s", exc)
+                    await asyncio.sleep(0.5)
+                    continue
+                for msg in msgs:
+                    await self._process(msg)
+        finally:
+            stopping.cancel()
+            flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await flusher
+            await self.flush()
+
+    async def _cursor(self, tenant: str, run_id: str) -> RunCursor:
+        """The run's cursor, from memory or rebuilt from the last published frame."""
+        cursor = self.cursors.get(run_id)
+        if cursor is not None:
+            return cursor
+        last = await self.broker.last_on_subject(
+            self.broker.subjects.run_frames_stream,
+            self.broker.subjects.run_frames(tenant, run_id),
+        )
+        if last is not None and HDR_GENERATION in last.headers:
+            cursor = RunCursor(
+                generation=int(last.headers[HDR_GENERATION]),
+                raw_seq=int(last.headers[HDR_RAW_SEQ]),
+                seq=int(last.headers[HDR_FRAME_SEQ]),
+                closed=last.headers.get(HDR_FRAME_TYPE) == FrameType.DONE.value,
+            )
+        else:
+            run = await self.store.get_run_by_id(run_id)
+            # The stream no longer holds the run (purged after it ended): Postgres knows.
+            cursor = RunCursor(
+                seq=run.last_seq if run else 0, closed=bool(run and run.frames_closed)
+            )
+        self.cursors[run_id] = cursor
+        return cursor
+
+    async def _process(self, msg: Msg) -> None:
+        try:
+            raw = RawFrame.model_validate_json(msg.data)
+        except ValidationError as exc:
+            log.error("malformed raw frame dropped: %s", exc)
+            await msg.term()
+            return
+        with bind(run_id=raw.run_id, tenant=raw.tenant):
+            try:
+                await self._relay(raw, msg)
+            except RunwireError as exc:
+                log.warning("frame not relayed yet: %s", exc.message)
+                self.cursors.pop(raw.run_id, None)  # rebuild from the stream next time
+                await msg.nak(delay=0.5)
+
+    async def _relay(self, raw: RawFrame, msg: Msg) -> None:
+        cursor = await self._cursor(raw.tenant, raw.run_id)
+        verdict = cursor.judge(raw.generation, raw.seq)
+        if verdict == Verdict.WAIT:
+            if msg.metadata.num_delivered < GAP_GIVE_UP_DELIVERIES:
+                await msg.nak(delay=GAP_RETRY_DELAY_S)
+                return
+            log.error(
+                "frames %d..%d of generation %d never arrived; continuing without them",
+                cursor.raw_seq + 1 if raw.generation == cursor.generation else 1,
+                raw.seq - 1,
+                raw.generation,
+            )
+            verdict = Verdict.KEEP
+        if verdict == Verdict.DROP:
+            await msg.ack()
+            return
+        is_done = raw.type == FrameType.DONE
+        seq = cursor.seq + 1
+        frame = Frame(run_id=raw.run_id, seq=seq, type=raw.type, data=raw.data, at=raw.at)
+        stream_seq = await self.broker.publish_client_frame(
+            raw.tenant, frame, raw.generation, raw.seq
+        )
+        cursor.advance(raw.generation, raw.seq, is_done)
+        self._buffer(frame, stream_seq, is_done)
+        await msg.ack()
+        buffer = self.buffers.get(raw.run_id)
+        if raw.type in URGENT_FRAME_TYPES or (
+            buffer is not None and buffer.size >= self.settings.segment_bytes
+        ):
+            await self.flush()
+        if is_done:
+            # Keep memory flat: a closed run's cursor is rebuilt from the stream if needed.
+            self.cursors.pop(raw.run_id, None)
+
+    def _buffer(self, frame: Frame, stream_seq: int, closed: bool) -> None:
+        buffer = self.buffers.get(frame.run_id)
+        if buffer is None:
+            buffer = self.buffers[frame.run_id] = SegmentBuffer(frame.run_id)
+        body = frame.model_dump(mode="json")
+        buffer.frames.append(body)
+        buffer.size += len(str(body))
+        buffer.last_stream_seq = stream_seq
+        buffer.closed = buffer.closed or closed
+
+    async def flush(self) -> None:
+        """Write every buffered segment in one statement; keep them on failure."""
+        async with self._flush_lock:
+            if not self.buffers:
+                return
+            pending = self.buffers
+            self.buffers = {}
+            segments = [
+                Segment(
+                    run_id=b.run_id,
+                    first_seq=b.frames[0]["seq"],
+                    last_seq=b.frames[-1]["seq"],
+                    last_stream_seq=b.last_stream_seq,
+                    frames=b.frames,
+                    closed=b.closed,
+                )
+                for b in pending.values()
+            ]
+            try:
+                await self.store.insert_segments(segments)
+            except RunwireError as exc:
+                log.warning("segments not written yet (%d runs): %s", len(segments), exc.message)
+                for run_id, old in pending.items():
+                    newer = self.buffers.get(run_id)
+                    if newer is not None:
+                        old.frames.extend(newer.frames)
+                        old.size += newer.size
+                        old.last_stream_seq = newer.last_stream_seq
+                        old.closed = old.closed or newer.closed
+                    self.buffers[run_id] = old
+
+    async def _flush_every(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.segment_flush_ms / 1000)
+            await self.flush()

@@ -1,0 +1,321 @@
+"""The NATS seam: the only module that talks to JetStream directly.
+
+It connects (retrying while the server is not up), declares the streams and durable
+consumers from settings, and publishes jobs and frames with `Nats-Msg-Id` so a repeat
+is stored once. Errors are translated to runwire's own at this boundary.
+"""
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+
+from contracts.frames import Frame, Job, RawFrame
+from contracts.subjects import Subjects
+from services.runtime.errors import PayloadTooLarge, QueueFull, Unavailable
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 60.0
+PUBLISH_TIMEOUT_S = 5.0
+DUPLICATE_WINDOW_S = 120.0
+ERR_STREAM_FULL = 10077
+ERR_MSG_TOO_LARGE = 10054
+EXECUTOR_CONSUMER = "executor"
+RELAY_CONSUMER = "relay"
+HDR_GENERATION = "Rw-Generation"
+HDR_RAW_SEQ = "Rw-Raw-Seq"
+HDR_FRAME_SEQ = "Rw-Seq"
+HDR_FRAME_TYPE = "Rw-Type"
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMsg:
+    """A message read back from a stream: its stream sequence, headers and body."""
+
+    stream_seq: int
+    headers: dict[str, str]
+    data: bytes
+
+
+class Broker:
+    """A NATS connection with runwire's streams, consumers and publishes."""
+
+    def __init__(self, nc: NatsClient, subjects: Subjects) -> None:
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream(timeout=PUBLISH_TIMEOUT_S)
+        self.subjects = subjects
+
+    @classmethod
+    async def connect(
+        cls, url: str, subjects: Subjects, *, name: str, timeout: float = CONNECT_TIMEOUT_S
+    ) -> "Broker":
+        """Connect, retrying with backoff until `timeout`; then reconnect forever."""
+
+        async def on_error(exc: Exception) -> None:
+            log.warning("NATS connection error: %s", exc)
+
+        async def on_disconnect() -> None:
+            log.warning("disconnected from NATS; reconnecting")
+
+        async def on_reconnect() -> None:
+            log.info("reconnected to NATS")
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        delay = 0.1
+        while True:
+            try:
+                nc = await nats.connect(
+                    url,
+                    name=name,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.5,
+                    connect_timeout=2,
+                    error_cb=on_error,
+                    disconnected_cb=on_disconnect,
+                    reconnected_cb=on_reconnect,
+                )
+                return cls(nc, subjects)
+            except (OSError, nats.errors.Error) as exc:
+                if loop.time() + delay > deadline:
+                    raise Unavailable(f"NATS unreachable at {url}: {exc}") from exc
+                log.warning("NATS not reachable yet (%s); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    async def close(self) -> None:
+        if not self.nc.is_closed:
+            await self.nc.drain()
+
+    # -- streams and consumers -------------------------------------------------
+    async def ensure_streams(self, *, queue_capacity: int, frame_max_age_s: int) -> None:
+        """Create or update the jobs, raw frames and client frames streams."""
+        s = self.subjects
+        await self._ensure_stream(
+            StreamConfig(
+                name=s.jobs_stream,
+                subjects=[s.jobs_wildcard],
+                retention=RetentionPolicy.WORK_QUEUE,
+                max_msgs=queue_capacity,
+                discard=DiscardPolicy.NEW,
+                storage=StorageType.FILE,
+                duplicate_window=DUPLICATE_WINDOW_S,
+            )
+        )
+        await self._ensure_stream(
+            StreamConfig(
+                name=s.frames_in_stream,
+                subjects=[s.frames_in_wildcard],
+                retention=RetentionPolicy.WORK_QUEUE,
+                discard=DiscardPolicy.NEW,
+                storage=StorageType.FILE,
+                duplicate_window=DUPLICATE_WINDOW_S,
+            )
+        )
+        await self._ensure_stream(
+            StreamConfig(
+                name=s.run_frames_stream,
+                subjects=[s.run_frames_wildcard],
+                retention=RetentionPolicy.LIMITS,
+                max_age=float(frame_max_age_s),
+                storage=StorageType.FILE,
+                duplicate_window=DUPLICATE_WINDOW_S,
+                allow_direct=True,
+            )
+        )
+
+    async def _ensure_stream(self, config: StreamConfig) -> None:
+        assert config.name is not None
+        try:
+            await self.js.stream_info(config.name)
+        except nats.js.errors.NotFoundError:
+            try:
+                await self.js.add_stream(config)
+                return
+            except nats.js.errors.BadRequestError:
+                pass  # another service created it between our two calls: update below
+        await self.js.update_stream(config)
+
+    async def ensure_consumer(
+        self,
+        stream: str,
+        durable: str,
+        *,
+        max_ack_pending: int,
+        ack_wait_s: float,
+    ) -> None:
+        """Create or reconcile a durable pull consumer from settings (full config)."""
+        await self.js.add_consumer(
+            stream,
+            ConsumerConfig(
+                durable_name=durable,
+                ack_policy=AckPolicy.EXPLICIT,
+                ack_wait=ack_wait_s,
+                max_ack_pending=max_ack_pending,
+                max_deliver=-1,
+                max_waiting=512,
+            ),
+        )
+
+    async def pull(self, stream: str, durable: str) -> JetStreamContext.PullSubscription:
+        return await self.js.pull_subscribe_bind(durable=durable, stream=stream)
+
+    # -- publishing ---------------------------------------------------------------
+    async def _publish(self, subject: str, body: bytes, msg_id: str, stream: str) -> int:
+        try:
+            ack = await self.js.publish(
+                subject,
+                body,
+                timeout=PUBLISH_TIMEOUT_S,
+                stream=stream,
+                headers={"Nats-Msg-Id": msg_id},
+            )
+        except nats.js.errors.ServiceUnavailableError as exc:
+            if exc.err_code == ERR_STREAM_FULL:
+                raise QueueFull(f"stream {stream} is full") from exc
+            raise Unavailable(f"JetStream unavailable: {exc}") from exc
+        except nats.js.errors.BadRequestError as exc:
+            if exc.err_code == ERR_MSG_TOO_LARGE:
+                raise PayloadTooLarge(f"message too large for {stream}") from exc
+            raise Unavailable(f"JetStream refused the publish: {exc}") from exc
+        except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+            raise Unavailable(f"publish to {subject} failed: {exc}") from exc
+        return int(ack.seq)
+
+    async def publish_job(self, job: Job) -> None:
+        """Queue an attempt; QueueFull when the jobs stream is at capacity."""
+        await self._publish(
+            self.subjects.job(job.tenant),
+            job.model_dump_json().encode(),
+            f"run:{job.run_id}:{job.generation}",
+            self.subjects.jobs_stream,
+        )
+
+    async def publish_raw_frame(self, frame: RawFrame) -> None:
+        await self._publish(
+            self.subjects.frames_in(frame.tenant, frame.run_id),
+            frame.model_dump_json().encode(),
+            f"{frame.run_id}:{frame.generation}:{frame.seq}",
+            self.subjects.frames_in_stream,
+        )
+
+    async def publish_client_frame(
+        self, tenant: str, frame: Frame, generation: int, raw_seq: int
+    ) -> int:
+        """Publish a numbered frame on the run's client subject; returns its stream seq."""
+        subject = self.subjects.run_frames(tenant, frame.run_id)
+        try:
+            ack = await self.js.publish(
+                subject,
+                frame.model_dump_json().encode(),
+                timeout=PUBLISH_TIMEOUT_S,
+                stream=self.subjects.run_frames_stream,
+                headers={
+                    "Nats-Msg-Id": f"{frame.run_id}:{frame.seq}",
+                    HDR_GENERATION: str(generation),
+                    HDR_RAW_SEQ: str(raw_seq),
+                    HDR_FRAME_SEQ: str(frame.seq),
+                    HDR_FRAME_TYPE: frame.type.value,
+                },
+            )
+        except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+            raise Unavailable(f"publish to {subject} failed: {exc}") from exc
+        return int(ack.seq)
+
+    async def notify(self, subject: str, body: bytes = b"") -> None:
+        """A core-NATS notice: fast, best effort (a fallback must exist)."""
+        try:
+            await self.nc.publish(subject, body)
+        except (nats.errors.Error, OSError) as exc:
+            log.warning("notice on %s not sent: %s", subject, exc)
+
+    # -- reading a run's frames back ---------------------------------------------
+    async def last_on_subject(self, stream: str, subject: str) -> StoredMsg | None:
+        """The newest message on a subject, or None if the stream holds none."""
+        try:
+            raw = await self.js.get_last_msg(stream, subject)
+        except nats.js.errors.NotFoundError:
+            return None
+        except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+            raise Unavailable(f"reading {subject} failed: {exc}") from exc
+        headers = {k: str(v) for k, v in (raw.headers or {}).items()}
+        return StoredMsg(int(raw.seq or 0), headers, raw.data or b"")
+
+    async def last_stream_seq(self, stream: str) -> int:
+        try:
+            info = await self.js.stream_info(stream)
+        except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+            raise Unavailable(f"stream {stream} unavailable: {exc}") from exc
+        return int(info.state.last_seq)
+
+    async def read_subject(
+        self, stream: str, subject: str, start_seq: int, end_seq: int, *, batch: int = 1000
+    ) -> list[StoredMsg]:
+        """Every message on `subject` with stream seq in [start_seq, end_seq].
+
+        Uses the server's batched Direct Get (one request per `batch` messages), which
+        nats-py does not wrap: replies stream to an inbox and end with a 204 status.
+        """
+        found: list[StoredMsg] = []
+        seq = start_seq
+        while seq <= end_seq:
+            got = await self._direct_get_batch(stream, subject, seq, batch)
+            for m in got:
+                if m.stream_seq > end_seq:
+                    return found
+                found.append(m)
+            if len(got) < batch:
+                break
+            seq = got[-1].stream_seq + 1
+        return found
+
+    async def _direct_get_batch(
+        self, stream: str, subject: str, seq: int, batch: int
+    ) -> list[StoredMsg]:
+        inbox = self.nc.new_inbox()
+        out: list[StoredMsg] = []
+        finished = asyncio.Event()
+
+        async def collect(msg: Msg) -> None:
+            headers = msg.headers or {}
+            status = headers.get("Status")
+            if status is not None:
+                finished.set()  # 204 end of batch, or 404 nothing at/after seq
+                return
+            out.append(StoredMsg(int(headers.get("Nats-Sequence", "0")), headers, msg.data))
+
+        sub = await self.nc.subscribe(inbox, cb=collect)
+        try:
+            request = {"seq": seq, "next_by_subj": subject, "batch": batch}
+            await self.nc.publish(
+                f"$JS.API.DIRECT.GET.{stream}", json.dumps(request).encode(), reply=inbox
+            )
+            await asyncio.wait_for(finished.wait(), timeout=PUBLISH_TIMEOUT_S)
+        except TimeoutError as exc:
+            raise Unavailable(f"reading {subject} from {stream} timed out") from exc
+        finally:
+            await sub.unsubscribe()
+        return out
+
+    async def subscribe(
+        self, subject: str, handler: Callable[[Msg], Awaitable[None]], *, queue: str = ""
+    ) -> None:
+        """A core-NATS subscription (commands, notices)."""
+        await self.nc.subscribe(subject, queue=queue, cb=handler)

@@ -1,0 +1,103 @@
+"""Serving request/reply commands: parse, validate, answer a result or an error.
+
+Whatever arrives, the service answers `{ok: false, error: {code, message, retryable}}`
+for bad input and keeps serving; an unexpected failure is logged with its context and
+answered as UNAVAILABLE (retryable).
+"""
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from nats.aio.msg import Msg
+from pydantic import BaseModel, ValidationError
+
+from contracts.errors import ErrorBody, ErrorCode, ErrorReply
+from contracts.subjects import valid_tenant
+from services.runtime.broker import Broker
+from services.runtime.errors import InvalidRequest, PayloadTooLarge, RunwireError
+from services.runtime.logs import fields
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
+Handler = Callable[[str, bytes], Awaitable[BaseModel]]
+
+# Room for the envelope around an input of the maximum size.
+ENVELOPE_BYTES = 16 * 1024
+
+
+def describe(exc: ValidationError) -> str:
+    """A short, readable account of what is wrong with a body."""
+    parts = []
+    for err in exc.errors()[:5]:
+        where = ".".join(str(p) for p in err["loc"]) or "body"
+        parts.append(f"{where}: {err['msg']}")
+    more = len(exc.errors()) - 5
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+
+
+def parse(model: type[M], data: bytes, *, max_bytes: int) -> M:
+    """Decode and validate a command body, raising a wire error for bad input."""
+    if len(data) > max_bytes + ENVELOPE_BYTES:
+        raise PayloadTooLarge(f"body of {len(data)} bytes is over the limit of {max_bytes}")
+    try:
+        obj = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidRequest(f"body is not JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise InvalidRequest("body must be a JSON object")
+    try:
+        return model.model_validate(obj)
+    except ValidationError as exc:
+        raise InvalidRequest(describe(exc)) from exc
+
+
+class CommandServer:
+    """Runs each command in its own task and always replies."""
+
+    def __init__(self, broker: Broker, queue: str) -> None:
+        self._broker = broker
+        self._queue = queue
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def serve(self, name: str, handler: Handler) -> None:
+        """Answer `<prefix>.*.cmd.<name>` in the service's queue group."""
+        subject = self._broker.subjects.command_wildcard(name)
+
+        async def on_msg(msg: Msg) -> None:
+            task = asyncio.create_task(self._answer(name, msg, handler))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+        await self._broker.subscribe(subject, on_msg, queue=self._queue)
+
+    async def _answer(self, name: str, msg: Msg, handler: Handler) -> None:
+        tenant = self._broker.subjects.tenant_of_command(msg.subject)
+        reply: BaseModel
+        try:
+            if not valid_tenant(tenant):
+                raise InvalidRequest(f"invalid tenant {tenant!r} in subject")
+            reply = await handler(tenant, msg.data)
+        except RunwireError as exc:
+            if not isinstance(exc, InvalidRequest | PayloadTooLarge):
+                log.warning("command %s failed: %s", name, exc.message, extra=fields(code=exc.code))
+            reply = ErrorReply(error=exc.body())
+        except Exception:
+            log.exception("command %s failed unexpectedly", name, extra=fields(tenant=tenant))
+            reply = ErrorReply(
+                error=ErrorBody(
+                    code=ErrorCode.UNAVAILABLE,
+                    message="internal error; try again",
+                    retryable=True,
+                )
+            )
+        if msg.reply:
+            await self._broker.nc.publish(msg.reply, reply.model_dump_json().encode())
+
+    async def drain(self, timeout: float = 5.0) -> None:
+        """Wait for commands in progress to reply."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout)

@@ -1,0 +1,51 @@
+"""One root exception; subclasses carry the wire code and whether a retry may help."""
+
+from contracts.errors import ErrorBody, ErrorCode
+
+
+class RunwireError(Exception):
+    """Root of every error runwire raises on purpose."""
+
+    code: ErrorCode = ErrorCode.UNAVAILABLE
+    retryable: bool = True
+
+    def __init__(self, message: str, *, run_id: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.run_id = run_id
+
+    def body(self) -> ErrorBody:
+        """The `{code, message, retryable}` a command replies with."""
+        return ErrorBody(code=self.code, message=self.message, retryable=self.retryable)
+
+
+class InvalidRequest(RunwireError):
+    code = ErrorCode.INVALID_REQUEST
+    retryable = False
+
+
+class PayloadTooLarge(RunwireError):
+    code = ErrorCode.PAYLOAD_TOO_LARGE
+    retryable = False
+
+
+class NotFound(RunwireError):
+    code = ErrorCode.NOT_FOUND
+    retryable = False
+
+
+class QueueFull(RunwireError):
+    code = ErrorCode.QUEUE_FULL
+    retryable = True
+
+
+class Unavailable(RunwireError):
+    code = ErrorCode.UNAVAILABLE
+    retryable = True
+
+
+class LostRace(RunwireError):
+    """A guarded write changed nothing: another writer (or a newer attempt) got there first."""
+
+    code = ErrorCode.UNAVAILABLE
+    retryable = False

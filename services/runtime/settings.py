@@ -1,0 +1,99 @@
+"""Settings of each service: one pydantic-settings class each, env prefix `RUNWIRE_`.
+
+Defaults are named constants so the README and the tests can quote them.
+"""
+
+from typing import Literal, Self
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from contracts.subjects import DEFAULT_PREFIX, PREFIX_PATTERN
+
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/runwire"
+DEFAULT_QUEUE_CAPACITY = 10_000
+DEFAULT_FRAME_STREAM_MAX_AGE_S = 3_600
+DEFAULT_MAX_INPUT_BYTES = 256 * 1024
+DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_ATTEMPT_TIMEOUT_MS = 600_000
+DEFAULT_MAX_IN_FLIGHT = 64
+DEFAULT_ACK_WAIT_MS = 30_000
+DEFAULT_HEARTBEAT_MS = 2_000
+DEFAULT_LEASE_TTL_MS = 15_000
+DEFAULT_RETRY_BASE_MS = 500
+DEFAULT_RETRY_MAX_MS = 30_000
+DEFAULT_ABORT_GRACE_MS = 1_000
+DEFAULT_DRAIN_MS = 10_000
+DEFAULT_SEGMENT_FLUSH_MS = 50
+DEFAULT_SEGMENT_BYTES = 64 * 1024
+DEFAULT_REPLAY_MAX_BYTES = 4 * 1024 * 1024
+DEFAULT_RECOVERY_INTERVAL_MS = 1_000
+DEFAULT_RECOVERY_BACKOFF_MS = 200
+DEFAULT_MAX_RECOVERIES = 3
+DEFAULT_REPUBLISH_AFTER_MS = 30_000
+DEFAULT_CLOSE_GRACE_MS = 10_000
+
+
+class CommonSettings(BaseSettings):
+    """What every service needs: where NATS and Postgres are, names, stream limits."""
+
+    model_config = SettingsConfigDict(env_prefix="RUNWIRE_", extra="ignore")
+
+    nats_url: str = DEFAULT_NATS_URL
+    database_url: str = DEFAULT_DATABASE_URL
+    prefix: str = Field(default=DEFAULT_PREFIX, pattern=PREFIX_PATTERN.pattern)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["auto", "json", "text"] = "auto"
+    queue_capacity: int = Field(default=DEFAULT_QUEUE_CAPACITY, ge=1)
+    frame_stream_max_age_s: int = Field(default=DEFAULT_FRAME_STREAM_MAX_AGE_S, ge=60)
+    db_pool_size: int = Field(default=10, ge=1, le=100)
+
+
+class SubmitterSettings(CommonSettings):
+    """The submitter: validation limits and per-run defaults."""
+
+    max_input_bytes: int = Field(default=DEFAULT_MAX_INPUT_BYTES, ge=1024)
+    default_max_attempts: int = Field(default=DEFAULT_MAX_ATTEMPTS, ge=1)
+    default_attempt_timeout_ms: int = Field(default=DEFAULT_ATTEMPT_TIMEOUT_MS, ge=100)
+
+
+class ExecutorSettings(CommonSettings):
+    """The executor: in-flight limit, heartbeats, leases, retries, shutdown."""
+
+    executor_id: str = ""
+    max_in_flight: int = Field(default=DEFAULT_MAX_IN_FLIGHT, ge=1)
+    ack_wait_ms: int = Field(default=DEFAULT_ACK_WAIT_MS, ge=500)
+    heartbeat_ms: int = Field(default=DEFAULT_HEARTBEAT_MS, ge=50)
+    lease_ttl_ms: int = Field(default=DEFAULT_LEASE_TTL_MS, ge=200)
+    retry_base_ms: int = Field(default=DEFAULT_RETRY_BASE_MS, ge=0)
+    retry_max_ms: int = Field(default=DEFAULT_RETRY_MAX_MS, ge=0)
+    abort_grace_ms: int = Field(default=DEFAULT_ABORT_GRACE_MS, ge=0)
+    drain_ms: int = Field(default=DEFAULT_DRAIN_MS, ge=0)
+
+    @model_validator(mode="after")
+    def _heartbeat_inside_limits(self) -> Self:
+        # A heartbeat must land well inside both clocks it renews, or a healthy attempt
+        # is redelivered (ack_wait) or recovered (lease) while it is still running.
+        if self.heartbeat_ms * 2 > min(self.ack_wait_ms, self.lease_ttl_ms):
+            raise ValueError("heartbeat_ms must be at most half of ack_wait_ms and lease_ttl_ms")
+        return self
+
+
+class RelaySettings(CommonSettings):
+    """The relay: how frames are packed into Postgres segments, join limits."""
+
+    segment_flush_ms: int = Field(default=DEFAULT_SEGMENT_FLUSH_MS, ge=1)
+    segment_bytes: int = Field(default=DEFAULT_SEGMENT_BYTES, ge=1024)
+    replay_max_bytes: int = Field(default=DEFAULT_REPLAY_MAX_BYTES, ge=1024)
+
+
+class RecoverySettings(CommonSettings):
+    """The recovery service: its tick and what it re-drives."""
+
+    recovery_interval_ms: int = Field(default=DEFAULT_RECOVERY_INTERVAL_MS, ge=10)
+    recovery_backoff_ms: int = Field(default=DEFAULT_RECOVERY_BACKOFF_MS, ge=0)
+    max_recoveries: int = Field(default=DEFAULT_MAX_RECOVERIES, ge=1)
+    republish_after_ms: int = Field(default=DEFAULT_REPUBLISH_AFTER_MS, ge=100)
+    close_grace_ms: int = Field(default=DEFAULT_CLOSE_GRACE_MS, ge=100)
+    batch_size: int = Field(default=500, ge=1)

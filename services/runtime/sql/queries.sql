@@ -1,0 +1,254 @@
+-- Named queries: `-- name: <name>` starts one. Every transition is one guarded
+-- statement that also appends its run_events row.
+
+-- name: insert_run
+WITH ins AS (
+    INSERT INTO runs (run_id, tenant, request_id, session_id, multitask, runner, input,
+                      metadata, max_attempts, attempt_timeout_ms, queue_timeout_ms,
+                      job_published_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, now())
+    ON CONFLICT (tenant, request_id) DO NOTHING
+    RETURNING *
+), ev AS (
+    INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
+    SELECT run_id, 'submitted', status, attempts, $12, 'submit' FROM ins
+)
+SELECT * FROM ins;
+
+-- name: run_by_request
+SELECT * FROM runs WHERE tenant = $1 AND request_id = $2;
+
+-- name: get_run
+SELECT * FROM runs WHERE tenant = $1 AND run_id = $2;
+
+-- name: get_run_by_id
+SELECT * FROM runs WHERE run_id = $1;
+
+-- name: claim_run
+-- Starts an attempt: a new generation fences every write of earlier attempts.
+WITH upd AS (
+    UPDATE runs
+       SET status = 'running', attempts = attempts + 1, generation = generation + 1,
+           lease_owner = $3, lease_expires_at = now() + make_interval(secs => $4 / 1000.0),
+           started_at = coalesce(started_at, now()), updated_at = now()
+     WHERE run_id = $1 AND generation = $2 AND status IN ('queued', 'recovering')
+       AND NOT cancel_requested AND not_before <= now()
+       AND (attempts > 0 OR queue_timeout_ms IS NULL
+            OR created_at + make_interval(secs => queue_timeout_ms / 1000.0) > now())
+    RETURNING *
+), ev AS (
+    INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
+    SELECT run_id, 'claimed', status, attempts, $3, 'attempt started' FROM upd
+)
+SELECT * FROM upd;
+
+-- name: heartbeat
+UPDATE runs
+   SET lease_expires_at = now() + make_interval(secs => $3 / 1000.0),
+       partial_text = $4, updated_at = now()
+ WHERE run_id = $1 AND generation = $2 AND status = 'running'
+RETURNING cancel_requested;
+
+-- name: save_checkpoint
+UPDATE runs
+   SET checkpoint = $3, checkpoint_version = checkpoint_version + 1,
+       partial_text = $4, updated_at = now()
+ WHERE run_id = $1 AND generation = $2 AND status = 'running'
+RETURNING checkpoint_version;
+
+-- name: finish_run
+WITH upd AS (
+    UPDATE runs
+       SET status = 'finished', result = $3, partial_text = $4, error = NULL,
+           lease_owner = NULL, lease_expires_at = NULL, ended_at = now(), updated_at = now()
+     WHERE run_id = $1 AND generation = $2 AND status = 'running'
+    RETURNING *
+), ev AS (
+    INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
+    SELECT run_id, 'finished', status, attempts, $5, 'runner returned' FROM upd
+)
+SELECT * FROM upd;
+
+-- name: close_attempt
+-- Ends a running attempt in a terminal status ('failed' or 'canceled') with an error.
+WITH upd AS (
+    UPDATE runs
+       SET status = $3::run_status, error = $4, partial_text = $5,
+           lease_owner = NULL, lease_expires_at = NULL, ended_at = now(), updated_at = now()
+     WHERE run_id = $1 AND generation = $2 AND status = 'running'
+    RETURNING *
+), ev AS (
+    INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)
+    SELECT run_id, $3, status, attempts, $6, $4->>'code', $4->>'message' FROM upd
+)
+SELECT * FROM upd;
+
+-- name: requeue_run
+-- A retryable failure with attempts left: back to the queue after a delay.
+WITH upd AS (
+    UPDATE runs
+       SET status = 'queued', error = $3, partial_text = $4,
+           not_before = now() + make_interval(secs => $5 / 1000.0),
+           lease_owner = NULL, lease_expires_at = NULL,
+           job_published_at = now(), updated_at = now()
+     WHERE run_id = $1 AND generation = $2 AND status = 'running'
+    RETURNING *
+), ev AS (
+    INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)
+    SELECT run_id, 'retry', status, attempts, $6, $3->>'code', $3->>'message' FROM upd
+)
+SELECT * FROM upd;
+
+-- name: release_run
+-- Shutdown: the attempt goes back to the queue and is not counted.
+WITH upd AS (
+    UPDATE runs
+       SET status = 'queued', attempts = attempts - 1, partial_text = $3,
+           not_before = now(), lease_owner = NULL, lease_expires_at = NULL,
+           job_published_at = now(), updated_at = now()
+     WHERE run_id = $1 AND generation = $2 AND status = 'running'
+    RETURNING *
+), ev AS (
+    INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
+    SELECT run_id, 'released', status, attempts, $4, 'executor shutting down' FROM upd
+)
+SELECT * FROM upd;
+
+-- name: request_cancel
+-- A queued run is canceled at once; a running one is flagged for its executor.
+WITH upd AS (
+    UPDATE runs
+       SET cancel_requested = true,
+           status = CASE WHEN status = 'running' THEN status ELSE 'canceled'::run_status END,
+           error = CASE WHEN status = 'running' THEN error ELSE $3 END,
+           ended_at = CASE WHEN status = 'running' THEN ended_at ELSE now() END,
+           updated_at = now()
+     WHERE tenant = $1 AND run_id = $2 AND status IN ('queued', 'running', 'recovering')
+    RETURNING *
+), ev AS (
+    INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)
+    SELECT run_id, 'cancel_requested', status, attempts, $4, 'CANCELED', 'cancel command'
+      FROM upd
+)
+SELECT * FROM upd;
+
+-- name: fail_queued
+-- A run that never reached an attempt fails (queue full or queue timeout).
+WITH upd AS (
+    UPDATE runs
+       SET status = 'failed', error = $3, ended_at = now(), updated_at = now()
+     WHERE run_id = $1 AND status = 'queued' AND attempts = 0
+    RETURNING *
+), ev AS (
+    INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)
+    SELECT run_id, 'failed', status, attempts, $4, $3->>'code', $3->>'message' FROM upd
+)
+SELECT * FROM upd;
+
+-- name: expire_leases
+-- Running runs whose executor stopped renewing its lease: recover them, or close them
+-- as interrupted after too many recoveries without checkpoint progress.
+WITH due AS (
+    SELECT run_id,
+           (checkpoint_version = recovery_checkpoint AND recoveries + 1 > $2) AS stalled
+      FROM runs
+     WHERE status = 'running' AND lease_expires_at < now()
+     ORDER BY lease_expires_at
+     LIMIT $1
+     FOR UPDATE SKIP LOCKED
+), upd AS (
+    UPDATE runs r
+       SET recoveries = CASE WHEN r.checkpoint_version > r.recovery_checkpoint
+                             THEN 1 ELSE r.recoveries + 1 END,
+           recovery_checkpoint = r.checkpoint_version,
+           status = CASE WHEN due.stalled THEN 'interrupted'::run_status
+                         ELSE 'recovering'::run_status END,
+           error = CASE WHEN due.stalled THEN $4 ELSE r.error END,
+           ended_at = CASE WHEN due.stalled THEN now() END,
+           not_before = now() + make_interval(secs => $3 / 1000.0),
+           lease_owner = NULL, lease_expires_at = NULL,
+           job_published_at = now(), updated_at = now()
+      FROM due
+     WHERE r.run_id = due.run_id
+    RETURNING r.*
+), ev AS (
+    INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)
+    SELECT run_id, status::text, status, attempts, $5,
+           CASE WHEN status = 'interrupted' THEN 'INTERRUPTED' END, 'lease expired'
+      FROM upd
+)
+SELECT * FROM upd;
+
+-- name: stale_queued
+-- Runs waiting in Postgres whose job may be missing from the stream: publish again.
+UPDATE runs r
+   SET job_published_at = now()
+ WHERE r.run_id IN (
+        SELECT run_id FROM runs
+         WHERE status IN ('queued', 'recovering') AND NOT cancel_requested
+           AND not_before <= now()
+           AND (job_published_at IS NULL
+                OR job_published_at < now() - make_interval(secs => $1 / 1000.0))
+         LIMIT $2
+         FOR UPDATE SKIP LOCKED)
+RETURNING r.run_id, r.tenant, r.generation;
+
+-- name: expire_queue
+WITH due AS (
+    SELECT run_id FROM runs
+     WHERE status = 'queued' AND attempts = 0 AND queue_timeout_ms IS NOT NULL
+       AND created_at + make_interval(secs => queue_timeout_ms / 1000.0) <= now()
+     LIMIT $1
+     FOR UPDATE SKIP LOCKED
+), upd AS (
+    UPDATE runs r
+       SET status = 'failed', error = $2, ended_at = now(), updated_at = now()
+      FROM due WHERE r.run_id = due.run_id
+    RETURNING r.*
+), ev AS (
+    INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)
+    SELECT run_id, 'failed', status, attempts, $3, 'QUEUE_TIMEOUT', 'queue timeout' FROM upd
+)
+SELECT * FROM upd;
+
+-- name: unclosed_terminal
+-- Terminal runs whose `done` frame the relay has not seen after a grace period.
+SELECT * FROM runs
+ WHERE status IN ('finished', 'failed', 'canceled', 'interrupted') AND NOT frames_closed
+   AND ended_at < now() - make_interval(secs => $1 / 1000.0)
+ ORDER BY ended_at
+ LIMIT $2;
+
+-- name: session_active
+SELECT run_id FROM runs
+ WHERE tenant = $1 AND session_id = $2 AND status IN ('queued', 'running', 'recovering')
+ ORDER BY created_at;
+
+-- name: insert_segments
+-- One write per relay flush: every run's new segment, and the runs' frame counters.
+WITH ins AS (
+    INSERT INTO frame_segments (run_id, first_seq, last_seq, last_stream_seq, frames)
+    SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::bigint[], $5::jsonb[])
+    ON CONFLICT (run_id, first_seq) DO NOTHING
+    RETURNING run_id
+)
+UPDATE runs r
+   SET last_seq = GREATEST(r.last_seq, u.last_seq),
+       frame_count = r.frame_count + u.n,
+       frames_closed = r.frames_closed OR u.closed
+  FROM unnest($1::uuid[], $3::bigint[], $6::integer[], $7::boolean[])
+       AS u(run_id, last_seq, n, closed)
+ WHERE r.run_id = u.run_id;
+
+-- name: segments_after
+SELECT first_seq, last_seq, last_stream_seq, frames FROM frame_segments
+ WHERE run_id = $1 AND last_seq > $2
+ ORDER BY first_seq;
+
+-- name: last_segment
+SELECT last_seq, last_stream_seq FROM frame_segments
+ WHERE run_id = $1 ORDER BY first_seq DESC LIMIT 1;
+
+-- name: run_status_values
+SELECT enumlabel FROM pg_enum e JOIN pg_type t ON t.oid = e.enumtypid
+ WHERE t.typname = 'run_status' ORDER BY e.enumsortorder;

@@ -1,0 +1,453 @@
+"""The Postgres store: the only module that talks to asyncpg.
+
+Queries are named and live in `sql/queries.sql`; migrations are numbered files in
+`migrations/`, applied at start-up under an advisory lock. Every transition is one
+guarded statement: a method returns the changed run, or None / LostRace when the
+guard did not hold (another writer or a newer attempt got there first).
+"""
+
+import asyncio
+import json
+import logging
+import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from importlib import resources
+from typing import Any
+
+import asyncpg
+
+from contracts.errors import ErrorBody
+from contracts.replies import RunSummary
+from contracts.status import RunStatus
+from services.runtime.errors import LostRace, Unavailable
+
+log = logging.getLogger(__name__)
+
+MIGRATION_LOCK_KEY = 7_240_113_001
+CONNECT_TIMEOUT_S = 60.0
+_NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+def load_queries(text: str) -> dict[str, str]:
+    """Split a `.sql` file into its named queries."""
+    parts = _NAME_LINE.split(text)
+    return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+
+
+QUERIES = load_queries(resources.files("services.runtime").joinpath("sql/queries.sql").read_text())
+
+
+def parse_run_id(run_id: str) -> uuid.UUID | None:
+    """A run id is a UUID; anything else names no run."""
+    try:
+        return uuid.UUID(run_id)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """A row of `runs`, as the services use it."""
+
+    run_id: str
+    tenant: str
+    request_id: str
+    session_id: str | None
+    multitask: str
+    runner: str
+    input: dict[str, Any]
+    metadata: dict[str, Any]
+    status: RunStatus
+    attempts: int
+    max_attempts: int
+    generation: int
+    attempt_timeout_ms: int
+    queue_timeout_ms: int | None
+    not_before: datetime
+    cancel_requested: bool
+    partial_text: str
+    checkpoint: Any
+    checkpoint_version: int
+    recoveries: int
+    last_seq: int
+    frame_count: int
+    frames_closed: bool
+    result: dict[str, Any] | None
+    error: dict[str, Any] | None
+    created_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
+    updated_at: datetime
+
+    @classmethod
+    def from_record(cls, rec: asyncpg.Record) -> "Run":
+        return cls(
+            run_id=str(rec["run_id"]),
+            tenant=rec["tenant"],
+            request_id=rec["request_id"],
+            session_id=rec["session_id"],
+            multitask=rec["multitask"],
+            runner=rec["runner"],
+            input=rec["input"],
+            metadata=rec["metadata"],
+            status=RunStatus(rec["status"]),
+            attempts=rec["attempts"],
+            max_attempts=rec["max_attempts"],
+            generation=rec["generation"],
+            attempt_timeout_ms=rec["attempt_timeout_ms"],
+            queue_timeout_ms=rec["queue_timeout_ms"],
+            not_before=rec["not_before"],
+            cancel_requested=rec["cancel_requested"],
+            partial_text=rec["partial_text"],
+            checkpoint=rec["checkpoint"],
+            checkpoint_version=rec["checkpoint_version"],
+            recoveries=rec["recoveries"],
+            last_seq=rec["last_seq"],
+            frame_count=rec["frame_count"],
+            frames_closed=rec["frames_closed"],
+            result=rec["result"],
+            error=rec["error"],
+            created_at=rec["created_at"],
+            started_at=rec["started_at"],
+            ended_at=rec["ended_at"],
+            updated_at=rec["updated_at"],
+        )
+
+    def summary(self) -> RunSummary:
+        """The run as the wire contract shows it."""
+        return RunSummary(
+            run_id=self.run_id,
+            tenant=self.tenant,
+            session_id=self.session_id,
+            request_id=self.request_id,
+            status=self.status,
+            attempts=self.attempts,
+            generation=self.generation,
+            created_at=self.created_at,
+            started_at=self.started_at,
+            ended_at=self.ended_at,
+            updated_at=self.updated_at,
+            last_seq=self.last_seq,
+            result=self.result,
+            error=ErrorBody.model_validate(self.error) if self.error else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """Frames of one run written by one relay flush, in seq order."""
+
+    run_id: str
+    first_seq: int
+    last_seq: int
+    last_stream_seq: int
+    frames: list[dict[str, Any]]
+    closed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StoredSegment:
+    first_seq: int
+    last_seq: int
+    last_stream_seq: int
+    frames: list[dict[str, Any]]
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    for json_type in ("json", "jsonb"):
+        await conn.set_type_codec(
+            json_type, encoder=json.dumps, decoder=json.loads, schema="pg_catalog"
+        )
+
+
+def _migrations() -> list[tuple[int, str, str]]:
+    folder = resources.files("services.runtime").joinpath("migrations")
+    found = []
+    for entry in folder.iterdir():
+        match = re.match(r"^(\d+)_\w+\.sql$", entry.name)
+        if match:
+            found.append((int(match.group(1)), entry.name, entry.read_text()))
+    return sorted(found)
+
+
+async def migrate(dsn: str) -> list[str]:
+    """Apply every migration not yet applied, under an advisory lock; return their names."""
+    conn = await asyncpg.connect(dsn)
+    applied: list[str] = []
+    try:
+        await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)
+        try:
+            await conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                " version integer PRIMARY KEY, name text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
+            for version, name, sql in _migrations():
+                if version in done:
+                    continue
+                async with conn.transaction():
+                    await conn.execute(sql)
+                    await conn.execute(
+                        "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
+                        version,
+                        name,
+                    )
+                applied.append(name)
+                log.info("applied migration %s", name)
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_KEY)
+    finally:
+        await conn.close()
+    return applied
+
+
+class Store:
+    """Named, guarded reads and writes of runs, their events and their frame segments."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    @classmethod
+    async def connect(
+        cls, dsn: str, *, pool_size: int = 10, timeout: float = CONNECT_TIMEOUT_S
+    ) -> "Store":
+        """Migrate and open a pool, retrying with backoff while Postgres is not up yet."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        delay = 0.1
+        while True:
+            try:
+                await migrate(dsn)
+                pool = await asyncpg.create_pool(
+                    dsn, min_size=1, max_size=pool_size, init=_init_connection
+                )
+                return cls(pool)
+            except (OSError, asyncpg.PostgresError) as exc:
+                if loop.time() + delay > deadline:
+                    raise Unavailable(f"Postgres unreachable: {exc}") from exc
+                log.warning("Postgres not reachable yet (%s); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    # -- plumbing ---------------------------------------------------------------
+    async def _fetchrow(self, name: str, *args: Any) -> asyncpg.Record | None:
+        try:
+            return await self._pool.fetchrow(QUERIES[name], *args)
+        except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
+            raise Unavailable(f"Postgres unavailable during {name}: {exc}") from exc
+
+    async def _fetch(self, name: str, *args: Any) -> list[asyncpg.Record]:
+        try:
+            return list(await self._pool.fetch(QUERIES[name], *args))
+        except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
+            raise Unavailable(f"Postgres unavailable during {name}: {exc}") from exc
+
+    async def _run_or_none(self, name: str, *args: Any) -> Run | None:
+        rec = await self._fetchrow(name, *args)
+        return Run.from_record(rec) if rec else None
+
+    async def _transition(self, name: str, run_id: str, *args: Any) -> Run:
+        rec = await self._fetchrow(name, uuid.UUID(run_id), *args)
+        if rec is None:
+            raise LostRace(f"{name} of run {run_id} lost its guard", run_id=run_id)
+        return Run.from_record(rec)
+
+    # -- reads -------------------------------------------------------------------
+    async def get_run(self, tenant: str, run_id: str) -> Run | None:
+        key = parse_run_id(run_id)
+        return None if key is None else await self._run_or_none("get_run", tenant, key)
+
+    async def get_run_by_id(self, run_id: str) -> Run | None:
+        key = parse_run_id(run_id)
+        return None if key is None else await self._run_or_none("get_run_by_id", key)
+
+    async def run_by_request(self, tenant: str, request_id: str) -> Run | None:
+        return await self._run_or_none("run_by_request", tenant, request_id)
+
+    async def session_active(self, tenant: str, session_id: str) -> list[str]:
+        return [str(r["run_id"]) for r in await self._fetch("session_active", tenant, session_id)]
+
+    async def segments_after(self, run_id: str, after: int) -> list[StoredSegment]:
+        rows = await self._fetch("segments_after", uuid.UUID(run_id), after)
+        return [
+            StoredSegment(r["first_seq"], r["last_seq"], r["last_stream_seq"], r["frames"])
+            for r in rows
+        ]
+
+    async def run_status_values(self) -> list[str]:
+        return [r["enumlabel"] for r in await self._fetch("run_status_values")]
+
+    # -- submitter ---------------------------------------------------------------
+    async def insert_run(
+        self,
+        *,
+        run_id: str,
+        tenant: str,
+        request_id: str,
+        session_id: str | None,
+        multitask: str,
+        runner: str,
+        input: dict[str, Any],
+        metadata: dict[str, Any],
+        max_attempts: int,
+        attempt_timeout_ms: int,
+        queue_timeout_ms: int | None,
+        actor: str,
+    ) -> Run | None:
+        """Create a queued run; None when the tenant already has this request_id."""
+        return await self._run_or_none(
+            "insert_run",
+            uuid.UUID(run_id),
+            tenant,
+            request_id,
+            session_id,
+            multitask,
+            runner,
+            input,
+            metadata,
+            max_attempts,
+            attempt_timeout_ms,
+            queue_timeout_ms,
+            actor,
+        )
+
+    async def request_cancel(
+        self, tenant: str, run_id: str, error: ErrorBody, actor: str
+    ) -> Run | None:
+        """Cancel a queued run, or flag a running one; None when the run is terminal."""
+        key = parse_run_id(run_id)
+        if key is None:
+            return None
+        return await self._run_or_none(
+            "request_cancel", tenant, key, error.model_dump(mode="json"), actor
+        )
+
+    async def fail_queued(self, run_id: str, error: ErrorBody, actor: str) -> Run | None:
+        return await self._run_or_none(
+            "fail_queued", uuid.UUID(run_id), error.model_dump(mode="json"), actor
+        )
+
+    # -- executor ----------------------------------------------------------------
+    async def claim(self, run_id: str, generation: int, owner: str, lease_ms: int) -> Run | None:
+        """Start an attempt; None when this job is stale, not due, canceled or timed out."""
+        return await self._run_or_none("claim_run", uuid.UUID(run_id), generation, owner, lease_ms)
+
+    async def heartbeat(
+        self, run_id: str, generation: int, lease_ms: int, partial_text: str
+    ) -> bool:
+        """Renew the lease; returns whether a cancel was requested. LostRace if fenced out."""
+        rec = await self._fetchrow(
+            "heartbeat", uuid.UUID(run_id), generation, lease_ms, partial_text
+        )
+        if rec is None:
+            raise LostRace(f"attempt {generation} of run {run_id} lost its lease", run_id=run_id)
+        return bool(rec["cancel_requested"])
+
+    async def save_checkpoint(
+        self, run_id: str, generation: int, state: Any, partial_text: str
+    ) -> int:
+        rec = await self._fetchrow(
+            "save_checkpoint", uuid.UUID(run_id), generation, state, partial_text
+        )
+        if rec is None:
+            raise LostRace(f"attempt {generation} of run {run_id} lost its lease", run_id=run_id)
+        return int(rec["checkpoint_version"])
+
+    async def finish(
+        self,
+        run_id: str,
+        generation: int,
+        result: dict[str, Any],
+        partial_text: str,
+        actor: str,
+    ) -> Run:
+        return await self._transition("finish_run", run_id, generation, result, partial_text, actor)
+
+    async def close_attempt(
+        self,
+        run_id: str,
+        generation: int,
+        status: RunStatus,
+        error: ErrorBody,
+        partial_text: str,
+        actor: str,
+    ) -> Run:
+        return await self._transition(
+            "close_attempt",
+            run_id,
+            generation,
+            status.value,
+            error.model_dump(mode="json"),
+            partial_text,
+            actor,
+        )
+
+    async def requeue(
+        self,
+        run_id: str,
+        generation: int,
+        error: ErrorBody,
+        partial_text: str,
+        delay_ms: int,
+        actor: str,
+    ) -> Run:
+        return await self._transition(
+            "requeue_run",
+            run_id,
+            generation,
+            error.model_dump(mode="json"),
+            partial_text,
+            delay_ms,
+            actor,
+        )
+
+    async def release(self, run_id: str, generation: int, partial_text: str, actor: str) -> Run:
+        return await self._transition("release_run", run_id, generation, partial_text, actor)
+
+    # -- recovery ----------------------------------------------------------------
+    async def expire_leases(
+        self, *, limit: int, max_recoveries: int, backoff_ms: int, error: ErrorBody, actor: str
+    ) -> list[Run]:
+        rows = await self._fetch(
+            "expire_leases",
+            limit,
+            max_recoveries,
+            backoff_ms,
+            error.model_dump(mode="json"),
+            actor,
+        )
+        return [Run.from_record(r) for r in rows]
+
+    async def stale_queued(self, after_ms: int, limit: int) -> list[tuple[str, str, int]]:
+        rows = await self._fetch("stale_queued", after_ms, limit)
+        return [(str(r["run_id"]), r["tenant"], r["generation"]) for r in rows]
+
+    async def expire_queue(self, *, limit: int, error: ErrorBody, actor: str) -> list[Run]:
+        rows = await self._fetch("expire_queue", limit, error.model_dump(mode="json"), actor)
+        return [Run.from_record(r) for r in rows]
+
+    async def unclosed_terminal(self, grace_ms: int, limit: int) -> list[Run]:
+        return [Run.from_record(r) for r in await self._fetch("unclosed_terminal", grace_ms, limit)]
+
+    # -- relay -------------------------------------------------------------------
+    async def insert_segments(self, segments: Sequence[Segment]) -> None:
+        """Write one flush: a segment per run and the runs' counters, in one statement."""
+        if not segments:
+            return
+        await self._fetch(
+            "insert_segments",
+            [uuid.UUID(s.run_id) for s in segments],
+            [s.first_seq for s in segments],
+            [s.last_seq for s in segments],
+            [s.last_stream_seq for s in segments],
+            [s.frames for s in segments],
+            [len(s.frames) for s in segments],
+            [s.closed for s in segments],
+        )

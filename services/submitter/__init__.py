@@ -1,0 +1,1 @@
+"""The submitter: submit, get, cancel and abort_session commands."""

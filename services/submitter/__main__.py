@@ -1,0 +1,5 @@
+"""`python -m services.submitter`."""
+
+from services.submitter.main import main
+
+main()

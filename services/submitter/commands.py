@@ -1,0 +1,163 @@
+"""What each command of the submitter does: validate, write Postgres, queue, reply."""
+
+import json
+import logging
+import uuid
+
+from pydantic import ValidationError
+
+from contracts.commands import (
+    AbortSessionCommand,
+    CancelCommand,
+    GetCommand,
+    Multitask,
+    SubmitCommand,
+)
+from contracts.errors import ErrorBody, ErrorCode
+from contracts.frames import Job
+from contracts.replies import AbortSessionReply, RunReply, SubmitReply
+from contracts.scripted import ScriptedInput
+from contracts.status import RunStatus
+from services.runtime.broker import Broker
+from services.runtime.closing import publish_closing
+from services.runtime.commands import describe, parse
+from services.runtime.errors import (
+    InvalidRequest,
+    NotFound,
+    PayloadTooLarge,
+    QueueFull,
+    RunwireError,
+    Unavailable,
+)
+from services.runtime.logs import bind
+from services.runtime.settings import SubmitterSettings
+from services.runtime.store import Run, Store
+
+log = logging.getLogger(__name__)
+
+ACTOR = "submitter"
+CANCELED = ErrorBody(code=ErrorCode.CANCELED, message="canceled by request", retryable=False)
+QUEUE_FULL = ErrorBody(
+    code=ErrorCode.QUEUE_FULL, message="the queue is full; submit again later", retryable=True
+)
+# Input schemas the submitter checks before accepting a run, by runner name.
+INPUT_MODELS = {"scripted": ScriptedInput}
+
+
+class SessionBusy(RunwireError):
+    code = ErrorCode.SESSION_BUSY
+    retryable = False
+
+
+class Submitter:
+    """The submitter's command handlers."""
+
+    def __init__(self, settings: SubmitterSettings, store: Store, broker: Broker) -> None:
+        self.settings = settings
+        self.store = store
+        self.broker = broker
+
+    def _check_input(self, cmd: SubmitCommand) -> None:
+        size = len(json.dumps(cmd.input).encode())
+        if size > self.settings.max_input_bytes:
+            raise PayloadTooLarge(
+                f"input of {size} bytes is over the limit of {self.settings.max_input_bytes}"
+            )
+        model = INPUT_MODELS.get(cmd.runner)
+        if model is None:
+            raise InvalidRequest(
+                f"unknown runner {cmd.runner!r}; known runners: {', '.join(INPUT_MODELS)}"
+            )
+        try:
+            model.model_validate(cmd.input)
+        except ValidationError as exc:
+            raise InvalidRequest(f"input for runner {cmd.runner!r}: {describe(exc)}") from exc
+
+    async def submit(self, tenant: str, data: bytes) -> SubmitReply:
+        cmd = parse(SubmitCommand, data, max_bytes=self.settings.max_input_bytes)
+        self._check_input(cmd)
+        existing = await self.store.run_by_request(tenant, cmd.request_id)
+        if existing is not None:
+            return SubmitReply(run=existing.summary(), duplicate=True)
+        if cmd.session_id and cmd.multitask == Multitask.REJECT:
+            active = await self.store.session_active(tenant, cmd.session_id)
+            if active:
+                raise SessionBusy(f"session {cmd.session_id!r} has an active run {active[0]}")
+        run = await self.store.insert_run(
+            run_id=str(uuid.uuid4()),
+            tenant=tenant,
+            request_id=cmd.request_id,
+            session_id=cmd.session_id,
+            multitask=cmd.multitask.value,
+            runner=cmd.runner,
+            input=cmd.input,
+            metadata=cmd.metadata,
+            max_attempts=cmd.max_attempts or self.settings.default_max_attempts,
+            attempt_timeout_ms=cmd.attempt_timeout_ms or self.settings.default_attempt_timeout_ms,
+            queue_timeout_ms=cmd.queue_timeout_ms,
+            actor=ACTOR,
+        )
+        if run is None:  # the same request_id raced us between the read and the insert
+            first = await self.store.run_by_request(tenant, cmd.request_id)
+            if first is None:
+                raise Unavailable("run vanished after a conflicting insert")
+            return SubmitReply(run=first.summary(), duplicate=True)
+        with bind(run_id=run.run_id, tenant=tenant):
+            await self._queue(run)
+            log.info("run submitted")
+        return SubmitReply(run=run.summary(), duplicate=False)
+
+    async def _queue(self, run: Run) -> None:
+        try:
+            await self.broker.publish_job(
+                Job(run_id=run.run_id, tenant=run.tenant, generation=run.generation)
+            )
+        except QueueFull:
+            failed = await self.store.fail_queued(run.run_id, QUEUE_FULL, ACTOR)
+            if failed is not None:
+                await self._close_quietly(failed)
+            raise
+        except Unavailable as exc:
+            # The run is safe in Postgres; recovery publishes its job once NATS answers.
+            log.warning("job not published yet, recovery will: %s", exc.message)
+
+    async def _close_quietly(self, run: Run) -> None:
+        try:
+            await publish_closing(self.broker, run)
+        except RunwireError as exc:
+            log.warning("closing frames not published yet, recovery will: %s", exc.message)
+
+    async def get(self, tenant: str, data: bytes) -> RunReply:
+        cmd = parse(GetCommand, data, max_bytes=self.settings.max_input_bytes)
+        run = await self.store.get_run(tenant, cmd.run_id)
+        if run is None:
+            raise NotFound(f"no run {cmd.run_id!r}")
+        return RunReply(run=run.summary())
+
+    async def cancel(self, tenant: str, data: bytes) -> RunReply:
+        cmd = parse(CancelCommand, data, max_bytes=self.settings.max_input_bytes)
+        return RunReply(run=(await self._cancel(tenant, cmd.run_id)).summary())
+
+    async def _cancel(self, tenant: str, run_id: str) -> Run:
+        run = await self.store.request_cancel(tenant, run_id, CANCELED, ACTOR)
+        if run is None:
+            current = await self.store.get_run(tenant, run_id)
+            if current is None:
+                raise NotFound(f"no run {run_id!r}")
+            return current  # terminal already: unchanged
+        with bind(run_id=run.run_id, tenant=tenant):
+            if run.status == RunStatus.CANCELED:
+                await self._close_quietly(run)
+            else:
+                await self.broker.notify(self.broker.subjects.cancel_notice(run.run_id))
+            log.info("cancel requested")
+        return run
+
+    async def abort_session(self, tenant: str, data: bytes) -> AbortSessionReply:
+        cmd = parse(AbortSessionCommand, data, max_bytes=self.settings.max_input_bytes)
+        canceled = []
+        for run_id in await self.store.session_active(tenant, cmd.session_id):
+            run = await self._cancel(tenant, run_id)
+            if run.cancel_requested:
+                canceled.append(run.run_id)
+        return AbortSessionReply(canceled=canceled)
