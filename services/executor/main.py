@@ -1,6 +1,7 @@
 """The executor process: pull jobs, claim, run attempts, settle; drain on SIGTERM."""
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
@@ -97,6 +98,8 @@ class Executor:
                 await asyncio.wait({fetch, stopping}, return_when=asyncio.FIRST_COMPLETED)
                 if not fetch.done():
                     fetch.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, nats.errors.Error):
+                        await fetch
                     break
                 try:
                     msgs = fetch.result()

@@ -77,6 +77,8 @@ class Pipeline:
                 await asyncio.wait({fetch, stopping}, return_when=asyncio.FIRST_COMPLETED)
                 if not fetch.done():
                     fetch.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, nats.errors.Error):
+                        await fetch
                     break
                 try:
                     msgs = fetch.result()
@@ -214,4 +216,8 @@ class Pipeline:
     async def _flush_every(self) -> None:
         while True:
             await asyncio.sleep(self.settings.segment_flush_ms / 1000)
-            await self.flush()
+            try:
+                await self.flush()
+            except Exception:
+                # Keep flushing: buffered frames are retried, and the stream still has them.
+                log.exception("segment flush failed")

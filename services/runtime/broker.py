@@ -61,6 +61,7 @@ class Broker:
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream(timeout=PUBLISH_TIMEOUT_S)
         self.subjects = subjects
+        self._state = {"closing": False}
 
     @classmethod
     async def connect(
@@ -72,11 +73,13 @@ class Broker:
             log.warning("NATS connection error: %s", exc)
 
         async def on_disconnect() -> None:
-            log.warning("disconnected from NATS; reconnecting")
+            if not state["closing"]:
+                log.warning("disconnected from NATS; reconnecting")
 
         async def on_reconnect() -> None:
             log.info("reconnected to NATS")
 
+        state = {"closing": False}
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         delay = 0.1
@@ -92,7 +95,9 @@ class Broker:
                     disconnected_cb=on_disconnect,
                     reconnected_cb=on_reconnect,
                 )
-                return cls(nc, subjects)
+                broker = cls(nc, subjects)
+                broker._state = state
+                return broker
             except (OSError, nats.errors.Error) as exc:
                 if loop.time() + delay > deadline:
                     raise Unavailable(f"NATS unreachable at {url}: {exc}") from exc
@@ -101,8 +106,16 @@ class Broker:
                 delay = min(delay * 2, 2.0)
 
     async def close(self) -> None:
-        if not self.nc.is_closed:
-            await self.nc.drain()
+        """Flush what is pending and close. (A drain waits on pull subscriptions for
+        its whole timeout, so services finish their own work first and then close.)"""
+        if self.nc.is_closed:
+            return
+        self._state["closing"] = True
+        try:
+            await self.nc.flush(timeout=2)
+        except (nats.errors.Error, TimeoutError) as exc:
+            log.warning("pending messages not flushed at close: %s", exc)
+        await self.nc.close()
 
     # -- streams and consumers -------------------------------------------------
     async def ensure_streams(self, *, queue_capacity: int, frame_max_age_s: int) -> None:

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 from contracts.errors import ErrorBody, ErrorCode, ErrorReply
 from contracts.subjects import valid_tenant
 from services.runtime.broker import Broker
-from services.runtime.errors import InvalidRequest, PayloadTooLarge, RunwireError
+from services.runtime.errors import InvalidRequest, NotFound, PayloadTooLarge, RunwireError
 from services.runtime.logs import fields
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ class CommandServer:
                 raise InvalidRequest(f"invalid tenant {tenant!r} in subject")
             reply = await handler(tenant, msg.data)
         except RunwireError as exc:
-            if not isinstance(exc, InvalidRequest | PayloadTooLarge):
+            if not isinstance(exc, InvalidRequest | PayloadTooLarge | NotFound):
                 log.warning("command %s failed: %s", name, exc.message, extra=fields(code=exc.code))
             reply = ErrorReply(error=exc.body())
         except Exception:

@@ -49,3 +49,10 @@ class LostRace(RunwireError):
 
     code = ErrorCode.UNAVAILABLE
     retryable = False
+
+
+class StoreError(RunwireError):
+    """Postgres refused a statement (a bug or a constraint), not a connection problem."""
+
+    code = ErrorCode.UNAVAILABLE
+    retryable = True

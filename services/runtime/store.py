@@ -22,7 +22,7 @@ import asyncpg
 from contracts.errors import ErrorBody
 from contracts.replies import RunSummary
 from contracts.status import RunStatus
-from services.runtime.errors import LostRace, Unavailable
+from services.runtime.errors import LostRace, StoreError, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -242,12 +242,16 @@ class Store:
             return await self._pool.fetchrow(QUERIES[name], *args)
         except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
             raise Unavailable(f"Postgres unavailable during {name}: {exc}") from exc
+        except asyncpg.PostgresError as exc:
+            raise StoreError(f"query {name} failed: {exc}") from exc
 
     async def _fetch(self, name: str, *args: Any) -> list[asyncpg.Record]:
         try:
             return list(await self._pool.fetch(QUERIES[name], *args))
         except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
             raise Unavailable(f"Postgres unavailable during {name}: {exc}") from exc
+        except asyncpg.PostgresError as exc:
+            raise StoreError(f"query {name} failed: {exc}") from exc
 
     async def _run_or_none(self, name: str, *args: Any) -> Run | None:
         rec = await self._fetchrow(name, *args)
@@ -447,7 +451,7 @@ class Store:
             [s.first_seq for s in segments],
             [s.last_seq for s in segments],
             [s.last_stream_seq for s in segments],
-            [s.frames for s in segments],
+            [json.dumps(s.frames) for s in segments],
             [len(s.frames) for s in segments],
             [s.closed for s in segments],
         )

@@ -228,7 +228,9 @@ SELECT run_id FROM runs
 -- One write per relay flush: every run's new segment, and the runs' frame counters.
 WITH ins AS (
     INSERT INTO frame_segments (run_id, first_seq, last_seq, last_stream_seq, frames)
-    SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::bigint[], $5::jsonb[])
+    SELECT s.run_id, s.first_seq, s.last_seq, s.last_stream_seq, s.frames::jsonb
+      FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::bigint[], $5::text[])
+           AS s(run_id, first_seq, last_seq, last_stream_seq, frames)
     ON CONFLICT (run_id, first_seq) DO NOTHING
     RETURNING run_id
 )

@@ -1,0 +1,1 @@
+"""Local infrastructure: nats-server and Postgres from pip wheels, and the dev stack."""

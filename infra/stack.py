@@ -1,0 +1,628 @@
+"""The local runwire stack: nats-server, Postgres and the four services under supervisord.
+
+Run as `python -m infra.stack {up,down,logs,status,run}` from the repository root (the
+Makefile does). Everything lives in `.runwire/` there: server data, logs, the supervisord
+configuration, the chosen ports (kept across restarts) and an `env` file with the URLs.
+supervisord restarts any process that dies; `down` stops all of them and checks that none
+is left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import xmlrpc.client
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import asyncpg
+
+from infra.embedded import EmbeddedNats, EmbeddedPostgres, find_free_port, port_is_free
+
+SERVICES = ("submitter", "executor", "relay", "recovery")
+SERVERS = ("nats", "postgres")
+DATABASE = "runwire"
+START_TIMEOUT = 60.0
+STOP_TIMEOUT = 60.0
+PROGRESS_EVERY = 2.0
+PROGRESS_REPEAT = 10.0
+DEMO_TOKENS = ("Hello", ",", " this", " is", " runwire", " streaming", " a", " run", ".")
+DEMO_TOKEN_DELAY_MS = 150
+# The kernel limits unix socket paths to 108 bytes.
+_MAX_SOCKET_PATH = 100
+_POLL = 0.2
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the stack keeps its files, all derived from the repository root."""
+
+    repo: Path
+
+    @property
+    def root(self) -> Path:
+        return self.repo / ".runwire"
+
+    @property
+    def nats_dir(self) -> Path:
+        return self.root / "nats"
+
+    @property
+    def pg_dir(self) -> Path:
+        return self.root / "pg"
+
+    @property
+    def nats_pid_file(self) -> Path:
+        # Named in the nats-server config that EmbeddedNats writes.
+        return self.nats_dir / "nats-server.pid"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def conf(self) -> Path:
+        return self.root / "supervisord.conf"
+
+    @property
+    def env_file(self) -> Path:
+        return self.root / "env"
+
+    @property
+    def ports_file(self) -> Path:
+        return self.root / "ports.json"
+
+    @property
+    def pids_file(self) -> Path:
+        return self.root / "pids.json"
+
+    @property
+    def supervisord_pid_file(self) -> Path:
+        return self.root / "supervisord.pid"
+
+    @property
+    def socket(self) -> Path:
+        local = self.root / "supervisor.sock"
+        if len(str(local)) <= _MAX_SOCKET_PATH:
+            return local
+        digest = hashlib.sha256(str(self.root).encode()).hexdigest()[:12]
+        return Path("/tmp") / f"runwire-{digest}.sock"
+
+
+@dataclass(frozen=True)
+class Ports:
+    """The loopback ports of the two servers."""
+
+    nats: int
+    postgres: int
+
+
+def _bin(name: str) -> Path:
+    # Use the tools of the interpreter running us (the project venv), not whatever is on
+    # PATH; the path is deliberately not resolved so it keeps pointing into the venv.
+    return Path(sys.executable).parent / name
+
+
+def _say(message: str) -> None:
+    print(message, flush=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie is dead for our purposes: it holds no port and no file.
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"
+
+
+def _is_ours(pid: int, layout: Layout) -> bool:
+    """Tell whether `pid` is a process this stack started (never trust a recycled pid)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return False
+    if str(layout.root) in argv:
+        return True
+    try:
+        cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+    except OSError:
+        return False
+    return cwd == layout.repo or layout.repo in cwd.parents
+
+
+def _supervisord_pid(layout: Layout) -> int | None:
+    try:
+        pid = int(layout.supervisord_pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    if _pid_alive(pid) and _is_ours(pid, layout):
+        return pid
+    return None
+
+
+def _ctl(layout: Layout, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(_bin("supervisorctl")), "-c", str(layout.conf), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def _process_info(layout: Layout) -> list[dict[str, Any]]:
+    """Ask supervisord (over its socket) about every program; [] if it does not answer.
+
+    Talking XML-RPC directly costs a socket round trip, where `supervisorctl` would cost a
+    Python start-up on every poll.
+    """
+    from supervisor.xmlrpc import SupervisorTransport
+
+    transport = SupervisorTransport(None, None, f"unix://{layout.socket}")
+    proxy = xmlrpc.client.ServerProxy("http://127.0.0.1", transport=transport)
+    try:
+        info = proxy.supervisor.getAllProcessInfo()
+    except (OSError, xmlrpc.client.Error):
+        return []
+    finally:
+        transport.close()
+    return cast(list[dict[str, Any]], info)
+
+
+def _states(layout: Layout) -> dict[str, str]:
+    """Map program name to supervisord state (RUNNING, STARTING, BACKOFF, FATAL, ...)."""
+    return {str(info["name"]): str(info["statename"]) for info in _process_info(layout)}
+
+
+def _program_pids(layout: Layout) -> dict[str, int]:
+    return {
+        str(info["name"]): int(info["pid"])
+        for info in _process_info(layout)
+        if int(info["pid"]) > 0
+    }
+
+
+def _load_ports(layout: Layout) -> Ports:
+    """Reuse the ports of the last start so URLs stay valid; pick new ones if taken."""
+    try:
+        stored = json.loads(layout.ports_file.read_text())
+        ports = Ports(nats=int(stored["nats"]), postgres=int(stored["postgres"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        ports = None
+    if ports is not None and not (port_is_free(ports.nats) and port_is_free(ports.postgres)):
+        _say(f"Ports {ports.nats}/{ports.postgres} are taken by another program; picking new ones.")
+        ports = None
+    if ports is None:
+        nats = find_free_port()
+        postgres = find_free_port()
+        while postgres == nats:
+            postgres = find_free_port()
+        ports = Ports(nats=nats, postgres=postgres)
+    layout.ports_file.write_text(json.dumps({"nats": ports.nats, "postgres": ports.postgres}))
+    return ports
+
+
+def _quote(argv: Iterable[str]) -> str:
+    # supervisord expands %(name)s in its config, so a literal % must be doubled.
+    return " ".join(shlex.quote(arg) for arg in argv).replace("%", "%%")
+
+
+def _environment(values: dict[str, str]) -> str:
+    pairs = (f'{key}="{value}"' for key, value in values.items())
+    return ",".join(pairs).replace("%", "%%")
+
+
+def _program(name: str, argv: list[str], directory: Path, logs: Path, **extra: str) -> str:
+    lines = [
+        f"[program:{name}]",
+        f"command={_quote(argv)}",
+        f"directory={directory}",
+        "autostart=true",
+        "autorestart=true",
+        "startsecs=1",
+        f"stdout_logfile={logs / f'{name}.log'}",
+        "stdout_logfile_maxbytes=10MB",
+        "stdout_logfile_backups=2",
+        "redirect_stderr=true",
+        # A SIGKILL after stopwaitsecs must also reach the program's children.
+        "killasgroup=true",
+    ]
+    lines += [f"{key}={value}" for key, value in extra.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _supervisor_conf(
+    layout: Layout, nats: EmbeddedNats, pg: EmbeddedPostgres, database_url: str
+) -> str:
+    socket = layout.socket
+    header = f"""\
+; Written by `python -m infra.stack up`; regenerated on every start.
+[unix_http_server]
+file={socket}
+chmod=0700
+
+[supervisorctl]
+serverurl=unix://{socket}
+
+[rpcinterface:supervisor]
+supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
+
+[supervisord]
+logfile={layout.logs / "supervisord.log"}
+logfile_maxbytes=10MB
+logfile_backups=2
+pidfile={layout.supervisord_pid_file}
+childlogdir={layout.logs}
+directory={layout.repo}
+"""
+    if os.geteuid() == 0:
+        # Says we mean to run as root, which silences supervisord's warning about it.
+        header += "user=root\n"
+    sections = [header]
+    sections.append(
+        _program(
+            "nats",
+            nats.command(),
+            layout.nats_dir,
+            layout.logs,
+            priority="10",
+            stopsignal="TERM",
+            stopwaitsecs="15",
+        )
+    )
+    pg_extra = {"priority": "10", "stopsignal": "INT", "stopwaitsecs": "30"}
+    user = pg.run_as_user()
+    if user is not None:
+        pg_extra["user"] = user
+    sections.append(_program("postgres", pg.command(), layout.pg_dir, layout.logs, **pg_extra))
+    environment = _environment(
+        {
+            "RUNWIRE_NATS_URL": nats.url,
+            "RUNWIRE_DATABASE_URL": database_url,
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    for service in SERVICES:
+        sections.append(
+            _program(
+                service,
+                [str(_bin("python")), "-m", f"services.{service}"],
+                layout.repo,
+                layout.logs,
+                priority="100",
+                environment=environment,
+                # Services wait for NATS and Postgres themselves; a few quick exits while
+                # the servers come up must not mark them FATAL.
+                startretries="10",
+                stopsignal="TERM",
+                stopwaitsecs="20",
+            )
+        )
+    return "\n".join(sections)
+
+
+async def _ensure_database(admin_url: str, name: str) -> None:
+    conn = await asyncpg.connect(admin_url)
+    try:
+        exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name)
+        if not exists:
+            # Created concurrently is as good as created by us.
+            with contextlib.suppress(asyncpg.DuplicateDatabaseError):
+                await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+
+
+def _wait(what: str, done: Callable[[], bool], describe: Callable[[], str]) -> bool:
+    """Poll `done` until true or START_TIMEOUT, printing `describe()` now and then."""
+    start = time.monotonic()
+    last_report = start
+    last_said = ""
+    while not done():
+        now = time.monotonic()
+        if now - start > START_TIMEOUT:
+            return False
+        if now - last_report >= PROGRESS_EVERY:
+            said = describe()
+            # Say it when something changed, else only every so often, to stay readable.
+            if said != last_said or now - last_report >= PROGRESS_REPEAT:
+                _say(f"  ... waiting for {what} ({now - start:.0f} s): {said}")
+                last_report, last_said = now, said
+        time.sleep(_POLL)
+    return True
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "    (no log yet)"
+    return "\n".join(f"    {line}" for line in text.splitlines()[-lines:])
+
+
+def _summary(layout: Layout, nats_url: str, database_url: str) -> None:
+    runwire = _bin("runwire")
+    _say(
+        f"""
+runwire stack is up.
+  NATS       {nats_url}
+  Postgres   {database_url}
+  env file   {layout.env_file}
+
+Stream a run:
+  set -a; . {layout.env_file}; set +a
+  {runwire} submit --tokens "Hello" " world" --watch
+
+Follow logs: make logs    Status: make status    Stop everything: make down
+"""
+    )
+
+
+def _read_env(layout: Layout) -> dict[str, str]:
+    values: dict[str, str] = {}
+    for line in layout.env_file.read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            values[key.strip()] = value.strip()
+    return values
+
+
+def up(layout: Layout) -> int:
+    """Start the stack unless it runs; wait until every program is RUNNING."""
+    if _supervisord_pid(layout) is not None:
+        _say("runwire stack is already running.")
+        env = _read_env(layout)
+        _summary(layout, env["RUNWIRE_NATS_URL"], env["RUNWIRE_DATABASE_URL"])
+        return 0
+    if _known_pids(layout):
+        # supervisord died but its programs did not; they would hold the ports and folders.
+        down(layout)
+    for folder in (layout.root, layout.logs, layout.nats_dir):
+        folder.mkdir(parents=True, exist_ok=True)
+    ports = _load_ports(layout)
+    nats = EmbeddedNats(layout.nats_dir, ports.nats)
+    pg = EmbeddedPostgres(layout.pg_dir, ports.postgres)
+    if not (layout.pg_dir / "PG_VERSION").exists():
+        _say(f"Creating the Postgres cluster in {layout.pg_dir} ...")
+    pg.init()
+    database_url = pg.url(DATABASE)
+    layout.conf.write_text(_supervisor_conf(layout, nats, pg, database_url))
+    layout.env_file.write_text(
+        f"RUNWIRE_NATS_URL={nats.url}\nRUNWIRE_DATABASE_URL={database_url}\n"
+    )
+
+    _say("Starting supervisord ...")
+    started = subprocess.run(
+        [str(_bin("supervisord")), "-c", str(layout.conf)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if started.returncode != 0:
+        _say(f"supervisord failed to start:\n{started.stdout}{started.stderr}")
+        return 1
+
+    _say(f"Waiting for nats-server ({nats.url}) and Postgres (port {ports.postgres}) ...")
+
+    def servers_ready() -> bool:
+        return nats.ready() and pg.ready()
+
+    def server_states() -> str:
+        states = _states(layout)
+        return ", ".join(f"{name} {states.get(name, '?')}" for name in SERVERS)
+
+    if not _wait("nats-server and Postgres", servers_ready, server_states):
+        return _failed(layout, SERVERS)
+    asyncio.run(_ensure_database(pg.url(), DATABASE))
+    _say(f"Database {DATABASE!r} is ready.")
+
+    _say("Waiting for the services ...")
+    fatal: list[str] = []
+
+    def services_running() -> bool:
+        states = _states(layout)
+        fatal[:] = [name for name in SERVICES if states.get(name) == "FATAL"]
+        if fatal:
+            raise _GaveUp
+        return all(states.get(name) == "RUNNING" for name in SERVICES)
+
+    def service_states() -> str:
+        states = _states(layout)
+        return ", ".join(f"{name} {states.get(name, '?')}" for name in SERVICES)
+
+    try:
+        running = _wait("services", services_running, service_states)
+    except _GaveUp:
+        running = False
+    if not running:
+        return _failed(layout, fatal or SERVICES)
+    _record_pids(layout)
+    _summary(layout, nats.url, database_url)
+    return 0
+
+
+class _GaveUp(Exception):
+    """supervisord stopped restarting a program."""
+
+
+def _failed(layout: Layout, names: Iterable[str]) -> int:
+    _record_pids(layout)
+    states = _states(layout)
+    _say("\nThe stack did not come up:")
+    for name in names:
+        if states.get(name) != "RUNNING":
+            log = layout.logs / f"{name}.log"
+            _say(f"  {name}: {states.get(name, 'unknown')}; last lines of {log}:\n{_tail(log)}")
+    _say("\nEverything started so far is still up: `make logs` to look, `make down` to stop.")
+    return 1
+
+
+def _record_pids(layout: Layout) -> None:
+    """Remember our pids so `down` can clean up even if supervisord itself died."""
+    pids = _program_pids(layout)
+    supervisord = _supervisord_pid(layout)
+    if supervisord is not None:
+        pids["supervisord"] = supervisord
+    layout.pids_file.write_text(json.dumps(pids))
+
+
+def _known_pids(layout: Layout) -> set[int]:
+    pids: set[int] = set()
+    try:
+        recorded = json.loads(layout.pids_file.read_text())
+        pids.update(int(pid) for pid in recorded.values())
+    except (OSError, ValueError, AttributeError, TypeError):
+        pass  # nothing recorded: only what is alive now counts
+    # The servers' own pid files are missing or stale when they are not running.
+    postmaster = layout.pg_dir / "postmaster.pid"
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        pids.add(int(postmaster.read_text().split()[0]))
+    with contextlib.suppress(OSError, ValueError):
+        pids.add(int(layout.nats_pid_file.read_text().strip()))
+    return {pid for pid in pids if _pid_alive(pid) and _is_ours(pid, layout)}
+
+
+def down(layout: Layout) -> int:
+    """Stop supervisord and every process of the stack; wait until all are gone."""
+    supervisord = _supervisord_pid(layout)
+    if supervisord is not None:
+        leftovers = _known_pids(layout) | set(_program_pids(layout).values()) | {supervisord}
+        _say("Stopping the runwire stack ...")
+        _ctl(layout, "shutdown")
+    else:
+        leftovers = _known_pids(layout)
+        if not leftovers:
+            _say("runwire stack is not running.")
+            return 0
+        _say("supervisord is gone; stopping what it left behind ...")
+        for pid in leftovers:
+            _signal(pid, signal.SIGTERM)
+    start = time.monotonic()
+    last_report = start
+    while time.monotonic() - start < STOP_TIMEOUT:
+        leftovers = {pid for pid in leftovers if _pid_alive(pid)}
+        if not leftovers:
+            break
+        if time.monotonic() - last_report >= PROGRESS_REPEAT:
+            waiting = ", ".join(_describe(pid) for pid in sorted(leftovers))
+            _say(f"  ... still stopping ({time.monotonic() - start:.0f} s): {waiting}")
+            last_report = time.monotonic()
+        time.sleep(_POLL)
+    for pid in leftovers:
+        if _is_ours(pid, layout):
+            _say(f"  killing leftover process {pid}")
+            _signal(pid, signal.SIGKILL)
+    layout.pids_file.unlink(missing_ok=True)
+    _say("runwire stack is stopped.")
+    return 0
+
+
+def _describe(pid: int) -> str:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return str(pid)
+    words = [Path(argv[0].decode()).name] + [arg.decode() for arg in argv[1:3] if arg]
+    return f"{pid} ({' '.join(words)})"
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    # It may have exited on its own meanwhile.
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+def logs(layout: Layout) -> int:
+    """Follow every log of the stack (replaces this process with `tail -F`)."""
+    files = sorted(str(path) for path in layout.logs.glob("*.log"))
+    if not files:
+        _say("No logs yet; start the stack with `make up`.")
+        return 1
+    os.execvp("tail", ["tail", "-n", "20", "-F", *files])
+
+
+def status(layout: Layout) -> int:
+    """Print supervisord's view of every program."""
+    if _supervisord_pid(layout) is None:
+        _say("runwire stack is not running.")
+        return 0
+    done = _ctl(layout, "status")
+    print(done.stdout, end="", flush=True)
+    return done.returncode
+
+
+def run(layout: Layout) -> int:
+    """Bring the stack up, stream a demo run, keep the stack up until SIGINT/SIGTERM."""
+    code = up(layout)
+    if code != 0:
+        return code
+    demo = [
+        str(_bin("runwire")),
+        "submit",
+        "--tokens",
+        *DEMO_TOKENS,
+        "--token-delay-ms",
+        str(DEMO_TOKEN_DELAY_MS),
+        "--watch",
+    ]
+    # Block the stop signals before anything else, so a Ctrl-C during the demo is
+    # queued for sigwait below instead of interrupting the wait for a clean shutdown.
+    stop_signals = {signal.SIGINT, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+    env = {**os.environ, **_read_env(layout)}
+    try:
+        demo_run = subprocess.run(demo, env=env, check=False, preexec_fn=_unblock(stop_signals))
+    except OSError as exc:
+        _say(f"Could not run the demo ({shlex.join(demo)}): {exc}")
+    else:
+        if demo_run.returncode != 0:
+            _say(f"The demo run failed (exit status {demo_run.returncode}): {shlex.join(demo)}")
+    _say("\nThe stack stays up; press Ctrl-C to stop it.")
+    signal.sigwait(stop_signals)
+    _say("")
+    return down(layout)
+
+
+def _unblock(signals: set[signal.Signals]) -> Callable[[], None]:
+    # Children inherit the blocked mask across exec; the demo CLI must still see Ctrl-C.
+    def hook() -> None:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+
+    return hook
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point."""
+    parser = argparse.ArgumentParser(prog="python -m infra.stack", description=__doc__)
+    commands: dict[str, Callable[[Layout], int]] = {
+        "up": up,
+        "down": down,
+        "logs": logs,
+        "status": status,
+        "run": run,
+    }
+    parser.add_argument("command", choices=commands)
+    args = parser.parse_args(argv)
+    layout = Layout(repo=Path.cwd().absolute())
+    return commands[args.command](layout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

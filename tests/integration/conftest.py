@@ -1,0 +1,18 @@
+"""Integration fixtures: the four services in this process against real servers."""
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.conftest import TestInfra
+from tests.services import InProcessStack
+
+
+@pytest.fixture
+async def stack(infra: TestInfra, db_url: str, prefix: str) -> AsyncIterator[InProcessStack]:
+    """Submitter, executor, relay and recovery, wired to this test's database and prefix."""
+    running = await InProcessStack(infra.nats_url, db_url, prefix).start()
+    try:
+        yield running
+    finally:
+        await running.close()

@@ -1,0 +1,70 @@
+"""A run through the four services: submit, execute, stream, finish; idempotency."""
+
+import pytest
+
+from contracts.frames import FrameType
+from contracts.status import RunStatus
+from tests.services import InProcessStack, assert_well_formed, collect
+from tests.support import eventually
+
+pytestmark = pytest.mark.integration
+
+TOKENS = ["Hello", ",", " dur", "able", " world", "!"]
+
+
+async def test_a_run_streams_every_token_once_and_finishes(stack: InProcessStack) -> None:
+    reply = await stack.client.submit({"tokens": TOKENS, "token_delay_ms": 5}, request_id="r-1")
+    assert reply.duplicate is False
+    assert reply.run.status == RunStatus.QUEUED
+    assert reply.run.tenant == "default"
+
+    frames, transcript = await collect(stack.client, reply.run.run_id)
+
+    assert_well_formed(frames)
+    assert transcript.text == "".join(TOKENS)
+    assert [f.data["text"] for f in frames if f.type == FrameType.MESSAGE] == TOKENS
+    assert frames[0].type == FrameType.RUN
+    assert frames[0].data == {"attempt": 1, "resumed": False, "partial_length": 0}
+    assert frames[-1].data == {"status": "finished"}
+
+    run = await stack.client.get(reply.run.run_id)
+    assert run.status == RunStatus.FINISHED
+    assert run.attempts == 1
+    assert run.result == {"text": "".join(TOKENS)}
+    assert run.started_at is not None and run.ended_at is not None
+    # The relay's segments reach Postgres: the run's row counts every frame.
+    stored = await eventually(
+        lambda: _closed(stack, reply.run.run_id), timeout=10
+    )
+    assert stored.last_seq == len(frames)
+    assert stored.frame_count == len(frames)
+
+
+async def _closed(stack: InProcessStack, run_id: str):  # type: ignore[no-untyped-def]
+    row = await stack.store.get_run_by_id(run_id)
+    assert row is not None and row.frames_closed
+    return row
+
+
+async def test_same_request_id_twice_is_one_run(stack: InProcessStack) -> None:
+    first = await stack.client.submit({"tokens": ["a"]}, request_id="same")
+    second = await stack.client.submit({"tokens": ["a", "b"]}, request_id="same")
+
+    assert first.duplicate is False
+    assert second.duplicate is True
+    assert second.run.run_id == first.run.run_id
+    await collect(stack.client, first.run.run_id)
+    assert (await stack.store.run_by_request("default", "same")) is not None
+    # Exactly one run exists for the request; a different tenant may reuse the key.
+    other = await stack.client.submit({"tokens": ["a"]}, request_id="another")
+    assert other.run.run_id != first.run.run_id
+
+
+async def test_many_runs_at_once_all_finish_with_their_own_text(stack: InProcessStack) -> None:
+    replies = [
+        await stack.client.submit({"tokens": [f"run{i}", "-", "ok"]}) for i in range(20)
+    ]
+    for i, reply in enumerate(replies):
+        frames, transcript = await collect(stack.client, reply.run.run_id)
+        assert_well_formed(frames)
+        assert transcript.text == f"run{i}-ok"

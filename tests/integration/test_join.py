@@ -1,0 +1,112 @@
+"""Join and re-join: every frame after a cursor exactly once, during and after a run."""
+
+import asyncio
+
+import pytest
+
+from contracts.frames import Frame, FrameType
+from tests.services import InProcessStack, assert_well_formed, collect
+from tests.support import eventually
+
+pytestmark = pytest.mark.integration
+
+
+async def test_join_from_zero_after_the_end_replays_everything(stack: InProcessStack) -> None:
+    reply = await stack.client.submit({"tokens": ["a", "b", "c"]})
+    frames, _ = await collect(stack.client, reply.run.run_id)
+
+    joined = await stack.client.join(reply.run.run_id, 0)
+
+    assert joined.live is None  # ended, and the replay is complete
+    assert [f.seq for f in joined.replay] == [f.seq for f in frames]
+    assert joined.replay[-1].type == FrameType.DONE
+
+
+async def test_join_from_a_cursor_after_the_end(stack: InProcessStack) -> None:
+    reply = await stack.client.submit({"tokens": ["a", "b", "c", "d"]})
+    frames, _ = await collect(stack.client, reply.run.run_id)
+
+    rest, _ = await collect(stack.client, reply.run.run_id, after=3)
+
+    assert_well_formed(rest, after=3)
+    assert [f.model_dump() for f in rest] == [f.model_dump() for f in frames[3:]]
+
+
+async def test_rejoin_mid_run_gets_each_frame_once(stack: InProcessStack) -> None:
+    tokens = [f"t{i} " for i in range(40)]
+    reply = await stack.client.submit({"tokens": tokens, "token_delay_ms": 10})
+    run_id = reply.run.run_id
+    seen: list[Frame] = []
+
+    # Leave after a few frames, as a reloaded browser tab would.
+    async for frame in stack.client.stream(run_id):
+        seen.append(frame)
+        if len(seen) == 8:
+            break
+    rest, _ = await collect(stack.client, run_id, after=seen[-1].seq)
+
+    everything = seen + rest
+    assert_well_formed(everything)
+    text = "".join(f.data["text"] for f in everything if f.type == FrameType.MESSAGE)
+    assert text == "".join(tokens)
+
+
+async def test_join_under_a_fast_writer_has_no_gap(stack: InProcessStack) -> None:
+    tokens = [f"{i}," for i in range(2000)]
+    reply = await stack.client.submit({"tokens": tokens})
+    run_id = reply.run.run_id
+    # Join while the run is writing as fast as it can, several times from several cursors.
+    await eventually(lambda: _has_frames(stack, run_id, 50), timeout=20)
+    results = await asyncio.gather(
+        *(collect(stack.client, run_id, after=cursor, timeout=60) for cursor in (0, 10, 40))
+    )
+    for cursor, (frames, _) in zip((0, 10, 40), results, strict=True):
+        assert_well_formed(frames, after=cursor)
+    assert results[0][1].text == "".join(tokens)
+
+
+async def _has_frames(stack: InProcessStack, run_id: str, n: int) -> bool:
+    joined = await stack.client.join(run_id, 0)
+    return len(joined.replay) >= n
+
+
+async def test_cursor_beyond_the_last_seq_gives_empty_replay_then_live(
+    stack: InProcessStack,
+) -> None:
+    reply = await stack.client.submit({"tokens": ["x"] * 30, "token_delay_ms": 30})
+    run_id = reply.run.run_id
+    await eventually(lambda: _has_frames(stack, run_id, 3), timeout=10)
+
+    joined = await stack.client.join(run_id, 10_000)
+
+    assert joined.replay == []
+    assert joined.live is not None
+    assert joined.live.subject.endswith(f".runs.{run_id}.frames")
+    frames, _ = await collect(stack.client, run_id, after=20)
+    assert_well_formed(frames, after=20)
+
+
+async def test_join_after_the_stream_was_purged_is_served_from_postgres(
+    stack: InProcessStack,
+) -> None:
+    reply = await stack.client.submit({"tokens": ["kept", " in", " postgres"]})
+    run_id = reply.run.run_id
+    frames, _ = await collect(stack.client, run_id)
+    await eventually(lambda: _closed(stack, run_id), timeout=10)
+
+    js = stack.client.nc.jetstream()
+    await js.purge_stream(
+        stack.client.subjects.run_frames_stream,
+        subject=stack.client.subjects.run_frames("default", run_id),
+    )
+
+    replayed, transcript = await collect(stack.client, run_id)
+    assert [f.model_dump() for f in replayed] == [f.model_dump() for f in frames]
+    assert transcript.text == "kept in postgres"
+    middle, _ = await collect(stack.client, run_id, after=2)
+    assert_well_formed(middle, after=2)
+
+
+async def _closed(stack: InProcessStack, run_id: str) -> bool:
+    row = await stack.store.get_run_by_id(run_id)
+    return bool(row and row.frames_closed)
