@@ -37,7 +37,11 @@ CASES = [
     ("submit", json.dumps({**VALID, "max_attempts": "three"}).encode(), ErrorCode.INVALID_REQUEST),
     ("submit", json.dumps({**VALID, "v": 2}).encode(), ErrorCode.INVALID_REQUEST),
     ("submit", json.dumps({**VALID, "runner": "nope"}).encode(), ErrorCode.INVALID_REQUEST),
-    ("submit", json.dumps({**VALID, "input": {"tokens": "abc"}}).encode(), ErrorCode.INVALID_REQUEST),
+    (
+        "submit",
+        json.dumps({**VALID, "input": {"tokens": "abc"}}).encode(),
+        ErrorCode.INVALID_REQUEST,
+    ),
     ("submit", json.dumps({**VALID, "multitask": "sometimes"}).encode(), ErrorCode.INVALID_REQUEST),
     (
         "submit",

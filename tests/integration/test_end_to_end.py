@@ -4,6 +4,7 @@ import pytest
 
 from contracts.frames import FrameType
 from contracts.status import RunStatus
+from services.runtime.store import Run
 from tests.services import InProcessStack, assert_well_formed, collect
 from tests.support import eventually
 
@@ -31,18 +32,18 @@ async def test_a_run_streams_every_token_once_and_finishes(stack: InProcessStack
     assert run.status == RunStatus.FINISHED
     assert run.attempts == 1
     assert run.result == {"text": "".join(TOKENS)}
-    assert run.started_at is not None and run.ended_at is not None
+    assert run.started_at is not None
+    assert run.ended_at is not None
     # The relay's segments reach Postgres: the run's row counts every frame.
-    stored = await eventually(
-        lambda: _closed(stack, reply.run.run_id), timeout=10
-    )
+    stored = await eventually(lambda: _closed(stack, reply.run.run_id), timeout=10)
     assert stored.last_seq == len(frames)
     assert stored.frame_count == len(frames)
 
 
-async def _closed(stack: InProcessStack, run_id: str):  # type: ignore[no-untyped-def]
+async def _closed(stack: InProcessStack, run_id: str) -> Run:
     row = await stack.store.get_run_by_id(run_id)
-    assert row is not None and row.frames_closed
+    assert row is not None
+    assert row.frames_closed
     return row
 
 
@@ -61,9 +62,7 @@ async def test_same_request_id_twice_is_one_run(stack: InProcessStack) -> None:
 
 
 async def test_many_runs_at_once_all_finish_with_their_own_text(stack: InProcessStack) -> None:
-    replies = [
-        await stack.client.submit({"tokens": [f"run{i}", "-", "ok"]}) for i in range(20)
-    ]
+    replies = [await stack.client.submit({"tokens": [f"run{i}", "-", "ok"]}) for i in range(20)]
     for i, reply in enumerate(replies):
         frames, transcript = await collect(stack.client, reply.run.run_id)
         assert_well_formed(frames)

@@ -1,0 +1,138 @@
+"""Attempts: retries with the text kept, fatal errors, deadlines, cancellation, timeouts."""
+
+import asyncio
+import time
+
+import pytest
+
+from contracts.errors import ErrorCode
+from contracts.frames import FrameType
+from contracts.status import RunStatus
+from tests.services import InProcessStack, assert_well_formed, collect
+from tests.support import eventually
+
+pytestmark = pytest.mark.integration
+
+TOKENS = [f"w{i} " for i in range(10)]
+
+
+async def test_retryable_failure_resumes_and_keeps_every_token_once(
+    stack: InProcessStack,
+) -> None:
+    script = {"tokens": TOKENS, "fail": [{"attempt": 1, "after_tokens": 4, "kind": "retryable"}]}
+    reply = await stack.client.submit(script)
+
+    frames, transcript = await collect(stack.client, reply.run.run_id)
+
+    assert_well_formed(frames)
+    assert transcript.text == "".join(TOKENS)
+    runs = [f.data for f in frames if f.type == FrameType.RUN]
+    assert runs[0] == {"attempt": 1, "resumed": False, "partial_length": 0}
+    assert runs[1]["attempt"] == 2
+    assert runs[1]["resumed"] is True
+    errors = [f.data for f in frames if f.type == FrameType.ERROR]
+    assert errors[0]["code"] == ErrorCode.RUNNER_ERROR
+    assert errors[0]["retryable"] is True
+    run = await stack.client.get(reply.run.run_id)
+    assert (run.status, run.attempts) == (RunStatus.FINISHED, 2)
+    assert run.result == {"text": "".join(TOKENS)}
+
+
+async def test_retries_stop_at_max_attempts_with_the_last_error(stack: InProcessStack) -> None:
+    fail = [{"attempt": n, "after_tokens": 1, "kind": "retryable"} for n in (1, 2, 3)]
+    reply = await stack.client.submit({"tokens": TOKENS, "fail": fail}, max_attempts=2)
+
+    frames, _ = await collect(stack.client, reply.run.run_id)
+
+    assert frames[-1].data == {"status": "failed", "code": "RUNNER_ERROR"}
+    run = await stack.client.get(reply.run.run_id)
+    assert (run.status, run.attempts) == (RunStatus.FAILED, 2)
+    assert run.error is not None
+    assert run.error.code == ErrorCode.RUNNER_ERROR
+
+
+async def test_fatal_error_fails_at_once(stack: InProcessStack) -> None:
+    fail = [{"attempt": 1, "after_tokens": 2, "kind": "fatal"}]
+    reply = await stack.client.submit({"tokens": TOKENS, "fail": fail})
+
+    frames, transcript = await collect(stack.client, reply.run.run_id)
+
+    assert transcript.text == "".join(TOKENS[:2])
+    assert frames[-1].data == {"status": "failed", "code": "RUNNER_FATAL"}
+    run = await stack.client.get(reply.run.run_id)
+    assert (run.status, run.attempts) == (RunStatus.FAILED, 1)
+
+
+async def test_a_hanging_runner_is_abandoned_at_its_deadline(stack: InProcessStack) -> None:
+    fail = [{"attempt": 1, "after_tokens": 3, "kind": "hang"}]
+    started = time.monotonic()
+    reply = await stack.client.submit(
+        {"tokens": TOKENS, "fail": fail}, attempt_timeout_ms=500, max_attempts=2
+    )
+
+    frames, transcript = await collect(stack.client, reply.run.run_id)
+
+    # The second attempt continues after the three tokens the first one delivered.
+    assert transcript.text == "".join(TOKENS)
+    timeouts = [f.data for f in frames if f.type == FrameType.ERROR]
+    assert timeouts[0]["code"] == ErrorCode.ATTEMPT_TIMEOUT
+    assert time.monotonic() - started < 10
+    run = await stack.client.get(reply.run.run_id)
+    assert (run.status, run.attempts) == (RunStatus.FINISHED, 2)
+
+
+async def test_cancel_stops_a_running_attempt(stack: InProcessStack) -> None:
+    reply = await stack.client.submit({"tokens": TOKENS * 20, "token_delay_ms": 50})
+    run_id = reply.run.run_id
+    await eventually(lambda: _status(stack, run_id, RunStatus.RUNNING))
+
+    answered = await stack.client.cancel(run_id)
+    asked_at = time.monotonic()
+    frames, transcript = await collect(stack.client, run_id)
+
+    assert answered.run_id == run_id
+    assert frames[-1].data == {"status": "canceled", "code": "CANCELED"}
+    assert time.monotonic() - asked_at < 2
+    assert len(transcript.text) < len("".join(TOKENS * 20))
+    run = await stack.client.get(run_id)
+    assert run.status == RunStatus.CANCELED
+    # Cancelling a terminal run answers with the run unchanged.
+    again = await stack.client.cancel(run_id)
+    assert again == run
+
+
+async def test_a_canceled_queued_run_never_starts(stack: InProcessStack) -> None:
+    await stack.stop_service("executor-0")
+    reply = await stack.client.submit({"tokens": ["never"]})
+
+    canceled = await stack.client.cancel(reply.run.run_id)
+    assert canceled.status == RunStatus.CANCELED
+    stack.start_executor("executor-1")
+    frames, transcript = await collect(stack.client, reply.run.run_id)
+
+    assert transcript.text == ""
+    assert [f.type for f in frames] == [FrameType.DONE]
+    assert frames[0].data == {"status": "canceled", "code": "CANCELED"}
+    await asyncio.sleep(0.3)  # give the executor a chance to (wrongly) start it
+    run = await stack.client.get(reply.run.run_id)
+    assert (run.status, run.attempts, run.started_at) == (RunStatus.CANCELED, 0, None)
+
+
+async def test_a_run_past_its_queue_timeout_fails_without_starting(
+    stack: InProcessStack,
+) -> None:
+    await stack.stop_service("executor-0")
+    reply = await stack.client.submit({"tokens": ["late"]}, queue_timeout_ms=300)
+
+    frames, _ = await collect(stack.client, reply.run.run_id)
+
+    assert frames[-1].data == {"status": "failed", "code": "QUEUE_TIMEOUT"}
+    assert frames[0].type == FrameType.ERROR
+    run = await stack.client.get(reply.run.run_id)
+    assert (run.status, run.attempts) == (RunStatus.FAILED, 0)
+    assert run.error is not None
+    assert run.error.code == ErrorCode.QUEUE_TIMEOUT
+
+
+async def _status(stack: InProcessStack, run_id: str, status: RunStatus) -> bool:
+    return (await stack.client.get(run_id)).status == status
