@@ -34,6 +34,7 @@ from contracts.subjects import DEFAULT_PREFIX, DEFAULT_TENANT, Subjects
 log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 5.0
 REJOIN_DELAY_S = 0.2
 # With no frame for this long, the client re-joins to check the run is still alive.
 LIVE_IDLE_S = 5.0
@@ -77,8 +78,22 @@ class Client:
         *,
         tenant: str = DEFAULT_TENANT,
         prefix: str = DEFAULT_PREFIX,
+        connect_timeout: float = CONNECT_TIMEOUT_S,
     ) -> "Client":
-        nc = await nats.connect(url, name="runwire-client", max_reconnect_attempts=-1)
+        """Connect to NATS; after the first connection, reconnect for as long as it takes."""
+        try:
+            nc = await asyncio.wait_for(
+                nats.connect(url, name="runwire-client", max_reconnect_attempts=-1),
+                connect_timeout,
+            )
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
+            raise ClientError(
+                ErrorBody(
+                    code=ErrorCode.UNAVAILABLE,
+                    message=f"cannot reach NATS at {url} (is the stack up? `make up`)",
+                    retryable=True,
+                )
+            ) from exc
         return cls(nc, tenant=tenant, prefix=prefix)
 
     async def close(self) -> None:

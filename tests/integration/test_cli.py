@@ -1,0 +1,91 @@
+"""The `runwire` command against running services, as a user types it."""
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from contracts.status import RunStatus
+from tests.services import InProcessStack
+
+pytestmark = pytest.mark.integration
+
+
+async def _runwire(*args: str, cwd: Path, env: dict[str, str]) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "services.client.cli",
+        *args,
+        cwd=cwd,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+def _clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNWIRE_")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    return env
+
+
+@pytest.fixture
+def stack_dir(tmp_path: Path, stack: InProcessStack) -> Path:
+    """A folder with the `.runwire/env` that `make up` would write, for this stack."""
+    (tmp_path / ".runwire").mkdir()
+    (tmp_path / ".runwire" / "env").write_text(
+        f"RUNWIRE_NATS_URL={stack.nats_url}\nRUNWIRE_PREFIX={stack.prefix}\n"
+    )
+    return tmp_path
+
+
+async def test_submit_and_watch_prints_the_full_text(
+    stack: InProcessStack, stack_dir: Path
+) -> None:
+    code, out, err = await _runwire(
+        "submit", "--tokens", "Hello", " world", "--watch", cwd=stack_dir, env=_clean_env()
+    )
+
+    assert code == 0, err
+    first, text, last = out.strip().split("\n")
+    run_id = first.split()[1]
+    assert first == f"run {run_id} queued"
+    assert text == "Hello world"
+    assert last == f"run {run_id} finished"
+    assert (await stack.client.get(run_id)).status == RunStatus.FINISHED
+
+
+async def test_watch_from_a_cursor_get_and_cancel(stack: InProcessStack, stack_dir: Path) -> None:
+    env = _clean_env()
+    reply = await stack.client.submit({"tokens": ["one", " two", " three"]})
+    run_id = reply.run.run_id
+
+    code, out, _ = await _runwire("watch", run_id, "--after", "2", cwd=stack_dir, env=env)
+    assert code == 0
+    # Frame 1 is the attempt's start and frame 2 the first token: the rest follows.
+    assert out.startswith(" two three\n")
+
+    code, out, _ = await _runwire("get", run_id, cwd=stack_dir, env=env)
+    assert code == 0
+    assert f'"run_id": "{run_id}"' in out
+    assert '"status": "finished"' in out
+
+    code, out, _ = await _runwire("cancel", run_id, cwd=stack_dir, env=env)
+    assert (code, out.strip()) == (0, f"run {run_id} finished")
+
+
+async def test_errors_are_reported_in_words(stack: InProcessStack, stack_dir: Path) -> None:
+    code, _, err = await _runwire("get", "no-such-run", cwd=stack_dir, env=_clean_env())
+    assert code == 1
+    assert "NOT_FOUND" in err
+
+    env = {**_clean_env(), "RUNWIRE_NATS_URL": "nats://127.0.0.1:1"}
+    code, _, err = await _runwire("get", "x", cwd=stack_dir, env=env)
+    assert code == 1
+    assert "cannot reach NATS" in err

@@ -1,0 +1,48 @@
+"""The import rules of DESIGN.md: services → runtime → contracts; client → contracts."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVICES = ("submitter", "executor", "relay", "recovery", "client")
+
+
+def _imports(folder: Path) -> set[tuple[Path, str]]:
+    found = set()
+    for path in folder.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                found.add((path, node.module))
+            elif isinstance(node, ast.Import):
+                found.update((path, alias.name) for alias in node.names)
+    return found
+
+
+def test_contracts_import_nothing_of_ours() -> None:
+    bad = [(p, m) for p, m in _imports(ROOT / "contracts") if m.startswith(("services", "infra"))]
+    assert bad == []
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_no_service_imports_another(service: str) -> None:
+    others = tuple(f"services.{s}" for s in SERVICES if s != service)
+    bad = [(p, m) for p, m in _imports(ROOT / "services" / service) if m.startswith(others)]
+    assert bad == []
+
+
+def test_client_never_imports_the_runtime() -> None:
+    bad = [
+        (p, m)
+        for p, m in _imports(ROOT / "services" / "client")
+        if m.startswith(("services.runtime", "asyncpg"))
+    ]
+    assert bad == []
+
+
+def test_only_the_store_imports_asyncpg() -> None:
+    users = {p.name for p, m in _imports(ROOT / "services") if m.startswith("asyncpg")}
+    assert users == {"store.py"}

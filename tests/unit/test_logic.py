@@ -1,0 +1,58 @@
+"""Pure logic: the relay's ordering, the scripted runner's resume point, backoff, SQL files."""
+
+import random
+
+import pytest
+
+from services.executor.outcome import backoff_ms
+from services.executor.runners.scripted import tokens_delivered
+from services.relay.sequencer import RunCursor, Verdict
+from services.runtime.store import QUERIES, load_queries
+
+pytestmark = pytest.mark.unit
+
+
+def test_cursor_keeps_in_order_frames_and_numbers_them_across_generations() -> None:
+    cursor = RunCursor()
+    assert cursor.judge(1, 1) == Verdict.KEEP
+    assert cursor.advance(1, 1, False) == 1
+    assert cursor.judge(1, 2) == Verdict.KEEP
+    assert cursor.advance(1, 2, False) == 2
+    assert cursor.judge(1, 2) == Verdict.DROP  # repeat
+    assert cursor.judge(1, 4) == Verdict.WAIT  # gap
+    assert cursor.judge(2, 1) == Verdict.KEEP  # a new attempt starts
+    assert cursor.advance(2, 1, False) == 3
+    assert cursor.judge(1, 3) == Verdict.DROP  # the fenced-out attempt came back
+    assert cursor.judge(3, 2) == Verdict.WAIT
+    cursor.advance(2, 2, True)
+    assert cursor.judge(3, 1) == Verdict.DROP  # nothing after done
+
+
+@pytest.mark.parametrize(
+    ("tokens", "text", "expected"),
+    [
+        (["a", "b", "c"], "", 0),
+        (["a", "b", "c"], "ab", 2),
+        (["a", "b", "c"], "abc", 3),
+        (["ab", "c"], "a", 0),
+        (["x", "x"], "x", 1),
+    ],
+)
+def test_tokens_delivered(tokens: list[str], text: str, expected: int) -> None:
+    assert tokens_delivered(tokens, text) == expected
+
+
+def test_backoff_grows_and_is_capped() -> None:
+    rng = random.Random(7)
+    for attempt in range(1, 12):
+        delay = backoff_ms(attempt, 100, 5000, rng)
+        ceiling = min(5000, 100 * 2 ** (attempt - 1))
+        assert ceiling / 2 <= delay <= ceiling
+
+
+def test_named_queries_load() -> None:
+    assert {"claim_run", "heartbeat", "finish_run", "insert_segments"} <= set(QUERIES)
+    assert load_queries("-- name: a\nSELECT 1;\n-- name: b\nSELECT 2;") == {
+        "a": "SELECT 1;",
+        "b": "SELECT 2;",
+    }
