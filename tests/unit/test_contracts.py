@@ -5,7 +5,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from contracts import Frame, FrameType, RunStatus, SubmitCommand, Subjects
+from contracts import Frame, FrameType, RunStatus, Subjects, SubmitCommand
 from contracts.errors import ErrorCode
 from contracts.schemas import SCHEMA_DIR, render
 
