@@ -229,3 +229,19 @@ def process_env(base: dict[str, str], **extra: Any) -> dict[str, str]:
         env[f"RUNWIRE_{key.upper()}"] = str(value)
     env["RUNWIRE_LOG_FORMAT"] = "json"
     return env
+
+
+ATTEMPT_ENDS = {"finished", "failed", "canceled", "retry", "released", "recovering", "interrupted"}
+
+
+def max_running(timeline: list[dict[str, Any]]) -> int:
+    """The most attempts running at one moment, from the run_events log."""
+    running: set[str] = set()
+    peak = 0
+    for event in timeline:
+        if event["event"] == "claimed":
+            running.add(event["run_id"])
+        elif event["event"] in ATTEMPT_ENDS:
+            running.discard(event["run_id"])
+        peak = max(peak, len(running))
+    return peak

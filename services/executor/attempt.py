@@ -200,18 +200,28 @@ class Attempt:
         )
 
     async def _heartbeat(self) -> None:
-        interval = self._settings.heartbeat_ms / 1000
+        """Renew the lease every `heartbeat_ms`; between renewals, poll for a cancel
+        every `cancel_poll_ms` (the fallback when the cancel notice is lost)."""
+        loop = asyncio.get_running_loop()
+        every = self._settings.heartbeat_ms / 1000
+        tick = min(every, self._settings.cancel_poll_ms / 1000)
+        next_renewal = loop.time() + every
         while True:
-            await asyncio.sleep(interval)
-            if self._on_heartbeat is not None:
-                await self._on_heartbeat()
+            await asyncio.sleep(tick)
+            renew = loop.time() >= next_renewal - tick / 2
             try:
-                cancel = await self._store.heartbeat(
-                    self.run.run_id,
-                    self.generation,
-                    self._settings.lease_ttl_ms,
-                    self.partial_text,
-                )
+                if renew:
+                    next_renewal = loop.time() + every
+                    if self._on_heartbeat is not None:
+                        await self._on_heartbeat()
+                    cancel = await self._store.heartbeat(
+                        self.run.run_id,
+                        self.generation,
+                        self._settings.lease_ttl_ms,
+                        self.partial_text,
+                    )
+                else:
+                    cancel = await self._store.cancel_requested(self.run.run_id, self.generation)
             except LostRace:
                 log.warning("lease lost to a newer attempt; stopping")
                 self.abort(AbortReason.LOST)
@@ -220,6 +230,9 @@ class Attempt:
                 # Postgres is away: keep going; if the lease expires, recovery takes over
                 # and the fence stops every later write of this attempt.
                 log.warning("heartbeat not recorded: %s", exc.message)
+                continue
+            except Exception:
+                log.exception("heartbeat failed")
                 continue
             if cancel:
                 self.abort(AbortReason.CANCEL)

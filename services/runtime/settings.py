@@ -20,6 +20,7 @@ DEFAULT_ATTEMPT_TIMEOUT_MS = 600_000
 DEFAULT_MAX_IN_FLIGHT = 64
 DEFAULT_ACK_WAIT_MS = 30_000
 DEFAULT_HEARTBEAT_MS = 2_000
+DEFAULT_CANCEL_POLL_MS = 1_000
 DEFAULT_LEASE_TTL_MS = 15_000
 DEFAULT_RETRY_BASE_MS = 500
 DEFAULT_RETRY_MAX_MS = 30_000
@@ -65,6 +66,7 @@ class ExecutorSettings(CommonSettings):
     max_in_flight: int = Field(default=DEFAULT_MAX_IN_FLIGHT, ge=1)
     ack_wait_ms: int = Field(default=DEFAULT_ACK_WAIT_MS, ge=500)
     heartbeat_ms: int = Field(default=DEFAULT_HEARTBEAT_MS, ge=50)
+    cancel_poll_ms: int = Field(default=DEFAULT_CANCEL_POLL_MS, ge=20)
     lease_ttl_ms: int = Field(default=DEFAULT_LEASE_TTL_MS, ge=200)
     retry_base_ms: int = Field(default=DEFAULT_RETRY_BASE_MS, ge=0)
     retry_max_ms: int = Field(default=DEFAULT_RETRY_MAX_MS, ge=0)

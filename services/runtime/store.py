@@ -285,6 +285,11 @@ class Store:
             for r in rows
         ]
 
+    async def timeline(self) -> list[dict[str, Any]]:
+        """Every recorded transition of every run, oldest first."""
+        rows = await self._fetch("events_timeline")
+        return [{**dict(r), "run_id": str(r["run_id"])} for r in rows]
+
     async def run_status_values(self) -> list[str]:
         return [r["enumlabel"] for r in await self._fetch("run_status_values")]
 
@@ -350,6 +355,13 @@ class Store:
         rec = await self._fetchrow(
             "heartbeat", uuid.UUID(run_id), generation, lease_ms, partial_text
         )
+        if rec is None:
+            raise LostRace(f"attempt {generation} of run {run_id} lost its lease", run_id=run_id)
+        return bool(rec["cancel_requested"])
+
+    async def cancel_requested(self, run_id: str, generation: int) -> bool:
+        """Whether a cancel was requested; LostRace if the attempt was fenced out."""
+        rec = await self._fetchrow("cancel_requested", uuid.UUID(run_id), generation)
         if rec is None:
             raise LostRace(f"attempt {generation} of run {run_id} lost its lease", run_id=run_id)
         return bool(rec["cancel_requested"])

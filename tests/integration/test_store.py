@@ -47,3 +47,18 @@ async def test_fresh_and_migrated_databases_have_the_same_schema(
         assert await _schema(fresh) == await _schema(db_url)
     finally:
         await infra.drop_database(name)
+
+
+async def test_every_named_query_prepares(db_url: str) -> None:
+    """Catches a query whose parameters or columns do not fit the schema."""
+    from services.runtime.store import QUERIES
+
+    conn = await asyncpg.connect(db_url)
+    try:
+        for name, sql in QUERIES.items():
+            try:
+                await conn.prepare(sql)
+            except asyncpg.PostgresError as exc:
+                pytest.fail(f"query {name} does not prepare: {exc}")
+    finally:
+        await conn.close()

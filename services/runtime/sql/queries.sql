@@ -136,12 +136,12 @@ SELECT * FROM upd;
 -- A run that never reached an attempt fails (queue full or queue timeout).
 WITH upd AS (
     UPDATE runs
-       SET status = 'failed', error = $3, ended_at = now(), updated_at = now()
+       SET status = 'failed', error = $2, ended_at = now(), updated_at = now()
      WHERE run_id = $1 AND status = 'queued' AND attempts = 0
     RETURNING *
 ), ev AS (
     INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)
-    SELECT run_id, 'failed', status, attempts, $4, $3->>'code', $3->>'message' FROM upd
+    SELECT run_id, 'failed', status, attempts, $3, $2->>'code', $2->>'message' FROM upd
 )
 SELECT * FROM upd;
 
@@ -254,3 +254,12 @@ SELECT last_seq, last_stream_seq FROM frame_segments
 -- name: run_status_values
 SELECT enumlabel FROM pg_enum e JOIN pg_type t ON t.oid = e.enumtypid
  WHERE t.typname = 'run_status' ORDER BY e.enumsortorder;
+
+-- name: cancel_requested
+-- The cheap poll between heartbeats: no row means the attempt was fenced out.
+SELECT cancel_requested FROM runs
+ WHERE run_id = $1 AND generation = $2 AND status = 'running';
+
+-- name: events_timeline
+-- Every recorded transition, oldest first (for audits and tests).
+SELECT run_id, event, status, attempt, actor, code, at FROM run_events ORDER BY at, id;
