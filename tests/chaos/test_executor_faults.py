@@ -1,0 +1,142 @@
+"""An executor frozen, killed or stopped mid-run: every run finishes, each token once."""
+
+import asyncio
+import signal
+
+import pytest
+
+from contracts.frames import FrameType
+from contracts.status import RunStatus
+from tests.chaos.conftest import ProcessStack
+from tests.services import assert_well_formed, collect, max_running
+from tests.support import eventually
+
+pytestmark = pytest.mark.chaos
+
+TOKENS = [f"tok{i} " for i in range(40)]
+
+
+async def _running_on(stack: ProcessStack, run_id: str, owner: str) -> bool:
+    run = await stack.store.get_run_by_id(run_id)
+    return bool(run and run.status == RunStatus.RUNNING and run.last_seq >= 5)
+
+
+async def test_paused_executor_is_taken_over_and_its_late_frames_are_dropped(
+    processes: ProcessStack,
+) -> None:
+    first = processes.start("executor-a")
+    reply = await processes.client.submit({"tokens": TOKENS, "token_delay_ms": 50})
+    run_id = reply.run.run_id
+    await eventually(lambda: _running_on(processes, run_id, "executor-a"), timeout=20)
+
+    first.signal(signal.SIGSTOP)  # frozen past its lease (1 s)
+    processes.start("executor-b")
+    run = await eventually(lambda: _attempt(processes, run_id, 2), timeout=20)
+    first.signal(signal.SIGCONT)  # comes back and tries to go on
+
+    frames, transcript = await collect(processes.client, run_id, timeout=60)
+
+    assert_well_formed(frames)
+    assert transcript.text == "".join(TOKENS)
+    final = await processes.client.get(run_id)
+    assert final.status == RunStatus.FINISHED
+    assert final.attempts == run.attempts == 2
+    assert final.result == {"text": "".join(TOKENS)}
+    starts = [f.data for f in frames if f.type == FrameType.RUN]
+    assert [s["attempt"] for s in starts] == [1, 2]
+    assert starts[1]["resumed"] is True
+    # The first executor is still alive and healthy after being fenced out.
+    assert first.proc is not None and first.proc.poll() is None
+
+
+async def _attempt(stack: ProcessStack, run_id: str, attempts: int):  # type: ignore[no-untyped-def]
+    run = await stack.store.get_run_by_id(run_id)
+    assert run is not None
+    assert run.attempts == attempts
+    assert run.status == RunStatus.RUNNING
+    return run
+
+
+async def test_killed_executor_runs_are_recovered_elsewhere(processes: ProcessStack) -> None:
+    victim = processes.start("executor-a")
+    replies = [
+        await processes.client.submit(
+            {"tokens": [f"r{i}-{t}" for t in TOKENS], "token_delay_ms": 40}
+        )
+        for i in range(4)
+    ]
+    ids = [r.run.run_id for r in replies]
+    for run_id in ids:
+        await eventually(lambda run_id=run_id: _running_on(processes, run_id, "a"), timeout=20)
+
+    victim.kill()
+    processes.start("executor-b")
+    results = await asyncio.gather(*(collect(processes.client, i, timeout=60) for i in ids))
+
+    for i, (frames, transcript) in enumerate(results):
+        assert_well_formed(frames)
+        assert transcript.text == "".join(f"r{i}-{t}" for t in TOKENS)
+        run = await processes.client.get(ids[i])
+        assert run.status == RunStatus.FINISHED
+        assert run.attempts == 2
+
+
+async def test_sigterm_returns_runs_to_the_queue_and_they_finish_elsewhere(
+    processes: ProcessStack,
+) -> None:
+    draining = processes.start("executor-a", max_in_flight=20)
+    replies = [
+        await processes.client.submit(
+            {"tokens": [f"s{i}:{t}" for t in TOKENS[:20]], "token_delay_ms": 100}
+        )
+        for i in range(20)
+    ]
+    ids = [r.run.run_id for r in replies]
+    await eventually(lambda: _all_running(processes, ids), timeout=30)
+
+    draining.signal(signal.SIGTERM)
+    assert draining.proc is not None
+    exit_code = await asyncio.to_thread(draining.proc.wait, 15)
+    assert exit_code == 0
+    processes.start("executor-b", max_in_flight=20)
+    results = await asyncio.gather(*(collect(processes.client, i, timeout=90) for i in ids))
+
+    for i, (frames, transcript) in enumerate(results):
+        assert_well_formed(frames)
+        assert transcript.text == "".join(f"s{i}:{t}" for t in TOKENS[:20])
+        run = await processes.client.get(ids[i])
+        assert run.status == RunStatus.FINISHED
+        # The attempt cut short by the shutdown is not counted as a failure.
+        assert run.attempts == 1
+    timeline = await processes.store.timeline()
+    assert sum(e["event"] == "released" for e in timeline) == 20
+
+
+async def _all_running(stack: ProcessStack, ids: list[str]) -> bool:
+    for run_id in ids:
+        run = await stack.store.get_run_by_id(run_id)
+        if run is None or run.status != RunStatus.RUNNING:
+            return False
+    return True
+
+
+async def test_in_flight_limit_holds_across_two_executor_processes(
+    processes: ProcessStack,
+) -> None:
+    for name in ("executor-a", "executor-b"):
+        processes.start(name, max_in_flight=3)
+    replies = [
+        await processes.client.submit({"tokens": [f"f{i}", "."], "token_delay_ms": 150})
+        for i in range(15)
+    ]
+    results = await asyncio.gather(
+        *(collect(processes.client, r.run.run_id, timeout=90) for r in replies)
+    )
+
+    for i, (_, transcript) in enumerate(results):
+        assert transcript.text == f"f{i}."
+    peak = max_running(await processes.store.timeline())
+    assert peak <= 3
+    assert peak >= 2  # both processes did take work at once
+    owners = {e["actor"] for e in await processes.store.timeline() if e["event"] == "claimed"}
+    assert owners == {"executor-a", "executor-b"}
