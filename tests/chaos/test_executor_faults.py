@@ -46,7 +46,8 @@ async def test_paused_executor_is_taken_over_and_its_late_frames_are_dropped(
     assert [s["attempt"] for s in starts] == [1, 2]
     assert starts[1]["resumed"] is True
     # The first executor is still alive and healthy after being fenced out.
-    assert first.proc is not None and first.proc.poll() is None
+    assert first.proc is not None
+    assert first.proc.poll() is None
 
 
 async def _attempt(stack: ProcessStack, run_id: str, attempts: int):  # type: ignore[no-untyped-def]
