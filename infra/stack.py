@@ -3,8 +3,8 @@
 Run as `python -m infra.stack {up,down,logs,status,run}` from the repository root (the
 Makefile does). Everything lives in `.runwire/` there: server data, logs, the supervisord
 configuration, the chosen ports (kept across restarts) and an `env` file with the URLs.
-supervisord restarts any process that dies; `down` stops all of them and checks that none
-is left.
+supervisord (configured and queried by `infra.supervisor`) restarts any process that
+dies; `down` stops all of them and checks that none is left.
 """
 
 from __future__ import annotations
@@ -20,15 +20,14 @@ import signal
 import subprocess
 import sys
 import time
-import xmlrpc.client
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
 
 import asyncpg
 
 from infra.embedded import EmbeddedNats, EmbeddedPostgres, find_free_port, port_is_free
+from infra.supervisor import Program, Supervisor, environment, venv_tool
 
 SERVICES = ("submitter", "executor", "relay", "recovery")
 SERVERS = ("nats", "postgres")
@@ -99,6 +98,10 @@ class Layout:
         digest = hashlib.sha256(str(self.root).encode()).hexdigest()[:12]
         return Path("/tmp") / f"runwire-{digest}.sock"
 
+    @property
+    def supervisor(self) -> Supervisor:
+        return Supervisor(conf=self.conf, socket=self.socket)
+
 
 @dataclass(frozen=True)
 class Ports:
@@ -106,12 +109,6 @@ class Ports:
 
     nats: int
     postgres: int
-
-
-def _bin(name: str) -> Path:
-    # Use the tools of the interpreter running us (the project venv), not whatever is on
-    # PATH; the path is deliberately not resolved so it keeps pointing into the venv.
-    return Path(sys.executable).parent / name
 
 
 def _say(message: str) -> None:
@@ -158,47 +155,6 @@ def _supervisord_pid(layout: Layout) -> int | None:
     return None
 
 
-def _ctl(layout: Layout, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(_bin("supervisorctl")), "-c", str(layout.conf), *args],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-
-
-def _process_info(layout: Layout) -> list[dict[str, Any]]:
-    """Ask supervisord (over its socket) about every program; [] if it does not answer.
-
-    Talking XML-RPC directly costs a socket round trip, where `supervisorctl` would cost a
-    Python start-up on every poll.
-    """
-    from supervisor.xmlrpc import SupervisorTransport
-
-    transport = SupervisorTransport(None, None, f"unix://{layout.socket}")
-    proxy = xmlrpc.client.ServerProxy("http://127.0.0.1", transport=transport)
-    try:
-        info = proxy.supervisor.getAllProcessInfo()
-    except (OSError, xmlrpc.client.Error):
-        return []
-    finally:
-        transport.close()
-    return cast(list[dict[str, Any]], info)
-
-
-def _states(layout: Layout) -> dict[str, str]:
-    """Map program name to supervisord state (RUNNING, STARTING, BACKOFF, FATAL, ...)."""
-    return {str(info["name"]): str(info["statename"]) for info in _process_info(layout)}
-
-
-def _program_pids(layout: Layout) -> dict[str, int]:
-    return {
-        str(info["name"]): int(info["pid"])
-        for info in _process_info(layout)
-        if int(info["pid"]) > 0
-    }
-
-
 def _load_ports(layout: Layout) -> Ports:
     """Reuse the ports of the last start so URLs stay valid; pick new ones if taken."""
     try:
@@ -219,80 +175,22 @@ def _load_ports(layout: Layout) -> Ports:
     return ports
 
 
-def _quote(argv: Iterable[str]) -> str:
-    # supervisord expands %(name)s in its config, so a literal % must be doubled.
-    return " ".join(shlex.quote(arg) for arg in argv).replace("%", "%%")
-
-
-def _environment(values: dict[str, str]) -> str:
-    pairs = (f'{key}="{value}"' for key, value in values.items())
-    return ",".join(pairs).replace("%", "%%")
-
-
-def _program(name: str, argv: list[str], directory: Path, logs: Path, **extra: str) -> str:
-    lines = [
-        f"[program:{name}]",
-        f"command={_quote(argv)}",
-        f"directory={directory}",
-        "autostart=true",
-        "autorestart=true",
-        "startsecs=1",
-        f"stdout_logfile={logs / f'{name}.log'}",
-        "stdout_logfile_maxbytes=10MB",
-        "stdout_logfile_backups=2",
-        "redirect_stderr=true",
-        # A SIGKILL after stopwaitsecs must also reach the program's children.
-        "killasgroup=true",
-    ]
-    lines += [f"{key}={value}" for key, value in extra.items()]
-    return "\n".join(lines) + "\n"
-
-
-def _supervisor_conf(
+def _programs(
     layout: Layout, nats: EmbeddedNats, pg: EmbeddedPostgres, database_url: str
-) -> str:
-    socket = layout.socket
-    header = f"""\
-; Written by `python -m infra.stack up`; regenerated on every start.
-[unix_http_server]
-file={socket}
-chmod=0700
-
-[supervisorctl]
-serverurl=unix://{socket}
-
-[rpcinterface:supervisor]
-supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
-
-[supervisord]
-logfile={layout.logs / "supervisord.log"}
-logfile_maxbytes=10MB
-logfile_backups=2
-pidfile={layout.supervisord_pid_file}
-childlogdir={layout.logs}
-directory={layout.repo}
-"""
-    if os.geteuid() == 0:
-        # Says we mean to run as root, which silences supervisord's warning about it.
-        header += "user=root\n"
-    sections = [header]
-    sections.append(
-        _program(
-            "nats",
-            nats.command(),
-            layout.nats_dir,
-            layout.logs,
-            priority="10",
-            stopsignal="TERM",
-            stopwaitsecs="15",
-        )
+) -> list[Program]:
+    """nats-server and Postgres first, then the four services wired to them."""
+    nats_program = Program(
+        "nats",
+        nats.command(),
+        layout.nats_dir,
+        {"priority": "10", "stopsignal": "TERM", "stopwaitsecs": "15"},
     )
-    pg_extra = {"priority": "10", "stopsignal": "INT", "stopwaitsecs": "30"}
+    pg_options = {"priority": "10", "stopsignal": "INT", "stopwaitsecs": "30"}
     user = pg.run_as_user()
     if user is not None:
-        pg_extra["user"] = user
-    sections.append(_program("postgres", pg.command(), layout.pg_dir, layout.logs, **pg_extra))
-    environment = _environment(
+        pg_options["user"] = user
+    programs = [nats_program, Program("postgres", pg.command(), layout.pg_dir, pg_options)]
+    service_environment = environment(
         {
             "RUNWIRE_NATS_URL": nats.url,
             "RUNWIRE_DATABASE_URL": database_url,
@@ -300,22 +198,23 @@ directory={layout.repo}
         }
     )
     for service in SERVICES:
-        sections.append(
-            _program(
+        programs.append(
+            Program(
                 service,
-                [str(_bin("python")), "-m", f"services.{service}"],
+                [str(venv_tool("python")), "-m", f"services.{service}"],
                 layout.repo,
-                layout.logs,
-                priority="100",
-                environment=environment,
-                # Services wait for NATS and Postgres themselves; a few quick exits while
-                # the servers come up must not mark them FATAL.
-                startretries="10",
-                stopsignal="TERM",
-                stopwaitsecs="20",
+                {
+                    "priority": "100",
+                    "environment": service_environment,
+                    # Services wait for NATS and Postgres themselves; a few quick exits
+                    # while the servers come up must not mark them FATAL.
+                    "startretries": "10",
+                    "stopsignal": "TERM",
+                    "stopwaitsecs": "20",
+                },
             )
         )
-    return "\n".join(sections)
+    return programs
 
 
 async def _ensure_database(admin_url: str, name: str) -> None:
@@ -358,7 +257,7 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 
 def _summary(layout: Layout, nats_url: str, database_url: str) -> None:
-    runwire = _bin("runwire")
+    runwire = venv_tool("runwire")
     _say(
         f"""
 runwire stack is up.
@@ -403,18 +302,18 @@ def up(layout: Layout) -> int:
         _say(f"Creating the Postgres cluster in {layout.pg_dir} ...")
     pg.init()
     database_url = pg.url(DATABASE)
-    layout.conf.write_text(_supervisor_conf(layout, nats, pg, database_url))
+    layout.supervisor.write_config(
+        logs=layout.logs,
+        pid_file=layout.supervisord_pid_file,
+        directory=layout.repo,
+        programs=_programs(layout, nats, pg, database_url),
+    )
     layout.env_file.write_text(
         f"RUNWIRE_NATS_URL={nats.url}\nRUNWIRE_DATABASE_URL={database_url}\n"
     )
 
     _say("Starting supervisord ...")
-    started = subprocess.run(
-        [str(_bin("supervisord")), "-c", str(layout.conf)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    started = layout.supervisor.start()
     if started.returncode != 0:
         _say(f"supervisord failed to start:\n{started.stdout}{started.stderr}")
         return 1
@@ -425,7 +324,7 @@ def up(layout: Layout) -> int:
         return nats.ready() and pg.ready()
 
     def server_states() -> str:
-        states = _states(layout)
+        states = layout.supervisor.states()
         return ", ".join(f"{name} {states.get(name, '?')}" for name in SERVERS)
 
     if not _wait("nats-server and Postgres", servers_ready, server_states):
@@ -437,14 +336,14 @@ def up(layout: Layout) -> int:
     fatal: list[str] = []
 
     def services_running() -> bool:
-        states = _states(layout)
+        states = layout.supervisor.states()
         fatal[:] = [name for name in SERVICES if states.get(name) == "FATAL"]
         if fatal:
             raise _GaveUp
         return all(states.get(name) == "RUNNING" for name in SERVICES)
 
     def service_states() -> str:
-        states = _states(layout)
+        states = layout.supervisor.states()
         return ", ".join(f"{name} {states.get(name, '?')}" for name in SERVICES)
 
     try:
@@ -464,7 +363,7 @@ class _GaveUp(Exception):
 
 def _failed(layout: Layout, names: Iterable[str]) -> int:
     _record_pids(layout)
-    states = _states(layout)
+    states = layout.supervisor.states()
     _say("\nThe stack did not come up:")
     for name in names:
         if states.get(name) != "RUNNING":
@@ -476,7 +375,7 @@ def _failed(layout: Layout, names: Iterable[str]) -> int:
 
 def _record_pids(layout: Layout) -> None:
     """Remember our pids so `down` can clean up even if supervisord itself died."""
-    pids = _program_pids(layout)
+    pids = layout.supervisor.program_pids()
     supervisord = _supervisord_pid(layout)
     if supervisord is not None:
         pids["supervisord"] = supervisord
@@ -503,9 +402,11 @@ def down(layout: Layout) -> int:
     """Stop supervisord and every process of the stack; wait until all are gone."""
     supervisord = _supervisord_pid(layout)
     if supervisord is not None:
-        leftovers = _known_pids(layout) | set(_program_pids(layout).values()) | {supervisord}
+        leftovers = (
+            _known_pids(layout) | set(layout.supervisor.program_pids().values()) | {supervisord}
+        )
         _say("Stopping the runwire stack ...")
-        _ctl(layout, "shutdown")
+        layout.supervisor.ctl("shutdown")
     else:
         leftovers = _known_pids(layout)
         if not leftovers:
@@ -563,7 +464,7 @@ def status(layout: Layout) -> int:
     if _supervisord_pid(layout) is None:
         _say("runwire stack is not running.")
         return 0
-    done = _ctl(layout, "status")
+    done = layout.supervisor.ctl("status")
     print(done.stdout, end="", flush=True)
     return done.returncode
 
@@ -574,7 +475,7 @@ def run(layout: Layout) -> int:
     if code != 0:
         return code
     demo = [
-        str(_bin("runwire")),
+        str(venv_tool("runwire")),
         "submit",
         "--tokens",
         *DEMO_TOKENS,

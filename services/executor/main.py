@@ -1,7 +1,6 @@
 """The executor process: pull jobs, claim, run attempts, settle; drain on SIGTERM."""
 
 import asyncio
-import contextlib
 import logging
 import os
 import random
@@ -9,7 +8,6 @@ import socket
 import uuid
 from datetime import UTC, datetime
 
-import nats.errors
 from nats.aio.msg import Msg
 from pydantic import ValidationError
 
@@ -23,16 +21,16 @@ from services.executor.runners import RUNNERS, Runner
 from services.executor.runners.base import RunnerError
 from services.runtime.broker import EXECUTOR_CONSUMER, Broker
 from services.runtime.closing import publish_closing
+from services.runtime.consumer import DurablePull, StreamLimits
 from services.runtime.errors import RunwireError
 from services.runtime.lifecycle import run_service
-from services.runtime.logs import bind
+from services.runtime.logs import bind, fields
 from services.runtime.settings import ExecutorSettings
 from services.runtime.store import Store
 
 log = logging.getLogger(__name__)
 
 FETCH_BATCH = 64
-FETCH_WAIT_S = 1.0
 QUEUE_TIMEOUT = ErrorBody(
     code=ErrorCode.QUEUE_TIMEOUT,
     message="the run waited in the queue past its queue timeout",
@@ -69,53 +67,39 @@ class Executor:
     async def run(self, stop: asyncio.Event) -> None:
         """Fetch and run jobs until `stop`, then drain."""
         subjects = self.broker.subjects
-        await self.broker.ensure_streams(
-            queue_capacity=self.settings.queue_capacity,
-            frame_max_age_s=self.settings.frame_stream_max_age_s,
-        )
-        await self.broker.ensure_consumer(
+        jobs = DurablePull(
+            self.broker,
             subjects.jobs_stream,
             EXECUTOR_CONSUMER,
+            limits=StreamLimits(self.settings.queue_capacity, self.settings.frame_stream_max_age_s),
             max_ack_pending=self.settings.max_in_flight,
             ack_wait_s=self.settings.ack_wait_ms / 1000,
         )
-        psub = await self.broker.pull(subjects.jobs_stream, EXECUTOR_CONSUMER)
+        await jobs.open()
         await self.broker.subscribe(subjects.cancel_notice_wildcard, self._on_cancel_notice)
-        log.info("executor ready", extra={"fields": {"owner": self.owner}})
-        stopping = asyncio.create_task(stop.wait())
+        log.info("executor ready", extra=fields(owner=self.owner))
         try:
             while not stop.is_set():
                 free = self.settings.max_in_flight - len(self._tasks)
                 if free <= 0:
-                    self._slot_freed.clear()
-                    waiter = asyncio.create_task(self._slot_freed.wait())
-                    await asyncio.wait({waiter, stopping}, return_when=asyncio.FIRST_COMPLETED)
-                    waiter.cancel()
+                    await self._wait_for_slot(stop)
                     continue
-                fetch = asyncio.create_task(
-                    psub.fetch(min(free, FETCH_BATCH), timeout=FETCH_WAIT_S)
-                )
-                await asyncio.wait({fetch, stopping}, return_when=asyncio.FIRST_COMPLETED)
-                if not fetch.done():
-                    fetch.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, nats.errors.Error):
-                        await fetch
+                msgs = await jobs.fetch(min(free, FETCH_BATCH), stop)
+                if msgs is None:
                     break
-                try:
-                    msgs = fetch.result()
-                except (TimeoutError, nats.errors.TimeoutError):
-                    continue
-                except (nats.errors.Error, OSError) as exc:
-                    log.warning("fetching jobs failed: %s", exc)
-                    await asyncio.sleep(0.5)
-                    continue
                 for msg in msgs:
                     task = asyncio.create_task(self._handle(msg))
                     self._tasks.add(task)
                     task.add_done_callback(self._done)
         finally:
-            stopping.cancel()
             await self._drain()
+
+    async def _wait_for_slot(self, stop: asyncio.Event) -> None:
+        self._slot_freed.clear()
+        waiters = {asyncio.create_task(self._slot_freed.wait()), asyncio.create_task(stop.wait())}
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        for waiter in waiters:
+            waiter.cancel()
 
     def _done(self, task: "asyncio.Task[None]") -> None:
         self._tasks.discard(task)

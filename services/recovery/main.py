@@ -15,6 +15,8 @@ from services.runtime.store import Store
 
 log = logging.getLogger(__name__)
 
+STREAM_CHECK_S = 5.0
+
 
 async def serve(settings: RecoverySettings, stop: asyncio.Event) -> None:
     """Tick every `recovery_interval_ms` until `stop` is set."""
@@ -28,8 +30,17 @@ async def serve(settings: RecoverySettings, stop: asyncio.Event) -> None:
             frame_max_age_s=settings.frame_stream_max_age_s,
         )
         sweeper = Sweeper(settings, store, broker)
+        loop = asyncio.get_running_loop()
+        streams_checked = loop.time()
         while not stop.is_set():
             try:
+                if loop.time() - streams_checked > STREAM_CHECK_S:
+                    # A stream deleted on the server comes back, so lost jobs can be re-published.
+                    streams_checked = loop.time()
+                    await broker.ensure_streams(
+                        queue_capacity=settings.queue_capacity,
+                        frame_max_age_s=settings.frame_stream_max_age_s,
+                    )
                 report = await sweeper.tick()
                 if report.any():
                     log.info("recovery tick", extra=fields(**vars(report)))

@@ -12,7 +12,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-import nats.errors
 from nats.aio.msg import Msg
 from pydantic import ValidationError
 
@@ -26,15 +25,17 @@ from services.runtime.broker import (
     RELAY_CONSUMER,
     Broker,
 )
+from services.runtime.consumer import DurablePull, StreamLimits
 from services.runtime.errors import RunwireError
 from services.runtime.logs import bind
 from services.runtime.settings import RelaySettings
-from services.runtime.store import Segment, Store
+from services.runtime.store import Segment, SegmentCount, Store
 
 log = logging.getLogger(__name__)
 
 FETCH_BATCH = 256
-FETCH_WAIT_S = 1.0
+RAW_FRAMES_IN_FLIGHT = 10_000
+RAW_FRAME_ACK_WAIT_S = 30.0
 GAP_RETRY_DELAY_S = 0.25
 # After this many deliveries a frame that follows a gap is kept: the gap is lost for good.
 GAP_GIVE_UP_DELIVERIES = 40
@@ -62,36 +63,21 @@ class Pipeline:
 
     async def run(self, stop: asyncio.Event) -> None:
         subjects = self.broker.subjects
-        await self.broker.ensure_consumer(
+        frames_in = DurablePull(
+            self.broker,
             subjects.frames_in_stream,
             RELAY_CONSUMER,
-            max_ack_pending=10_000,
-            ack_wait_s=30.0,
+            limits=StreamLimits(self.settings.queue_capacity, self.settings.frame_stream_max_age_s),
+            max_ack_pending=RAW_FRAMES_IN_FLIGHT,
+            ack_wait_s=RAW_FRAME_ACK_WAIT_S,
         )
-        psub = await self.broker.pull(subjects.frames_in_stream, RELAY_CONSUMER)
+        await frames_in.open()
         flusher = asyncio.create_task(self._flush_every())
-        stopping = asyncio.create_task(stop.wait())
         try:
-            while not stop.is_set():
-                fetch = asyncio.create_task(psub.fetch(FETCH_BATCH, timeout=FETCH_WAIT_S))
-                await asyncio.wait({fetch, stopping}, return_when=asyncio.FIRST_COMPLETED)
-                if not fetch.done():
-                    fetch.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, nats.errors.Error):
-                        await fetch
-                    break
-                try:
-                    msgs = fetch.result()
-                except (TimeoutError, nats.errors.TimeoutError):
-                    continue
-                except (nats.errors.Error, OSError) as exc:
-                    log.warning("fetching frames failed: %s", exc)
-                    await asyncio.sleep(0.5)
-                    continue
+            while (msgs := await frames_in.fetch(FETCH_BATCH, stop)) is not None:
                 for msg in msgs:
                     await self._process(msg)
         finally:
-            stopping.cancel()
             flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await flusher
@@ -201,7 +187,7 @@ class Pipeline:
                 for b in pending.values()
             ]
             try:
-                await self.store.insert_segments(segments)
+                counts = await self.store.insert_segments(segments)
             except RunwireError as exc:
                 log.warning("segments not written yet (%d runs): %s", len(segments), exc.message)
                 for run_id, old in pending.items():
@@ -212,6 +198,50 @@ class Pipeline:
                         old.last_stream_seq = newer.last_stream_seq
                         old.closed = old.closed or newer.closed
                     self.buffers[run_id] = old
+                return
+            for count in counts:
+                if count.closed and count.frame_count < count.last_seq:
+                    await self._repair(count)
+
+    async def _repair(self, count: SegmentCount) -> None:
+        """Copy frames that never reached a segment (a flush lost to a crash or a failed
+        write) from the stream, so the run stays replayable after the stream drops it."""
+        with bind(run_id=count.run_id, tenant=count.tenant):
+            stream = self.broker.subjects.run_frames_stream
+            subject = self.broker.subjects.run_frames(count.tenant, count.run_id)
+            have = {
+                body["seq"]
+                for segment in await self.store.segments_after(count.run_id, 0)
+                for body in segment.frames
+            }
+            last = await self.broker.last_on_subject(stream, subject)
+            if last is None:
+                log.error("frames missing from segments and gone from the stream")
+                return
+            missing = [
+                (Frame.model_validate_json(m.data), m.stream_seq)
+                for m in await self.broker.read_subject(stream, subject, 1, last.stream_seq)
+            ]
+            missing = [(f, seq) for f, seq in missing if f.seq not in have]
+            segments: list[Segment] = []
+            for frame, stream_seq in missing:
+                body = frame.model_dump(mode="json")
+                if segments and segments[-1].last_seq == frame.seq - 1:
+                    prev = segments[-1]
+                    segments[-1] = Segment(
+                        prev.run_id,
+                        prev.first_seq,
+                        frame.seq,
+                        stream_seq,
+                        [*prev.frames, body],
+                        True,
+                    )
+                else:
+                    segments.append(
+                        Segment(count.run_id, frame.seq, frame.seq, stream_seq, [body], True)
+                    )
+            await self.store.insert_segments(segments)
+            log.warning("repaired %d frames missing from the run's segments", len(missing))
 
     async def _flush_every(self) -> None:
         while True:

@@ -155,6 +155,12 @@ class Broker:
         )
 
     async def _ensure_stream(self, config: StreamConfig) -> None:
+        try:
+            await self._declare_stream(config)
+        except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+            raise Unavailable(f"cannot declare stream {config.name}: {exc}") from exc
+
+    async def _declare_stream(self, config: StreamConfig) -> None:
         assert config.name is not None
         try:
             await self.js.stream_info(config.name)

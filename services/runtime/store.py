@@ -149,6 +149,17 @@ class Segment:
 
 
 @dataclass(frozen=True, slots=True)
+class SegmentCount:
+    """A run's frame counters after a flush: complete when frame_count == last_seq."""
+
+    run_id: str
+    tenant: str
+    last_seq: int
+    frame_count: int
+    closed: bool
+
+
+@dataclass(frozen=True, slots=True)
 class StoredSegment:
     first_seq: int
     last_seq: int
@@ -453,17 +464,25 @@ class Store:
         return [Run.from_record(r) for r in await self._fetch("unclosed_terminal", grace_ms, limit)]
 
     # -- relay -------------------------------------------------------------------
-    async def insert_segments(self, segments: Sequence[Segment]) -> None:
-        """Write one flush: a segment per run and the runs' counters, in one statement."""
+    async def insert_segments(self, segments: Sequence[Segment]) -> list[SegmentCount]:
+        """Write one flush: a segment per run and the runs' counters, in one statement.
+
+        Returns each touched run's counters, so a closed run missing frames is noticed.
+        """
         if not segments:
-            return
-        await self._fetch(
+            return []
+        rows = await self._fetch(
             "insert_segments",
             [uuid.UUID(s.run_id) for s in segments],
             [s.first_seq for s in segments],
             [s.last_seq for s in segments],
             [s.last_stream_seq for s in segments],
             [json.dumps(s.frames) for s in segments],
-            [len(s.frames) for s in segments],
             [s.closed for s in segments],
         )
+        return [
+            SegmentCount(
+                str(r["run_id"]), r["tenant"], r["last_seq"], r["frame_count"], r["frames_closed"]
+            )
+            for r in rows
+        ]

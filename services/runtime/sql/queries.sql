@@ -225,22 +225,29 @@ SELECT run_id FROM runs
  ORDER BY created_at;
 
 -- name: insert_segments
--- One write per relay flush: every run's new segment, and the runs' frame counters.
+-- One write per relay flush: every run's new segments, and the runs' frame counters
+-- (counting only segments actually inserted, so a repeated flush counts nothing twice).
 WITH ins AS (
     INSERT INTO frame_segments (run_id, first_seq, last_seq, last_stream_seq, frames)
     SELECT s.run_id, s.first_seq, s.last_seq, s.last_stream_seq, s.frames::jsonb
       FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::bigint[], $5::text[])
            AS s(run_id, first_seq, last_seq, last_stream_seq, frames)
     ON CONFLICT (run_id, first_seq) DO NOTHING
-    RETURNING run_id
+    RETURNING run_id, last_seq, jsonb_array_length(frames) AS n
+), per_run AS (
+    SELECT i.run_id, max(i.last_seq) AS last_seq, sum(i.n) AS n, bool_or(u.closed) AS closed
+      FROM ins i
+      JOIN unnest($1::uuid[], $3::bigint[], $6::boolean[]) AS u(run_id, last_seq, closed)
+        ON u.run_id = i.run_id AND u.last_seq = i.last_seq
+     GROUP BY i.run_id
 )
 UPDATE runs r
-   SET last_seq = GREATEST(r.last_seq, u.last_seq),
-       frame_count = r.frame_count + u.n,
-       frames_closed = r.frames_closed OR u.closed
-  FROM unnest($1::uuid[], $3::bigint[], $6::integer[], $7::boolean[])
-       AS u(run_id, last_seq, n, closed)
- WHERE r.run_id = u.run_id;
+   SET last_seq = GREATEST(r.last_seq, p.last_seq),
+       frame_count = r.frame_count + p.n,
+       frames_closed = r.frames_closed OR p.closed
+  FROM per_run p
+ WHERE r.run_id = p.run_id
+RETURNING r.run_id, r.tenant, r.last_seq, r.frame_count, r.frames_closed;
 
 -- name: segments_after
 SELECT first_seq, last_seq, last_stream_seq, frames FROM frame_segments

@@ -1,0 +1,114 @@
+"""A durable pull consumer that survives the loss of its stream or consumer.
+
+If the stream or the durable consumer is deleted on the server, a plain subscriber
+goes silent with no error. This one checks the consumer every few seconds and
+re-declares both from settings, so the service resumes by itself (Postgres still
+holds every run; recovery re-publishes the jobs that were lost with the stream).
+"""
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+import nats.errors
+import nats.js.errors
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from services.runtime.broker import Broker
+
+log = logging.getLogger(__name__)
+
+FETCH_WAIT_S = 1.0
+CHECK_EVERY_S = 2.0
+
+
+@dataclass(frozen=True)
+class StreamLimits:
+    queue_capacity: int
+    frame_max_age_s: int
+
+
+class DurablePull:
+    """Fetches batches from one durable consumer until asked to stop."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        stream: str,
+        durable: str,
+        *,
+        limits: StreamLimits,
+        max_ack_pending: int,
+        ack_wait_s: float,
+    ) -> None:
+        self.broker = broker
+        self.stream = stream
+        self.durable = durable
+        self.limits = limits
+        self.max_ack_pending = max_ack_pending
+        self.ack_wait_s = ack_wait_s
+        self._sub: JetStreamContext.PullSubscription | None = None
+        self._checked_at = 0.0
+
+    async def open(self) -> None:
+        """Declare the streams and the consumer (create or reconcile), then bind."""
+        await self.broker.ensure_streams(
+            queue_capacity=self.limits.queue_capacity,
+            frame_max_age_s=self.limits.frame_max_age_s,
+        )
+        await self.broker.ensure_consumer(
+            self.stream,
+            self.durable,
+            max_ack_pending=self.max_ack_pending,
+            ack_wait_s=self.ack_wait_s,
+        )
+        if self._sub is not None:
+            with contextlib.suppress(nats.errors.Error):
+                await self._sub.unsubscribe()
+        self._sub = await self.broker.pull(self.stream, self.durable)
+        self._checked_at = asyncio.get_running_loop().time()
+
+    async def _check(self) -> None:
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._checked_at < CHECK_EVERY_S:
+            return
+        self._checked_at = loop.time()
+        try:
+            await self.broker.js.consumer_info(self.stream, self.durable)
+        except nats.js.errors.NotFoundError:
+            log.warning("consumer %s on %s is gone; declaring it again", self.durable, self.stream)
+            await self.open()
+
+    async def fetch(self, batch: int, stop: asyncio.Event) -> list[Msg] | None:
+        """Up to `batch` messages ([] after a quiet wait); None once `stop` is set."""
+        if stop.is_set():
+            return None
+        try:
+            await self._check()
+        except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+            log.warning("cannot check consumer %s: %s", self.durable, exc)
+            await asyncio.sleep(0.5)
+            return []
+        assert self._sub is not None
+        fetch = asyncio.create_task(self._sub.fetch(batch, timeout=FETCH_WAIT_S))
+        stopping = asyncio.create_task(stop.wait())
+        try:
+            await asyncio.wait({fetch, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if not fetch.done():
+            fetch.cancel()
+            with contextlib.suppress(asyncio.CancelledError, nats.errors.Error):
+                await fetch
+            return None
+        try:
+            return fetch.result()
+        except (TimeoutError, nats.errors.TimeoutError):
+            return []
+        except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+            log.warning("fetching from %s failed: %s", self.durable, exc)
+            self._checked_at = 0.0  # look at the consumer before the next fetch
+            await asyncio.sleep(0.5)
+            return []
