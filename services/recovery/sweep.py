@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 ACTOR = "recovery"
 INTERRUPTED = ErrorBody(code=ErrorCode.INTERRUPTED, message=INTERRUPTED_MESSAGE, retryable=True)
+CANCELED = ErrorBody(code=ErrorCode.CANCELED, message="canceled by request", retryable=False)
 QUEUE_TIMEOUT = ErrorBody(
     code=ErrorCode.QUEUE_TIMEOUT,
     message="the run waited in the queue past its queue timeout",
@@ -34,6 +35,7 @@ class TickReport:
 
     recovering: int = 0
     interrupted: int = 0
+    canceled: int = 0
     timed_out: int = 0
     republished: int = 0
     closed: int = 0
@@ -58,12 +60,17 @@ class Sweeper:
             max_recoveries=s.max_recoveries,
             backoff_ms=s.recovery_backoff_ms,
             error=INTERRUPTED,
+            canceled=CANCELED,
             actor=ACTOR,
         ):
             with bind(run_id=run.run_id, tenant=run.tenant):
                 if run.status == RunStatus.INTERRUPTED:
                     report.interrupted += 1
                     log.warning("run interrupted: no progress after repeated recoveries")
+                    await self._close(run)
+                elif run.status == RunStatus.CANCELED:
+                    report.canceled += 1
+                    log.info("lease expired on a canceled run; closing it")
                     await self._close(run)
                 else:
                     report.recovering += 1

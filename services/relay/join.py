@@ -41,6 +41,10 @@ class Joiner:
         read_from = 1
         closed = False
         for segment in await self.store.segments_after(run.run_id, cmd.after):
+            if segment.first_seq > cursor + 1:
+                # A gap: frames a relay published but never wrote (it crashed before its
+                # flush). The stream has them; read it from the end of what is contiguous.
+                break
             for body in segment.frames:
                 if body["seq"] <= cursor:
                     continue

@@ -35,10 +35,12 @@ log = logging.getLogger(__name__)
 
 FETCH_BATCH = 256
 RAW_FRAMES_IN_FLIGHT = 10_000
-RAW_FRAME_ACK_WAIT_S = 30.0
 GAP_RETRY_DELAY_S = 0.25
-# After this many deliveries a frame that follows a gap is kept: the gap is lost for good.
-GAP_GIVE_UP_DELIVERIES = 40
+# Short, so that frames a crashed relay had fetched come back quickly to the next one.
+RAW_FRAME_ACK_WAIT_S = 5.0
+# After this many deliveries (well past the ack wait, when every frame a crashed relay
+# held has come back) a frame that follows a gap is kept: the gap is lost for good.
+GAP_GIVE_UP_DELIVERIES = int(4 * RAW_FRAME_ACK_WAIT_S / GAP_RETRY_DELAY_S)
 
 
 @dataclass
@@ -126,6 +128,17 @@ class Pipeline:
     async def _relay(self, raw: RawFrame, msg: Msg) -> None:
         cursor = await self._cursor(raw.tenant, raw.run_id)
         verdict = cursor.judge(raw.generation, raw.seq)
+        if verdict == Verdict.KEEP and raw.generation > cursor.generation:
+            # A new generation (a resumed attempt, or the closing frames of recovery) starts
+            # only once every older raw frame of the run has been handled, including any
+            # that a crashed relay was holding: they are still in the work-queue stream.
+            oldest = await self.broker.first_seq_on_subject(
+                self.broker.subjects.frames_in_stream,
+                self.broker.subjects.frames_in(raw.tenant, raw.run_id),
+            )
+            if oldest is not None and oldest < msg.metadata.sequence.stream:
+                await msg.nak(delay=GAP_RETRY_DELAY_S)
+                return
         if verdict == Verdict.WAIT:
             if msg.metadata.num_delivered < GAP_GIVE_UP_DELIVERIES:
                 await msg.nak(delay=GAP_RETRY_DELAY_S)

@@ -277,6 +277,16 @@ class Broker:
         headers = {k: str(v) for k, v in (raw.headers or {}).items()}
         return StoredMsg(int(raw.seq or 0), headers, raw.data or b"")
 
+    async def first_seq_on_subject(self, stream: str, subject: str) -> int | None:
+        """Stream sequence of the oldest message still stored on a subject, if any."""
+        try:
+            raw = await self.js.get_msg(stream, seq=1, subject=subject, next=True)
+        except nats.js.errors.NotFoundError:
+            return None
+        except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+            raise Unavailable(f"reading {subject} failed: {exc}") from exc
+        return int(raw.seq or 0)
+
     async def last_stream_seq(self, stream: str) -> int:
         try:
             info = await self.js.stream_info(stream)

@@ -440,8 +440,16 @@ class Store:
 
     # -- recovery ----------------------------------------------------------------
     async def expire_leases(
-        self, *, limit: int, max_recoveries: int, backoff_ms: int, error: ErrorBody, actor: str
+        self,
+        *,
+        limit: int,
+        max_recoveries: int,
+        backoff_ms: int,
+        error: ErrorBody,
+        canceled: ErrorBody,
+        actor: str,
     ) -> list[Run]:
+        """Recover runs whose lease expired; close canceled and stalled ones instead."""
         rows = await self._fetch(
             "expire_leases",
             limit,
@@ -449,6 +457,7 @@ class Store:
             backoff_ms,
             error.model_dump(mode="json"),
             actor,
+            canceled.model_dump(mode="json"),
         )
         return [Run.from_record(r) for r in rows]
 

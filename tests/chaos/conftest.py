@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -85,6 +84,3 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.when == "call" and report.failed:
         item.stash[FAILED] = True
     return report
-
-
-__all__ = ["ProcessStack", "signal"]

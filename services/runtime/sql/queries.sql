@@ -149,7 +149,7 @@ SELECT * FROM upd;
 -- Running runs whose executor stopped renewing its lease: recover them, or close them
 -- as interrupted after too many recoveries without checkpoint progress.
 WITH due AS (
-    SELECT run_id,
+    SELECT run_id, cancel_requested AS canceled,
            (checkpoint_version = recovery_checkpoint AND recoveries + 1 > $2) AS stalled
       FROM runs
      WHERE status = 'running' AND lease_expires_at < now()
@@ -161,10 +161,13 @@ WITH due AS (
        SET recoveries = CASE WHEN r.checkpoint_version > r.recovery_checkpoint
                              THEN 1 ELSE r.recoveries + 1 END,
            recovery_checkpoint = r.checkpoint_version,
-           status = CASE WHEN due.stalled THEN 'interrupted'::run_status
+           -- A run whose cancel was asked before its executor died is closed, not resumed.
+           status = CASE WHEN due.canceled THEN 'canceled'::run_status
+                         WHEN due.stalled THEN 'interrupted'::run_status
                          ELSE 'recovering'::run_status END,
-           error = CASE WHEN due.stalled THEN $4 ELSE r.error END,
-           ended_at = CASE WHEN due.stalled THEN now() END,
+           error = CASE WHEN due.canceled THEN $6
+                        WHEN due.stalled THEN $4 ELSE r.error END,
+           ended_at = CASE WHEN due.canceled OR due.stalled THEN now() END,
            not_before = now() + make_interval(secs => $3 / 1000.0),
            lease_owner = NULL, lease_expires_at = NULL,
            job_published_at = now(), updated_at = now()
@@ -173,8 +176,7 @@ WITH due AS (
     RETURNING r.*
 ), ev AS (
     INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)
-    SELECT run_id, status::text, status, attempts, $5,
-           CASE WHEN status = 'interrupted' THEN 'INTERRUPTED' END, 'lease expired'
+    SELECT run_id, status::text, status, attempts, $5, error->>'code', 'lease expired'
       FROM upd
 )
 SELECT * FROM upd;
