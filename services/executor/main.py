@@ -19,9 +19,9 @@ from services.executor.attempt import AbortReason, Attempt, Outcome
 from services.executor.outcome import Settler
 from services.executor.runners import RUNNERS, Runner
 from services.executor.runners.base import RunnerError
-from services.runtime.broker import EXECUTOR_CONSUMER, Broker
+from services.runtime.broker import EXECUTOR_CONSUMER, Broker, StreamLimits
 from services.runtime.closing import publish_closing
-from services.runtime.consumer import DurablePull, StreamLimits
+from services.runtime.consumer import DurablePull
 from services.runtime.errors import RunwireError
 from services.runtime.lifecycle import run_service
 from services.runtime.logs import bind, fields
@@ -71,7 +71,7 @@ class Executor:
             self.broker,
             subjects.jobs_stream,
             EXECUTOR_CONSUMER,
-            limits=StreamLimits(self.settings.queue_capacity, self.settings.frame_stream_max_age_s),
+            limits=StreamLimits.of(self.settings),
             max_ack_pending=self.settings.max_in_flight,
             ack_wait_s=self.settings.ack_wait_ms / 1000,
         )

@@ -6,7 +6,7 @@ import logging
 
 from contracts.subjects import Subjects
 from services.recovery.sweep import Sweeper
-from services.runtime.broker import Broker
+from services.runtime.broker import Broker, StreamLimits
 from services.runtime.errors import RunwireError
 from services.runtime.lifecycle import run_service
 from services.runtime.logs import fields
@@ -25,10 +25,7 @@ async def serve(settings: RecoverySettings, stop: asyncio.Event) -> None:
         settings.nats_url, Subjects(settings.prefix), name="runwire-recovery"
     )
     try:
-        await broker.ensure_streams(
-            queue_capacity=settings.queue_capacity,
-            frame_max_age_s=settings.frame_stream_max_age_s,
-        )
+        await broker.ensure_streams(StreamLimits.of(settings))
         sweeper = Sweeper(settings, store, broker)
         loop = asyncio.get_running_loop()
         streams_checked = loop.time()
@@ -37,10 +34,7 @@ async def serve(settings: RecoverySettings, stop: asyncio.Event) -> None:
                 if loop.time() - streams_checked > STREAM_CHECK_S:
                     # A stream deleted on the server comes back, so lost jobs can be re-published.
                     streams_checked = loop.time()
-                    await broker.ensure_streams(
-                        queue_capacity=settings.queue_capacity,
-                        frame_max_age_s=settings.frame_stream_max_age_s,
-                    )
+                    await broker.ensure_streams(StreamLimits.of(settings))
                 report = await sweeper.tick()
                 if report.any():
                     log.info("recovery tick", extra=fields(**vars(report)))

@@ -5,7 +5,7 @@ import asyncio
 from contracts.subjects import Subjects
 from services.relay.join import Joiner
 from services.relay.pipeline import Pipeline
-from services.runtime.broker import Broker
+from services.runtime.broker import Broker, StreamLimits
 from services.runtime.commands import CommandServer
 from services.runtime.lifecycle import run_service
 from services.runtime.settings import RelaySettings
@@ -21,10 +21,7 @@ async def serve(settings: RelaySettings, stop: asyncio.Event) -> None:
         settings.nats_url, Subjects(settings.prefix), name="runwire-relay"
     )
     try:
-        await broker.ensure_streams(
-            queue_capacity=settings.queue_capacity,
-            frame_max_age_s=settings.frame_stream_max_age_s,
-        )
+        await broker.ensure_streams(StreamLimits.of(settings))
         server = CommandServer(broker, QUEUE_GROUP)
         await server.serve("join", Joiner(settings, store, broker).join)
         await Pipeline(settings, store, broker).run(stop)

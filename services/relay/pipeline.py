@@ -24,8 +24,9 @@ from services.runtime.broker import (
     HDR_RAW_SEQ,
     RELAY_CONSUMER,
     Broker,
+    StreamLimits,
 )
-from services.runtime.consumer import DurablePull, StreamLimits
+from services.runtime.consumer import DurablePull
 from services.runtime.errors import RunwireError
 from services.runtime.logs import bind
 from services.runtime.settings import RelaySettings
@@ -69,7 +70,7 @@ class Pipeline:
             self.broker,
             subjects.frames_in_stream,
             RELAY_CONSUMER,
-            limits=StreamLimits(self.settings.queue_capacity, self.settings.frame_stream_max_age_s),
+            limits=StreamLimits.of(self.settings),
             max_ack_pending=RAW_FRAMES_IN_FLIGHT,
             ack_wait_s=RAW_FRAME_ACK_WAIT_S,
         )

@@ -29,6 +29,7 @@ from nats.js.api import (
 from contracts.frames import Frame, Job, RawFrame
 from contracts.subjects import Subjects
 from services.runtime.errors import PayloadTooLarge, QueueFull, Unavailable
+from services.runtime.settings import CommonSettings
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,21 @@ HDR_GENERATION = "Rw-Generation"
 HDR_RAW_SEQ = "Rw-Raw-Seq"
 HDR_FRAME_SEQ = "Rw-Seq"
 HDR_FRAME_TYPE = "Rw-Type"
+
+
+@dataclass(frozen=True, slots=True)
+class StreamLimits:
+    """Stream settings every service declares alike (create-or-update at start-up)."""
+
+    queue_capacity: int
+    frame_max_age_s: int
+    replicas: int = 1
+
+    @classmethod
+    def of(cls, settings: CommonSettings) -> "StreamLimits":
+        return cls(
+            settings.queue_capacity, settings.frame_stream_max_age_s, settings.stream_replicas
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,9 +134,11 @@ class Broker:
         await self.nc.close()
 
     # -- streams and consumers -------------------------------------------------
-    async def ensure_streams(self, *, queue_capacity: int, frame_max_age_s: int) -> None:
+    async def ensure_streams(self, limits: "StreamLimits") -> None:
         """Create or update the jobs, raw frames and client frames streams."""
         s = self.subjects
+        queue_capacity, frame_max_age_s = limits.queue_capacity, limits.frame_max_age_s
+        replicas = limits.replicas
         await self._ensure_stream(
             StreamConfig(
                 name=s.jobs_stream,
@@ -130,6 +148,7 @@ class Broker:
                 discard=DiscardPolicy.NEW,
                 storage=StorageType.FILE,
                 duplicate_window=DUPLICATE_WINDOW_S,
+                num_replicas=replicas,
             )
         )
         await self._ensure_stream(
@@ -140,6 +159,7 @@ class Broker:
                 discard=DiscardPolicy.NEW,
                 storage=StorageType.FILE,
                 duplicate_window=DUPLICATE_WINDOW_S,
+                num_replicas=replicas,
             )
         )
         await self._ensure_stream(
@@ -150,6 +170,7 @@ class Broker:
                 max_age=float(frame_max_age_s),
                 storage=StorageType.FILE,
                 duplicate_window=DUPLICATE_WINDOW_S,
+                num_replicas=replicas,
                 allow_direct=True,
             )
         )

@@ -9,25 +9,18 @@ holds every run; recovery re-publishes the jobs that were lost with the stream).
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
 
 import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from services.runtime.broker import Broker
+from services.runtime.broker import Broker, StreamLimits
 
 log = logging.getLogger(__name__)
 
 FETCH_WAIT_S = 1.0
 CHECK_EVERY_S = 2.0
-
-
-@dataclass(frozen=True)
-class StreamLimits:
-    queue_capacity: int
-    frame_max_age_s: int
 
 
 class DurablePull:
@@ -54,10 +47,7 @@ class DurablePull:
 
     async def open(self) -> None:
         """Declare the streams and the consumer (create or reconcile), then bind."""
-        await self.broker.ensure_streams(
-            queue_capacity=self.limits.queue_capacity,
-            frame_max_age_s=self.limits.frame_max_age_s,
-        )
+        await self.broker.ensure_streams(self.limits)
         await self.broker.ensure_consumer(
             self.stream,
             self.durable,

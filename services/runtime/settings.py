@@ -48,6 +48,8 @@ class CommonSettings(BaseSettings):
     log_format: Literal["auto", "json", "text"] = "auto"
     queue_capacity: int = Field(default=DEFAULT_QUEUE_CAPACITY, ge=1)
     frame_stream_max_age_s: int = Field(default=DEFAULT_FRAME_STREAM_MAX_AGE_S, ge=60)
+    # 3 on a JetStream cluster of three servers; every service declares the same value.
+    stream_replicas: int = Field(default=1, ge=1, le=5)
     db_pool_size: int = Field(default=10, ge=1, le=100)
 
 

@@ -3,7 +3,7 @@
 import asyncio
 
 from contracts.subjects import Subjects
-from services.runtime.broker import Broker
+from services.runtime.broker import Broker, StreamLimits
 from services.runtime.commands import CommandServer
 from services.runtime.lifecycle import run_service
 from services.runtime.settings import SubmitterSettings
@@ -20,10 +20,7 @@ async def serve(settings: SubmitterSettings, stop: asyncio.Event) -> None:
         settings.nats_url, Subjects(settings.prefix), name="runwire-submitter"
     )
     try:
-        await broker.ensure_streams(
-            queue_capacity=settings.queue_capacity,
-            frame_max_age_s=settings.frame_stream_max_age_s,
-        )
+        await broker.ensure_streams(StreamLimits.of(settings))
         submitter = Submitter(settings, store, broker)
         server = CommandServer(broker, QUEUE_GROUP)
         await server.serve("submit", submitter.submit)

@@ -1,0 +1,114 @@
+"""The recovery service against real servers: expired leases, progress, interruption.
+
+An executor that vanished is played by claiming runs directly in Postgres and never
+renewing their lease: exactly what a kill -9 leaves behind.
+"""
+
+import pytest
+
+from contracts.errors import ErrorBody, ErrorCode
+from contracts.frames import FrameType
+from contracts.status import RunStatus
+from services.runtime.store import Run
+from tests.conftest import TestInfra
+from tests.services import InProcessStack, collect
+from tests.support import eventually
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def no_executor(infra: TestInfra, db_url: str, prefix: str):  # type: ignore[no-untyped-def]
+    stack = InProcessStack(infra.nats_url, db_url, prefix, overrides={"max_recoveries": 2})
+    await stack.start(executors=0)
+    try:
+        yield stack
+    finally:
+        await stack.close()
+
+
+async def _vanishing_claim(stack: InProcessStack, run_id: str, generation: int) -> Run:
+    """Claim as an executor that dies at once: a lease of 200 ms nobody renews."""
+    run = await eventually(lambda: stack.store.claim(run_id, generation, "ghost", 200))
+    assert run.status == RunStatus.RUNNING
+    return run
+
+
+async def _recovering(stack: InProcessStack, run_id: str) -> Run:
+    run = await stack.store.get_run_by_id(run_id)
+    assert run is not None
+    assert run.status == RunStatus.RECOVERING
+    return run
+
+
+async def test_runs_without_progress_are_interrupted_after_max_recoveries(
+    no_executor: InProcessStack,
+) -> None:
+    stack = no_executor
+    reply = await stack.client.submit({"tokens": ["never", "finishes"]})
+    run_id = reply.run.run_id
+
+    generation = 0
+    for _ in range(2):  # two recoveries are allowed without progress
+        claimed = await _vanishing_claim(stack, run_id, generation)
+        recovered = await eventually(lambda: _recovering(stack, run_id))
+        generation = claimed.generation
+        assert recovered.generation == generation
+    await _vanishing_claim(stack, run_id, generation)  # and a third death
+
+    frames, _ = await collect(stack.client, run_id)
+
+    run = await stack.client.get(run_id)
+    assert run.status == RunStatus.INTERRUPTED
+    assert run.error is not None
+    assert run.error.code == ErrorCode.INTERRUPTED
+    assert run.error.retryable is True
+    error, done = frames[-2], frames[-1]
+    assert error.type == FrameType.ERROR
+    assert error.data["code"] == "INTERRUPTED"
+    assert "may be retried" in error.data["message"]
+    assert done.data == {"status": "interrupted", "code": "INTERRUPTED"}
+
+
+async def test_checkpoint_progress_resets_the_count(no_executor: InProcessStack) -> None:
+    stack = no_executor
+    reply = await stack.client.submit({"tokens": ["a"]})
+    run_id = reply.run.run_id
+
+    generation = 0
+    for step in range(4):  # more deaths than max_recoveries, each after progress
+        claimed = await _vanishing_claim(stack, run_id, generation)
+        await stack.store.save_checkpoint(run_id, claimed.generation, {"step": step}, "")
+        await eventually(lambda: _recovering(stack, run_id))
+        generation = claimed.generation
+
+    run = await stack.store.get_run_by_id(run_id)
+    assert run is not None
+    assert run.status == RunStatus.RECOVERING
+    assert run.checkpoint == {"step": 3}
+
+    # A real executor now resumes it and receives the checkpoint.
+    stack.start_executor()
+    frames, transcript = await collect(stack.client, run_id)
+    assert transcript.text == "a"
+    assert frames[-1].data == {"status": "finished"}
+
+
+async def test_a_canceled_run_whose_executor_died_is_closed_as_canceled(
+    no_executor: InProcessStack,
+) -> None:
+    stack = no_executor
+    reply = await stack.client.submit({"tokens": ["x"]})
+    run_id = reply.run.run_id
+    await _vanishing_claim(stack, run_id, 0)
+
+    canceled = await stack.client.cancel(run_id)
+    assert canceled.status == RunStatus.RUNNING  # the executor is asked; it never answers
+
+    frames, _ = await collect(stack.client, run_id)
+    assert frames[-1].data == {"status": "canceled", "code": "CANCELED"}
+    run = await stack.client.get(run_id)
+    assert run.status == RunStatus.CANCELED
+    assert run.error == ErrorBody(
+        code=ErrorCode.CANCELED, message="canceled by request", retryable=False
+    )
