@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_WORKERS ?= 2
 
-.PHONY: install run up down logs status test lint typecheck unit integration chaos schemas bench clean
+.PHONY: install run up down logs status test test-soak lint typecheck unit integration chaos schemas bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,10 @@ integration: $(STAMP)
 
 chaos: $(STAMP)
 	$(BIN)/pytest -n $(PYTEST_WORKERS) -q -m chaos
+
+## 500 runs while executors are killed at random; prints recoveries and their times.
+test-soak: $(STAMP)
+	$(BIN)/pytest -q -s -m soak
 
 ## Write the JSON Schema of every wire model to contracts/schema/.
 schemas: $(STAMP)
