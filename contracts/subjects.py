@@ -67,6 +67,17 @@ class Subjects:
     def frames_in_wildcard(self) -> str:
         return f"{self.prefix}.frames.in.*.*"
 
+    def frames_in_partitioned(self, partitions: int) -> str:
+        """How the raw frames stream stores a frame: with a partition token at the end."""
+        return (
+            f"{self.prefix}.frames.in.{{{{wildcard(1)}}}}.{{{{wildcard(2)}}}}"
+            f".{{{{partition({partitions},2)}}}}"
+        )
+
+    def frames_in_partition(self, partition: int) -> str:
+        """The stored raw frames of one partition (a consumer's filter)."""
+        return f"{self.prefix}.frames.in.*.*.{partition}"
+
     def run_frames(self, tenant: str, run_id: str) -> str:
         """Where clients read a run's frames, in `seq` order."""
         return f"{self.prefix}.{tenant}.runs.{run_id}.frames"

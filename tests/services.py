@@ -102,6 +102,9 @@ class InProcessStack:
         await wait_ready(self.client)
         return self
 
+    def start_relay(self, name: str) -> None:
+        self._start(name, serve_relay, self.settings(RelaySettings))
+
     def start_executor(self, name: str = "executor-0", **extra: Any) -> None:
         self._start(
             name, serve_executor, self.settings(ExecutorSettings, executor_id=name, **extra)

@@ -16,15 +16,17 @@ from nats.aio.msg import Msg
 from pydantic import ValidationError
 
 from contracts.frames import URGENT_FRAME_TYPES, Frame, FrameType, RawFrame
+from services.relay.partitions import PartitionOwner
 from services.relay.sequencer import RunCursor, Verdict
 from services.runtime.broker import (
     HDR_FRAME_SEQ,
     HDR_FRAME_TYPE,
     HDR_GENERATION,
     HDR_RAW_SEQ,
-    RELAY_CONSUMER,
+    RELAY_PARTITIONS,
     Broker,
     StreamLimits,
+    relay_consumer,
 )
 from services.runtime.consumer import DurablePull
 from services.runtime.errors import RunwireError
@@ -35,6 +37,8 @@ from services.runtime.store import Segment, SegmentCount, Store
 log = logging.getLogger(__name__)
 
 FETCH_BATCH = 256
+# The single consumer of earlier versions; it would overlap the partition consumers.
+LEGACY_CONSUMER = "relay"
 RAW_FRAMES_IN_FLIGHT = 10_000
 GAP_RETRY_DELAY_S = 0.25
 # Short, so that frames a crashed relay had fetched come back quickly to the next one.
@@ -54,41 +58,60 @@ class SegmentBuffer:
 
 
 class Pipeline:
-    """Consumes the raw frames stream with one durable consumer."""
+    """Consumes the raw frames partitions this relay owns, one task per partition."""
 
     def __init__(self, settings: RelaySettings, store: Store, broker: Broker) -> None:
         self.settings = settings
         self.store = store
         self.broker = broker
-        self.cursors: dict[str, RunCursor] = {}
+        self.cursors: dict[int, dict[str, RunCursor]] = {}
         self.buffers: dict[str, SegmentBuffer] = {}
         self._flush_lock = asyncio.Lock()
 
     async def run(self, stop: asyncio.Event) -> None:
-        subjects = self.broker.subjects
-        frames_in = DurablePull(
-            self.broker,
-            subjects.frames_in_stream,
-            RELAY_CONSUMER,
-            limits=StreamLimits.of(self.settings),
-            max_ack_pending=RAW_FRAMES_IN_FLIGHT,
-            ack_wait_s=RAW_FRAME_ACK_WAIT_S,
+        """Relay the partitions this relay owns until `stop`."""
+        stream = self.broker.subjects.frames_in_stream
+        await self.broker.ensure_streams(StreamLimits.of(self.settings))
+        if await self.broker.delete_consumer(stream, LEGACY_CONSUMER):
+            log.info("removed the single raw-frames consumer of an earlier version")
+        owner = PartitionOwner(
+            self.settings.database_url, RELAY_PARTITIONS, self._consume, self._released
         )
-        await frames_in.open()
         flusher = asyncio.create_task(self._flush_every())
         try:
-            while (msgs := await frames_in.fetch(FETCH_BATCH, stop)) is not None:
-                for msg in msgs:
-                    await self._process(msg)
+            await owner.run(stop)
         finally:
             flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await flusher
             await self.flush()
 
-    async def _cursor(self, tenant: str, run_id: str) -> RunCursor:
+    async def _consume(self, partition: int, stop: asyncio.Event) -> None:
+        """Relay one partition, in stream order, until `stop`."""
+        frames_in = DurablePull(
+            self.broker,
+            self.broker.subjects.frames_in_stream,
+            relay_consumer(partition),
+            limits=StreamLimits.of(self.settings),
+            max_ack_pending=RAW_FRAMES_IN_FLIGHT,
+            ack_wait_s=RAW_FRAME_ACK_WAIT_S,
+            filter_subject=self.broker.subjects.frames_in_partition(partition),
+            declare_streams=False,  # declared once by run()
+        )
+        await frames_in.open()
+        cursors = self.cursors.setdefault(partition, {})
+        while (msgs := await frames_in.fetch(FETCH_BATCH, stop)) is not None:
+            for msg in msgs:
+                await self._process(cursors, msg)
+
+    async def _released(self, partition: int) -> None:
+        # Another relay may advance these runs now: forget their cursors, write segments.
+        self.cursors.pop(partition, None)
+        await self.flush()
+
+    async def _cursor(self, cursors: dict[str, RunCursor], tenant: str, run_id: str) -> RunCursor:
         """The run's cursor, from memory or rebuilt from the last published frame."""
-        cursor = self.cursors.get(run_id)
+        cursor = cursors.get(run_id)
         if cursor is not None:
             return cursor
         last = await self.broker.last_on_subject(
@@ -108,10 +131,10 @@ class Pipeline:
             cursor = RunCursor(
                 seq=run.last_seq if run else 0, closed=bool(run and run.frames_closed)
             )
-        self.cursors[run_id] = cursor
+        cursors[run_id] = cursor
         return cursor
 
-    async def _process(self, msg: Msg) -> None:
+    async def _process(self, cursors: dict[str, RunCursor], msg: Msg) -> None:
         try:
             raw = RawFrame.model_validate_json(msg.data)
         except ValidationError as exc:
@@ -120,22 +143,21 @@ class Pipeline:
             return
         with bind(run_id=raw.run_id, tenant=raw.tenant):
             try:
-                await self._relay(raw, msg)
+                await self._relay(cursors, raw, msg)
             except RunwireError as exc:
                 log.warning("frame not relayed yet: %s", exc.message)
-                self.cursors.pop(raw.run_id, None)  # rebuild from the stream next time
+                cursors.pop(raw.run_id, None)  # rebuild from the stream next time
                 await msg.nak(delay=0.5)
 
-    async def _relay(self, raw: RawFrame, msg: Msg) -> None:
-        cursor = await self._cursor(raw.tenant, raw.run_id)
+    async def _relay(self, cursors: dict[str, RunCursor], raw: RawFrame, msg: Msg) -> None:
+        cursor = await self._cursor(cursors, raw.tenant, raw.run_id)
         verdict = cursor.judge(raw.generation, raw.seq)
         if verdict == Verdict.KEEP and raw.generation > cursor.generation:
             # A new generation (a resumed attempt, or the closing frames of recovery) starts
             # only once every older raw frame of the run has been handled, including any
             # that a crashed relay was holding: they are still in the work-queue stream.
             oldest = await self.broker.first_seq_on_subject(
-                self.broker.subjects.frames_in_stream,
-                self.broker.subjects.frames_in(raw.tenant, raw.run_id),
+                self.broker.subjects.frames_in_stream, msg.subject
             )
             if oldest is not None and oldest < msg.metadata.sequence.stream:
                 await msg.nak(delay=GAP_RETRY_DELAY_S)
@@ -170,7 +192,7 @@ class Pipeline:
             await self.flush()
         if is_done:
             # Keep memory flat: a closed run's cursor is rebuilt from the stream if needed.
-            self.cursors.pop(raw.run_id, None)
+            cursors.pop(raw.run_id, None)
 
     def _buffer(self, frame: Frame, stream_seq: int, closed: bool) -> None:
         buffer = self.buffers.get(frame.run_id)

@@ -24,6 +24,7 @@ from nats.js.api import (
     RetentionPolicy,
     StorageType,
     StreamConfig,
+    SubjectTransform,
 )
 
 from contracts.frames import Frame, Job, RawFrame
@@ -39,7 +40,16 @@ DUPLICATE_WINDOW_S = 120.0
 ERR_STREAM_FULL = 10077
 ERR_MSG_TOO_LARGE = 10054
 EXECUTOR_CONSUMER = "executor"
-RELAY_CONSUMER = "relay"
+# Raw frames are split into this many partitions by a hash of the run id. Changing it
+# moves runs between partitions: only do so with no run in flight.
+RELAY_PARTITIONS = 16
+
+
+def relay_consumer(partition: int) -> str:
+    """The durable consumer of one raw-frames partition."""
+    return f"relay-{partition}"
+
+
 HDR_GENERATION = "Rw-Generation"
 HDR_RAW_SEQ = "Rw-Raw-Seq"
 HDR_FRAME_SEQ = "Rw-Seq"
@@ -155,6 +165,12 @@ class Broker:
             StreamConfig(
                 name=s.frames_in_stream,
                 subjects=[s.frames_in_wildcard],
+                # Stored under a partition token derived from the run id, so that each
+                # partition has one consumer and one relay at a time: a run's frames stay
+                # in order while several relays share the work.
+                subject_transform=SubjectTransform(
+                    src=s.frames_in_wildcard, dest=s.frames_in_partitioned(RELAY_PARTITIONS)
+                ),
                 retention=RetentionPolicy.WORK_QUEUE,
                 discard=DiscardPolicy.NEW,
                 storage=StorageType.FILE,
@@ -200,6 +216,7 @@ class Broker:
         *,
         max_ack_pending: int,
         ack_wait_s: float,
+        filter_subject: str | None = None,
     ) -> None:
         """Create or reconcile a durable pull consumer from settings (full config)."""
         await self.js.add_consumer(
@@ -211,8 +228,16 @@ class Broker:
                 max_ack_pending=max_ack_pending,
                 max_deliver=-1,
                 max_waiting=512,
+                filter_subject=filter_subject,
             ),
         )
+
+    async def delete_consumer(self, stream: str, durable: str) -> bool:
+        """Remove a consumer if it exists; True when one was removed."""
+        try:
+            return bool(await self.js.delete_consumer(stream, durable))
+        except nats.js.errors.NotFoundError:
+            return False
 
     async def pull(self, stream: str, durable: str) -> JetStreamContext.PullSubscription:
         return await self.js.pull_subscribe_bind(durable=durable, stream=stream)

@@ -35,8 +35,12 @@ class DurablePull:
         limits: StreamLimits,
         max_ack_pending: int,
         ack_wait_s: float,
+        filter_subject: str | None = None,
+        declare_streams: bool = True,
     ) -> None:
         self.broker = broker
+        self.declare_streams = declare_streams
+        self.filter_subject = filter_subject
         self.stream = stream
         self.durable = durable
         self.limits = limits
@@ -47,12 +51,14 @@ class DurablePull:
 
     async def open(self) -> None:
         """Declare the streams and the consumer (create or reconcile), then bind."""
-        await self.broker.ensure_streams(self.limits)
+        if self.declare_streams:
+            await self.broker.ensure_streams(self.limits)
         await self.broker.ensure_consumer(
             self.stream,
             self.durable,
             max_ack_pending=self.max_ack_pending,
             ack_wait_s=self.ack_wait_s,
+            filter_subject=self.filter_subject,
         )
         if self._sub is not None:
             with contextlib.suppress(nats.errors.Error):
@@ -69,6 +75,7 @@ class DurablePull:
             await self.broker.js.consumer_info(self.stream, self.durable)
         except nats.js.errors.NotFoundError:
             log.warning("consumer %s on %s is gone; declaring it again", self.durable, self.stream)
+            self.declare_streams = True  # the stream itself may be gone too
             await self.open()
 
     async def fetch(self, batch: int, stop: asyncio.Event) -> list[Msg] | None:

@@ -272,3 +272,17 @@ SELECT cancel_requested FROM runs
 -- name: events_timeline
 -- Every recorded transition, oldest first (for audits and tests).
 SELECT run_id, event, status, attempt, actor, code, at FROM run_events ORDER BY at, id;
+
+-- name: lock_try
+-- Session advisory locks (per database) on a dedicated connection: relay partitions
+-- and relay presence. Released by unlock, or when the connection ends.
+SELECT pg_try_advisory_lock($1::integer, $2::integer) AS locked;
+
+-- name: lock_release
+SELECT pg_advisory_unlock($1::integer, $2::integer) AS released;
+
+-- name: lock_holders
+-- How many sessions of this database hold a lock of one class (live relays).
+SELECT count(DISTINCT pid) AS holders FROM pg_locks
+ WHERE locktype = 'advisory' AND granted AND classid = $1::integer::oid
+   AND database = (SELECT oid FROM pg_database WHERE datname = current_database());

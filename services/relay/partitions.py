@@ -1,0 +1,111 @@
+"""Which relay consumes which raw-frames partition.
+
+Each partition is consumed by exactly one relay at a time, which keeps a run's frames
+in order: ownership is a Postgres advisory lock held on a dedicated connection, so a
+relay that dies loses its partitions the moment its connection ends. Every relay also
+holds a presence lock; with N relays alive each aims to own ceil(P / N) partitions,
+releasing extras (after flushing) and taking free ones on every rebalance.
+"""
+
+import asyncio
+import contextlib
+import logging
+import math
+import random
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from services.runtime.errors import RunwireError
+from services.runtime.store import LockSession
+
+log = logging.getLogger(__name__)
+
+PARTITION_LOCKS = 72_401_131
+PRESENCE_LOCKS = 72_401_132
+REBALANCE_S = 1.0
+
+Consume = Callable[[int, asyncio.Event], Coroutine[Any, Any, None]]
+Release = Callable[[int], Awaitable[None]]
+
+
+class PartitionOwner:
+    """Holds partitions for this relay and runs one consumer task per partition."""
+
+    def __init__(self, dsn: str, partitions: int, consume: Consume, released: Release) -> None:
+        self._dsn = dsn
+        self._partitions = partitions
+        self._consume = consume
+        self._released = released
+        self._locks: LockSession | None = None
+        self._owned: dict[int, tuple[asyncio.Task[None], asyncio.Event]] = {}
+        self._member = random.randrange(1, 2**31 - 1)
+
+    @property
+    def owned(self) -> list[int]:
+        return sorted(self._owned)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Rebalance every second until `stop`; then stop every partition."""
+        try:
+            while not stop.is_set():
+                try:
+                    await self._rebalance()
+                except RunwireError as exc:
+                    log.warning("partition locks lost (%s); stopping every partition", exc.message)
+                    await self._drop_all()
+                for task, _ in list(self._owned.values()):
+                    if task.done() and not task.cancelled() and task.exception() is not None:
+                        log.error("partition consumer failed", exc_info=task.exception())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), REBALANCE_S)
+        finally:
+            await self._drop_all()
+
+    async def _rebalance(self) -> None:
+        if self._locks is None:
+            self._locks = await LockSession.connect(self._dsn)
+            if not await self._locks.try_lock(PRESENCE_LOCKS, self._member):
+                raise RunwireError("presence lock taken")
+        for partition, (task, _) in list(self._owned.items()):
+            if task.done():  # a consumer that died gives its partition back
+                await self._release(partition)
+        relays = max(1, await self._locks.holders(PRESENCE_LOCKS))
+        target = math.ceil(self._partitions / relays)
+        while len(self._owned) > target:
+            await self._release(max(self._owned))
+        if len(self._owned) < target:
+            # Start at a different partition in each relay, so that they rarely collide.
+            start = self._member % self._partitions
+            for i in range(self._partitions):
+                partition = (start + i) % self._partitions
+                if len(self._owned) >= target:
+                    break
+                if partition not in self._owned and await self._locks.try_lock(
+                    PARTITION_LOCKS, partition
+                ):
+                    stop = asyncio.Event()
+                    task = asyncio.create_task(self._consume(partition, stop))
+                    self._owned[partition] = (task, stop)
+                    log.info("took raw-frames partition %d", partition)
+
+    async def _release(self, partition: int) -> None:
+        task, stop = self._owned.pop(partition)
+        stop.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, 30)
+        await self._released(partition)
+        if self._locks is not None:
+            await self._locks.unlock(PARTITION_LOCKS, partition)
+        log.info("released raw-frames partition %d", partition)
+
+    async def _drop_all(self) -> None:
+        for partition in list(self._owned):
+            task, stop = self._owned.pop(partition)
+            stop.set()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(task, 30)
+            with contextlib.suppress(Exception):
+                await self._released(partition)
+        if self._locks is not None:
+            await self._locks.close()
+            self._locks = None
