@@ -62,8 +62,23 @@ test-soak: $(STAMP)
 schemas: $(STAMP)
 	$(BIN)/python -m contracts.schemas
 
-bench: $(STAMP)
-	$(BIN)/python -m bench
+## Benchmarks (issue 7) in their own virtualenv with the peers (DBOS, pgqueuer):
+## quick by default, `make bench BENCH_FULL=1` for larger N. Writes bench/results/.
+BENCH_VENV := .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed
+BENCH_FULL ?=
+
+$(BENCH_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install --quiet --upgrade pip
+	$(BENCH_VENV)/bin/pip install --quiet -e . matplotlib psutil
+	# A peer that does not install is reported as not measured in the table.
+	$(BENCH_VENV)/bin/pip install --quiet dbos || echo "bench: dbos did not install"
+	$(BENCH_VENV)/bin/pip install --quiet pgqueuer || echo "bench: pgqueuer did not install"
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	BENCH_FULL=$(BENCH_FULL) $(BENCH_VENV)/bin/python -m bench
 
 clean: down
 	rm -rf $(VENV) .runwire

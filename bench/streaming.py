@@ -1,0 +1,110 @@
+"""Scenario 3 (and the memory half of 6): one run streaming many small frames.
+
+One `scripted` run emits N one-character `message` frames without delay; a client
+follows it with `Client.stream`. Frames per second are counted at the client, from
+the first `message` frame to the last; the relay's Postgres writes are the run's rows
+in `frame_segments` (one row per flush). Two run lengths are streamed so that the
+services' peak memory can be compared: it should not grow with a run's length.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from bench.results import Results
+from bench.stack import Stack, progress
+from contracts.frames import FrameType
+
+
+async def stream_run(stack: Stack, frames: int) -> dict[str, float]:
+    """Stream one run of `frames` message frames; return what was measured."""
+    script = {"tokens": ["x"] * frames}
+    start = time.perf_counter()
+    reply = await stack.client.submit(script, request_id=str(uuid.uuid4()))
+    run_id = reply.run.run_id
+    first = last = 0.0
+    seen = 0
+    async for frame in stack.client.stream(run_id):
+        if frame.type == FrameType.MESSAGE:
+            now = time.perf_counter()
+            if seen == 0:
+                first = now
+            last = now
+            seen += 1
+    done = time.perf_counter()
+    await wait_frames_closed(stack, run_id)
+    writes = await stack.db.fetchval(
+        "SELECT count(*) FROM frame_segments WHERE run_id = $1::uuid", run_id
+    )
+    total = await stack.db.fetchval("SELECT last_seq FROM runs WHERE run_id = $1::uuid", run_id)
+    return {
+        "message_frames": seen,
+        "frames_per_s": seen / max(1e-9, last - first),
+        "submit_to_done_s": done - start,
+        "segment_writes": float(writes or 0),
+        "frames_total": float(total or 0),
+    }
+
+
+async def wait_frames_closed(stack: Stack, run_id: str, timeout: float = 120.0) -> None:
+    """Until the relay has written the run's last segment (`done` included)."""
+    deadline = time.monotonic() + timeout
+    while not await stack.db.fetchval(
+        "SELECT frames_closed FROM runs WHERE run_id = $1::uuid", run_id
+    ):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"frames of run {run_id} not closed after {timeout} s")
+        await asyncio.sleep(0.05)
+
+
+async def measure(stack: Stack, results: Results, long: int, short: int, quick: bool) -> None:
+    scenario = "3 streaming"
+    note = f"quick mode: {long} frames (full mode: 100k)" if quick else ""
+    peaks: dict[int, dict[str, float]] = {}
+    for frames in (short, long):
+        progress(f"{scenario}: one run of {frames} message frames")
+        stack.sampler.begin(f"streaming {frames}")
+        found = await stream_run(stack, frames)
+        peaks[frames] = stack.sampler.end()
+        label = f"{frames} frames"
+        results.add(
+            scenario,
+            f"frames per second at the client ({label})",
+            round(found["frames_per_s"]),
+            "frames/s",
+            note if frames == long else "",
+        )
+        results.add(scenario, f"submit → done ({label})", round(found["submit_to_done_s"], 2), "s")
+        results.add(
+            scenario,
+            f"Postgres segment writes by the relay ({label})",
+            int(found["segment_writes"]),
+            "rows",
+        )
+        results.add(
+            scenario,
+            f"frames per segment write ({label})",
+            round(found["frames_total"] / max(1.0, found["segment_writes"]), 1),
+            "frames/row",
+        )
+        progress(
+            f"{scenario}: {found['frames_per_s']:.0f} frames/s, "
+            f"{int(found['segment_writes'])} segment writes"
+        )
+    for frames, by_service in peaks.items():
+        for name, mib in by_service.items():
+            results.add(
+                "6 memory", f"peak RSS {name}, streaming {frames} frames", round(mib, 1), "MiB"
+            )
+    for name in ("relay", "executor-1"):
+        small, big = peaks[short].get(name), peaks[long].get(name)
+        if small and big:
+            results.add(
+                "6 memory",
+                f"{name} peak growth {short} → {long} frames",
+                round(big - small, 1),
+                "MiB",
+                "flat means near 0",
+            )
