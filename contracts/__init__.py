@@ -13,6 +13,7 @@ from contracts.commands import (
     SubmitCommand,
 )
 from contracts.errors import ErrorBody, ErrorCode, ErrorReply
+from contracts.events import RunEvent
 from contracts.frames import Frame, FrameType, Job, RawFrame
 from contracts.replies import (
     AbortSessionReply,
@@ -45,6 +46,7 @@ __all__ = [
     "LiveCursor",
     "Multitask",
     "RawFrame",
+    "RunEvent",
     "RunReply",
     "RunStatus",
     "RunSummary",

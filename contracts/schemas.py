@@ -14,7 +14,9 @@ from contracts.commands import (
     SubmitCommand,
 )
 from contracts.errors import ErrorReply
+from contracts.events import RunEvent
 from contracts.frames import Frame, Job, RawFrame
+from contracts.health import HealthReply
 from contracts.replies import AbortSessionReply, JoinReply, RunReply, RunSummary, SubmitReply
 from contracts.scripted import ScriptedInput
 
@@ -35,6 +37,8 @@ EXPORTED: tuple[type[BaseModel], ...] = (
     Frame,
     RawFrame,
     Job,
+    RunEvent,
+    HealthReply,
     ScriptedInput,
 )
 

@@ -93,6 +93,10 @@ class Subjects:
     def events_wildcard(self) -> str:
         return f"{self.prefix}.*.events.*"
 
+    def health(self, service: str) -> str:
+        """Where a service answers health requests."""
+        return f"{self.prefix}.health.{service}"
+
     def cancel_notice(self, run_id: str) -> str:
         """Core-NATS notice from the submitter to executors: abort this run now."""
         return f"{self.prefix}.ctl.cancel.{run_id}"

@@ -46,6 +46,9 @@ def _parser() -> argparse.ArgumentParser:
 
     cancel = sub.add_parser("cancel", help="cancel a run")
     cancel.add_argument("run_id")
+
+    events = sub.add_parser("events", help="follow every run transition of the tenant, live")
+    events.add_argument("--run", dest="run_id", default="*", help="only this run")
     return parser
 
 
@@ -122,6 +125,15 @@ async def _main(args: argparse.Namespace) -> int:
             return await _watch(client, args.run_id, args.after, args.frames)
         if args.command == "get":
             print((await client.get(args.run_id)).model_dump_json(indent=2))
+            return 0
+        if args.command == "events":
+            async for event in await client.events(args.run_id):
+                code = f" {event.code}" if event.code else ""
+                print(
+                    f"{event.at.isoformat()} {event.run_id} {event.event} -> {event.status}"
+                    f" (attempt {event.attempt}){code}",
+                    flush=True,
+                )
             return 0
         if args.command == "cancel":
             run = await client.cancel(args.run_id)

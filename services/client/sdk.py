@@ -27,6 +27,7 @@ from contracts.commands import (
     SubmitCommand,
 )
 from contracts.errors import ErrorBody, ErrorCode, ErrorReply
+from contracts.events import RunEvent
 from contracts.frames import Frame, FrameType
 from contracts.replies import AbortSessionReply, JoinReply, RunReply, RunSummary, SubmitReply
 from contracts.subjects import DEFAULT_PREFIX, DEFAULT_TENANT, Subjects
@@ -183,7 +184,9 @@ class Client:
                         return
             if reply.live is None:
                 if not reply.replay:
-                    await asyncio.sleep(REJOIN_DELAY_S)  # ended, `done` not relayed yet
+                    if reply.run.status.terminal and cursor >= reply.run.last_seq:
+                        return  # the caller already has every frame, `done` included
+                    await asyncio.sleep(REJOIN_DELAY_S)
                 continue
             async for frame in self._follow(
                 reply.live.subject, reply.live.stream, reply.live.stream_seq
@@ -193,6 +196,25 @@ class Client:
                     yield frame
                     if frame.type == FrameType.DONE:
                         return
+
+    async def events(self, run_id: str = "*") -> AsyncIterator[RunEvent]:
+        """Follow run events of this tenant live (all runs, or one). The subscription is
+        in place when this returns: `async for event in await client.events(): ...`."""
+        sub = await self.nc.subscribe(self.subjects.events(self.tenant, run_id))
+        await self.nc.flush()
+
+        async def follow() -> AsyncIterator[RunEvent]:
+            try:
+                async for msg in sub.messages:
+                    try:
+                        yield RunEvent.model_validate_json(msg.data)
+                    except ValidationError:
+                        log.warning("malformed run event on %s skipped", msg.subject)
+            finally:
+                with contextlib.suppress(nats.errors.Error):
+                    await sub.unsubscribe()
+
+        return follow()
 
     async def _follow(self, subject: str, stream: str, start: int) -> AsyncIterator[Frame]:
         """Live frames from a stream position, until the subscription goes quiet or fails."""

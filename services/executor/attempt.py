@@ -8,6 +8,7 @@ lost to recovery) nothing it does takes effect.
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -24,6 +25,7 @@ from services.runtime.store import Run, Store
 log = logging.getLogger(__name__)
 
 PUBLISH_TRIES = 5
+PUBLISH_WINDOW = 256
 
 
 class AbortReason(StrEnum):
@@ -67,7 +69,10 @@ class Attempt:
         self._owner = owner
         self._on_heartbeat = on_heartbeat
         self._seq = 0
+        # Text of this attempt's message frames known to be stored, in order.
         self._parts: list[str] = []
+        self._pending: deque[tuple[RawFrame, str | None, asyncio.Future[None]]] = deque()
+        self._sync_lock = asyncio.Lock()
         self.continuation = run.partial_text
         self.abort_signal = asyncio.Event()
         self.abort_reason: AbortReason | None = None
@@ -75,7 +80,8 @@ class Attempt:
 
     @property
     def partial_text(self) -> str:
-        """The run's text so far: what earlier attempts delivered plus this one's."""
+        """The run's text so far: what earlier attempts delivered plus this one's frames
+        that are stored (call `sync` first for all of them)."""
         return self.continuation + "".join(self._parts)
 
     def abort(self, reason: AbortReason) -> None:
@@ -85,7 +91,11 @@ class Attempt:
         self.abort_signal.set()
 
     async def publish(self, type: FrameType, data: dict[str, Any]) -> None:
-        """Publish a frame of this attempt (also used to close it, after `closed`)."""
+        """Publish a frame of this attempt (also used to close it, after `closed`).
+
+        While the runner runs, publishes are pipelined (up to PUBLISH_WINDOW awaiting
+        their acknowledgement); once the attempt is closed, each one is waited for.
+        """
         self._seq += 1
         frame = RawFrame(
             run_id=self.run.run_id,
@@ -96,28 +106,45 @@ class Attempt:
             data=data,
             at=datetime.now(UTC),
         )
-        # A failed publish may still have been stored: retry the same message id (the
-        # stream de-duplicates it) so the run's frames never have a gap.
-        for attempt in range(PUBLISH_TRIES):
-            try:
-                await self._broker.publish_raw_frame(frame)
-                return
-            except Unavailable:
-                if attempt == PUBLISH_TRIES - 1:
-                    raise
-                await asyncio.sleep(0.2 * (attempt + 1))
+        text = str(data.get("text", "")) if type == FrameType.MESSAGE else None
+        self._pending.append((frame, text, asyncio.ensure_future(self._send(frame))))
+        if self.closed or len(self._pending) >= PUBLISH_WINDOW:
+            await self.sync()
+
+    async def _send(self, frame: RawFrame) -> None:
+        await self._broker.publish_raw_frame(frame)
+
+    async def sync(self) -> None:
+        """Wait until every frame published so far is stored, in order.
+
+        A failed publish may still have been stored: it is sent again with the same
+        message id (the stream de-duplicates it), so the run's frames have no gap.
+        """
+        async with self._sync_lock:
+            while self._pending:
+                frame, text, sent = self._pending[0]
+                for attempt in range(PUBLISH_TRIES):
+                    try:
+                        await (sent if attempt == 0 else self._send(frame))
+                        break
+                    except Unavailable:
+                        if attempt == PUBLISH_TRIES - 1:
+                            raise
+                        await asyncio.sleep(0.2 * (attempt + 1))
+                self._pending.popleft()
+                if text is not None:
+                    self._parts.append(text)
 
     async def _emit(self, type: FrameType, data: dict[str, Any]) -> None:
         if self.closed or self.abort_reason == AbortReason.LOST:
             raise AttemptClosed(f"attempt {self.generation} of run {self.run.run_id} is closed")
         await self.publish(type, data)
-        if type == FrameType.MESSAGE:
-            self._parts.append(str(data.get("text", "")))
 
     async def _checkpoint(self, state: Any) -> None:
         if self.closed:
             raise AttemptClosed(f"attempt {self.generation} of run {self.run.run_id} is closed")
         await self.publish(FrameType.CHECKPOINT, {"state": state})
+        await self.sync()  # the text saved with the checkpoint must be in the stream
         try:
             await self._store.save_checkpoint(
                 self.run.run_id, self.generation, state, self.partial_text
@@ -163,6 +190,10 @@ class Attempt:
                     self.abort(AbortReason.TIMEOUT)
                 # Give the runner a short grace to stop by itself, then abandon it.
                 await asyncio.wait({runner_task}, timeout=self._settings.abort_grace_ms / 1000)
+            try:
+                await self.sync()
+            except Unavailable as exc:
+                return Outcome(error=ErrorBody(code=exc.code, message=exc.message, retryable=True))
             return self._outcome(runner_task)
         finally:
             self.closed = True
@@ -214,6 +245,7 @@ class Attempt:
                     next_renewal = loop.time() + every
                     if self._on_heartbeat is not None:
                         await self._on_heartbeat()
+                    await self.sync()  # the text saved must be in the stream
                     cancel = await self._store.heartbeat(
                         self.run.run_id,
                         self.generation,

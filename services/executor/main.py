@@ -23,6 +23,7 @@ from services.runtime.broker import EXECUTOR_CONSUMER, Broker, StreamLimits
 from services.runtime.closing import publish_closing
 from services.runtime.consumer import DurablePull
 from services.runtime.errors import RunwireError
+from services.runtime.health import serve_health
 from services.runtime.lifecycle import run_service
 from services.runtime.logs import bind, fields
 from services.runtime.settings import ExecutorSettings
@@ -31,6 +32,9 @@ from services.runtime.store import Store
 log = logging.getLogger(__name__)
 
 FETCH_BATCH = 64
+# A job whose run waits for its session should not exist (such runs get their job when
+# their turn comes); if one does, look again after this long.
+SESSION_WAIT_S = 1.0
 QUEUE_TIMEOUT = ErrorBody(
     code=ErrorCode.QUEUE_TIMEOUT,
     message="the run waited in the queue past its queue timeout",
@@ -192,9 +196,14 @@ class Executor:
             if failed is not None:
                 await publish_closing(self.broker, failed)
             await msg.ack()
+            if failed is not None:
+                await self._settler.next_in_session(failed)
             return
-        delay = max(0.01, (run.not_before - now).total_seconds())
-        await msg.nak(delay=delay)
+        delay = (run.not_before - now).total_seconds()
+        if delay <= 0 and run.session_id is not None:
+            # Due, yet not claimed: an earlier run of its session still holds the session.
+            delay = SESSION_WAIT_S
+        await msg.nak(delay=max(0.01, delay))
 
 
 async def serve(settings: ExecutorSettings, stop: asyncio.Event) -> None:
@@ -203,6 +212,7 @@ async def serve(settings: ExecutorSettings, stop: asyncio.Event) -> None:
         settings.nats_url, Subjects(settings.prefix), name="runwire-executor"
     )
     try:
+        await serve_health(broker, store, "executor")
         await Executor(settings, store, broker).run(stop)
     finally:
         await broker.close()

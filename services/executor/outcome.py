@@ -2,8 +2,10 @@
 
 finished → finish + `done` + ack; retryable error with attempts left → requeue with
 backoff + `error` frame + new job + ack; fatal or exhausted → fail + `error` + `done`
-+ term; canceled → cancel + `done` + ack; shutdown → release (not counted) + new job
-+ ack; lease lost → ack only (the newer attempt owns the run).
++ term; canceled → cancel (with the error the canceller chose: CANCELED or
+SUPERSEDED) + `done` + ack; shutdown → release (not counted) + new job + ack; lease
+lost → ack only (the newer attempt owns the run). Then, for a run of a session, the
+next run of the session gets its job if its turn has come.
 """
 
 import logging
@@ -20,7 +22,7 @@ from services.runtime.broker import Broker
 from services.runtime.errors import LostRace, RunwireError
 from services.runtime.logs import fields
 from services.runtime.settings import ExecutorSettings
-from services.runtime.store import Store
+from services.runtime.store import Run, Store
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,21 @@ class Settler:
         except LostRace:
             log.warning("outcome not recorded: a newer attempt owns the run")
             await msg.ack()
+            return
+        await self.next_in_session(attempt.run)
+
+    async def next_in_session(self, run: Run) -> None:
+        """Give their job to the runs of `run`'s session whose turn has come."""
+        if run.session_id is None:
+            return
+        try:
+            released = await self.store.release_session(run.tenant, run.session_id, self.owner)
+        except RunwireError as exc:
+            log.warning("next run of the session not released, recovery will: %s", exc.message)
+            return
+        for nxt in released:
+            log.info("next run of the session released", extra=fields(next_run_id=nxt.run_id))
+            await self._queue(Job(run_id=nxt.run_id, tenant=nxt.tenant, generation=nxt.generation))
 
     async def _settle(self, attempt: Attempt, outcome: Outcome, msg: Msg) -> None:
         run, gen, text = attempt.run, attempt.generation, attempt.partial_text
@@ -73,15 +90,13 @@ class Settler:
             await msg.ack()
             return
         if outcome.abort == AbortReason.CANCEL:
-            await self.store.close_attempt(
-                run.run_id, gen, RunStatus.CANCELED, CANCELED, text, self.owner
-            )
+            closed = await self.store.cancel_attempt(run.run_id, gen, CANCELED, text, self.owner)
+            code = (closed.error or {}).get("code", ErrorCode.CANCELED.value)
             await attempt.publish(
-                FrameType.DONE,
-                {"status": RunStatus.CANCELED.value, "code": ErrorCode.CANCELED.value},
+                FrameType.DONE, {"status": RunStatus.CANCELED.value, "code": code}
             )
             await msg.ack()
-            log.info("run canceled", extra=fields(attempt=run.attempts))
+            log.info("run canceled", extra=fields(attempt=run.attempts, code=code))
             return
         if outcome.abort == AbortReason.SHUTDOWN:
             await self.store.release(run.run_id, gen, text, self.owner)

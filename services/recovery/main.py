@@ -5,9 +5,12 @@ import contextlib
 import logging
 
 from contracts.subjects import Subjects
+from services.recovery.outbox import BATCH as OUTBOX_BATCH
+from services.recovery.outbox import EventPublisher
 from services.recovery.sweep import Sweeper
 from services.runtime.broker import Broker, StreamLimits
 from services.runtime.errors import RunwireError
+from services.runtime.health import serve_health
 from services.runtime.lifecycle import run_service
 from services.runtime.logs import fields
 from services.runtime.settings import RecoverySettings
@@ -26,7 +29,9 @@ async def serve(settings: RecoverySettings, stop: asyncio.Event) -> None:
     )
     try:
         await broker.ensure_streams(StreamLimits.of(settings))
+        await serve_health(broker, store, "recovery")
         sweeper = Sweeper(settings, store, broker)
+        events = asyncio.create_task(_publish_events(settings, EventPublisher(store, broker), stop))
         loop = asyncio.get_running_loop()
         streams_checked = loop.time()
         while not stop.is_set():
@@ -42,9 +47,25 @@ async def serve(settings: RecoverySettings, stop: asyncio.Event) -> None:
                 log.warning("recovery tick failed: %s", exc.message)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), settings.recovery_interval_ms / 1000)
+        await events
     finally:
         await broker.close()
         await store.close()
+
+
+async def _publish_events(
+    settings: RecoverySettings, publisher: EventPublisher, stop: asyncio.Event
+) -> None:
+    """Publish run events every `events_interval_ms` (more often while there is a backlog)."""
+    while not stop.is_set():
+        published = 0
+        try:
+            published = await publisher.publish_pending()
+        except RunwireError as exc:
+            log.warning("run events not published: %s", exc.message)
+        if published < OUTBOX_BATCH:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), settings.events_interval_ms / 1000)
 
 
 def main() -> None:

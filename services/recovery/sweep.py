@@ -1,4 +1,5 @@
-"""One recovery tick: expired leases, queue timeouts, lost jobs, unclosed runs.
+"""One recovery tick: expired leases, queue timeouts, session turns, lost jobs, unclosed
+runs.
 
 Every step is a guarded write with `FOR UPDATE SKIP LOCKED`, so any number of
 recovery replicas can tick at once without acting twice on a run.
@@ -37,8 +38,11 @@ class TickReport:
     interrupted: int = 0
     canceled: int = 0
     timed_out: int = 0
+    released: int = 0
     republished: int = 0
     closed: int = 0
+    purged: int = 0
+    expired: int = 0
 
     def any(self) -> bool:
         return any(vars(self).values())
@@ -81,6 +85,14 @@ class Sweeper:
         ):
             report.timed_out += 1
             await self._close(run)
+        # Runs that waited for their session, whose turn came without anyone noticing:
+        # the run before them ended in this tick or in a crashed process, or it was
+        # canceled and its grace has passed.
+        for run in await self.store.release_session(None, None, ACTOR, limit=s.batch_size):
+            with bind(run_id=run.run_id, tenant=run.tenant):
+                report.released += 1
+                log.info("the run's session turn came")
+                await self._publish_job(run.run_id, run.tenant, run.generation)
         for run_id, tenant, generation in await self.store.stale_queued(
             s.republish_after_ms, s.batch_size
         ):
@@ -89,7 +101,22 @@ class Sweeper:
         for run in await self.store.unclosed_terminal(s.close_grace_ms, s.batch_size):
             report.closed += 1
             await self._close(run)
+        await self._retention(report)
         return report
+
+    async def _retention(self, report: TickReport) -> None:
+        """Ended runs leave the stream after a grace, and Postgres after the retention."""
+        s, subjects = self.settings, self.broker.subjects
+        grace = s.stream_purge_grace.total_seconds()
+        for run_id, tenant in await self.store.purge_due(grace, s.batch_size):
+            # Marked first: a purge that fails now leaves frames in the stream until
+            # its max age, which is harmless, while Postgres already has them all.
+            await self.broker.purge_subject(
+                subjects.run_frames_stream, subjects.run_frames(tenant, run_id)
+            )
+            report.purged += 1
+        expired = await self.store.expire_frames(s.frame_retention.total_seconds(), s.batch_size)
+        report.expired += len(expired)
 
     async def _publish_job(self, run_id: str, tenant: str, generation: int) -> None:
         try:

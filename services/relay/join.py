@@ -33,6 +33,11 @@ class Joiner:
         run = await self.store.get_run(tenant, cmd.run_id)
         if run is None:
             raise NotFound(f"no run {cmd.run_id!r}")
+        if run.frames_expired and cmd.after < run.last_seq:
+            raise NotFound(
+                f"the frames of run {run.run_id} after seq {cmd.after} were removed when the "
+                "frame retention ended; the run's summary and result are kept"
+            )
 
         replay: list[Frame] = []
         cursor = cmd.after

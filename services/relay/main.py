@@ -7,6 +7,7 @@ from services.relay.join import Joiner
 from services.relay.pipeline import Pipeline
 from services.runtime.broker import Broker, StreamLimits
 from services.runtime.commands import CommandServer
+from services.runtime.health import serve_health
 from services.runtime.lifecycle import run_service
 from services.runtime.settings import RelaySettings
 from services.runtime.store import Store
@@ -24,6 +25,7 @@ async def serve(settings: RelaySettings, stop: asyncio.Event) -> None:
         await broker.ensure_streams(StreamLimits.of(settings))
         server = CommandServer(broker, QUEUE_GROUP)
         await server.serve("join", Joiner(settings, store, broker).join)
+        await serve_health(broker, store, "relay")
         await Pipeline(settings, store, broker).run(stop)
         await server.drain()
     finally:

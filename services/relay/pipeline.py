@@ -37,6 +37,7 @@ from services.runtime.store import Segment, SegmentCount, Store
 log = logging.getLogger(__name__)
 
 FETCH_BATCH = 256
+PUBLISH_TRIES = 4
 # The single consumer of earlier versions; it would overlap the partition consumers.
 LEGACY_CONSUMER = "relay"
 RAW_FRAMES_IN_FLIGHT = 10_000
@@ -46,6 +47,16 @@ RAW_FRAME_ACK_WAIT_S = 5.0
 # After this many deliveries (well past the ack wait, when every frame a crashed relay
 # held has come back) a frame that follows a gap is kept: the gap is lost for good.
 GAP_GIVE_UP_DELIVERIES = int(4 * RAW_FRAME_ACK_WAIT_S / GAP_RETRY_DELAY_S)
+
+
+@dataclass
+class Pending:
+    """A kept frame whose publish is under way."""
+
+    msg: Msg
+    raw: RawFrame
+    frame: Frame
+    publish: "asyncio.Future[int]"
 
 
 @dataclass
@@ -101,8 +112,10 @@ class Pipeline:
         await frames_in.open()
         cursors = self.cursors.setdefault(partition, {})
         while (msgs := await frames_in.fetch(FETCH_BATCH, stop)) is not None:
+            batch: list[Pending] = []
             for msg in msgs:
-                await self._process(cursors, msg)
+                await self._process(cursors, msg, batch)
+            await self._settle(cursors, batch)
 
     async def _released(self, partition: int) -> None:
         # Another relay may advance these runs now: forget their cursors, write segments.
@@ -134,7 +147,9 @@ class Pipeline:
         cursors[run_id] = cursor
         return cursor
 
-    async def _process(self, cursors: dict[str, RunCursor], msg: Msg) -> None:
+    async def _process(
+        self, cursors: dict[str, RunCursor], msg: Msg, batch: list["Pending"]
+    ) -> None:
         try:
             raw = RawFrame.model_validate_json(msg.data)
         except ValidationError as exc:
@@ -143,16 +158,19 @@ class Pipeline:
             return
         with bind(run_id=raw.run_id, tenant=raw.tenant):
             try:
-                await self._relay(cursors, raw, msg)
+                await self._relay(cursors, raw, msg, batch)
             except RunwireError as exc:
                 log.warning("frame not relayed yet: %s", exc.message)
                 cursors.pop(raw.run_id, None)  # rebuild from the stream next time
                 await msg.nak(delay=0.5)
 
-    async def _relay(self, cursors: dict[str, RunCursor], raw: RawFrame, msg: Msg) -> None:
+    async def _relay(
+        self, cursors: dict[str, RunCursor], raw: RawFrame, msg: Msg, batch: list["Pending"]
+    ) -> None:
         cursor = await self._cursor(cursors, raw.tenant, raw.run_id)
         verdict = cursor.judge(raw.generation, raw.seq)
         if verdict == Verdict.KEEP and raw.generation > cursor.generation:
+            await self._settle(cursors, batch)  # what came before is acknowledged first
             # A new generation (a resumed attempt, or the closing frames of recovery) starts
             # only once every older raw frame of the run has been handled, including any
             # that a crashed relay was holding: they are still in the work-queue stream.
@@ -177,22 +195,58 @@ class Pipeline:
             await msg.ack()
             return
         is_done = raw.type == FrameType.DONE
-        seq = cursor.seq + 1
-        frame = Frame(run_id=raw.run_id, seq=seq, type=raw.type, data=raw.data, at=raw.at)
-        stream_seq = await self.broker.publish_client_frame(
-            raw.tenant, frame, raw.generation, raw.seq
+        frame = Frame(
+            run_id=raw.run_id, seq=cursor.seq + 1, type=raw.type, data=raw.data, at=raw.at
         )
         cursor.advance(raw.generation, raw.seq, is_done)
-        self._buffer(frame, stream_seq, is_done)
-        await msg.ack()
-        buffer = self.buffers.get(raw.run_id)
-        if raw.type in URGENT_FRAME_TYPES or (
-            buffer is not None and buffer.size >= self.settings.segment_bytes
-        ):
+        # Published without waiting: a connection stores messages in the order they are
+        # sent, so the frames of a batch are pipelined and acknowledged together.
+        publish = asyncio.ensure_future(
+            self.broker.publish_client_frame(raw.tenant, frame, raw.generation, raw.seq)
+        )
+        batch.append(Pending(msg, raw, frame, publish))
+
+    async def _settle(self, cursors: dict[str, RunCursor], batch: list["Pending"]) -> None:
+        """Wait for a batch's publishes in order; buffer and ack each stored frame.
+
+        A publish that failed is sent again with the same message id (the stream drops
+        it if the first one was stored after all). If it still fails, it and every later
+        frame of the batch are handed back (nak) and their runs' cursors rebuilt.
+        """
+        urgent = False
+        failed = False
+        for pending in batch:
+            with bind(run_id=pending.raw.run_id, tenant=pending.raw.tenant):
+                if not failed:
+                    stream_seq = await self._stored(pending)
+                    failed = stream_seq is None
+                if failed or stream_seq is None:
+                    cursors.pop(pending.raw.run_id, None)
+                    await pending.msg.nak(delay=0.5)
+                    continue
+                is_done = pending.raw.type == FrameType.DONE
+                self._buffer(pending.frame, stream_seq, is_done)
+                await pending.msg.ack()
+                urgent = urgent or pending.raw.type in URGENT_FRAME_TYPES
+                if is_done:
+                    # Keep memory flat: a closed run's cursor is rebuilt if ever needed.
+                    cursors.pop(pending.raw.run_id, None)
+        batch.clear()
+        if urgent or any(b.size >= self.settings.segment_bytes for b in self.buffers.values()):
             await self.flush()
-        if is_done:
-            # Keep memory flat: a closed run's cursor is rebuilt from the stream if needed.
-            cursors.pop(raw.run_id, None)
+
+    async def _stored(self, pending: "Pending") -> int | None:
+        for attempt in range(PUBLISH_TRIES):
+            try:
+                if attempt == 0:
+                    return await pending.publish
+                return await self.broker.publish_client_frame(
+                    pending.raw.tenant, pending.frame, pending.raw.generation, pending.raw.seq
+                )
+            except RunwireError as exc:
+                log.warning("frame %d not published yet: %s", pending.frame.seq, exc.message)
+                await asyncio.sleep(0.2 * (attempt + 1))
+        return None
 
     def _buffer(self, frame: Frame, stream_seq: int, closed: bool) -> None:
         buffer = self.buffers.get(frame.run_id)

@@ -27,6 +27,7 @@ from nats.js.api import (
     SubjectTransform,
 )
 
+from contracts.events import RunEvent
 from contracts.frames import Frame, Job, RawFrame
 from contracts.subjects import Subjects
 from services.runtime.errors import PayloadTooLarge, QueueFull, Unavailable
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 60.0
 PUBLISH_TIMEOUT_S = 5.0
 DUPLICATE_WINDOW_S = 120.0
+EVENTS_MAX_AGE_S = 7 * 24 * 3600
 ERR_STREAM_FULL = 10077
 ERR_MSG_TOO_LARGE = 10054
 EXECUTOR_CONSUMER = "executor"
@@ -180,6 +182,17 @@ class Broker:
         )
         await self._ensure_stream(
             StreamConfig(
+                name=s.events_stream,
+                subjects=[s.events_wildcard],
+                retention=RetentionPolicy.LIMITS,
+                max_age=float(EVENTS_MAX_AGE_S),
+                storage=StorageType.FILE,
+                duplicate_window=DUPLICATE_WINDOW_S,
+                num_replicas=replicas,
+            )
+        )
+        await self._ensure_stream(
+            StreamConfig(
                 name=s.run_frames_stream,
                 subjects=[s.run_frames_wildcard],
                 retention=RetentionPolicy.LIMITS,
@@ -304,6 +317,15 @@ class Broker:
             raise Unavailable(f"publish to {subject} failed: {exc}") from exc
         return int(ack.seq)
 
+    async def publish_event(self, tenant: str, event: RunEvent, event_id: int) -> None:
+        """Publish a run event (its outbox row id de-duplicates a repeat)."""
+        await self._publish(
+            self.subjects.events(tenant, event.run_id),
+            event.model_dump_json().encode(),
+            f"event:{event_id}",
+            self.subjects.events_stream,
+        )
+
     async def notify(self, subject: str, body: bytes = b"") -> None:
         """A core-NATS notice: fast, best effort (a fallback must exist)."""
         try:
@@ -332,6 +354,13 @@ class Broker:
         except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
             raise Unavailable(f"reading {subject} failed: {exc}") from exc
         return int(raw.seq or 0)
+
+    async def purge_subject(self, stream: str, subject: str) -> None:
+        """Drop every message of one subject from a stream."""
+        try:
+            await self.js.purge_stream(stream, subject=subject)
+        except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+            raise Unavailable(f"purging {subject} failed: {exc}") from exc
 
     async def last_stream_seq(self, stream: str) -> int:
         try:

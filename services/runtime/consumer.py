@@ -20,6 +20,7 @@ from services.runtime.broker import Broker, StreamLimits
 log = logging.getLogger(__name__)
 
 FETCH_WAIT_S = 1.0
+TOP_UP_WAIT_S = 0.002
 CHECK_EVERY_S = 2.0
 
 
@@ -78,6 +79,17 @@ class DurablePull:
             self.declare_streams = True  # the stream itself may be gone too
             await self.open()
 
+    @staticmethod
+    async def _fetch(sub: JetStreamContext.PullSubscription, batch: int) -> list[Msg]:
+        # nats-py's fetch(n) waits until n messages arrived or its timeout passed, which
+        # would hold a trickle of frames for up to the whole timeout. So: wait for one,
+        # then take whatever else is there already.
+        msgs = await sub.fetch(1, timeout=FETCH_WAIT_S)
+        if batch > 1:
+            with contextlib.suppress(TimeoutError, nats.errors.TimeoutError):
+                msgs += await sub.fetch(batch - 1, timeout=TOP_UP_WAIT_S)
+        return msgs
+
     async def fetch(self, batch: int, stop: asyncio.Event) -> list[Msg] | None:
         """Up to `batch` messages ([] after a quiet wait); None once `stop` is set."""
         if stop.is_set():
@@ -89,7 +101,7 @@ class DurablePull:
             await asyncio.sleep(0.5)
             return []
         assert self._sub is not None
-        fetch = asyncio.create_task(self._sub.fetch(batch, timeout=FETCH_WAIT_S))
+        fetch = asyncio.create_task(self._fetch(self._sub, batch))
         stopping = asyncio.create_task(stop.wait())
         try:
             await asyncio.wait({fetch, stopping}, return_when=asyncio.FIRST_COMPLETED)

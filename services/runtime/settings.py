@@ -3,6 +3,7 @@
 Defaults are named constants so the README and the tests can quote them.
 """
 
+from datetime import timedelta
 from typing import Literal, Self
 
 from pydantic import Field, model_validator
@@ -17,6 +18,7 @@ DEFAULT_FRAME_STREAM_MAX_AGE_S = 3_600
 DEFAULT_MAX_INPUT_BYTES = 256 * 1024
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_ATTEMPT_TIMEOUT_MS = 600_000
+DEFAULT_SUPERSEDE_GRACE_MS = 5_000
 DEFAULT_MAX_IN_FLIGHT = 64
 DEFAULT_ACK_WAIT_MS = 30_000
 DEFAULT_HEARTBEAT_MS = 2_000
@@ -34,6 +36,9 @@ DEFAULT_RECOVERY_BACKOFF_MS = 200
 DEFAULT_MAX_RECOVERIES = 3
 DEFAULT_REPUBLISH_AFTER_MS = 30_000
 DEFAULT_CLOSE_GRACE_MS = 10_000
+DEFAULT_EVENTS_INTERVAL_MS = 100
+DEFAULT_FRAME_RETENTION = timedelta(hours=24)
+DEFAULT_STREAM_PURGE_GRACE = timedelta(minutes=10)
 
 
 class CommonSettings(BaseSettings):
@@ -59,6 +64,9 @@ class SubmitterSettings(CommonSettings):
     max_input_bytes: int = Field(default=DEFAULT_MAX_INPUT_BYTES, ge=1024)
     default_max_attempts: int = Field(default=DEFAULT_MAX_ATTEMPTS, ge=1)
     default_attempt_timeout_ms: int = Field(default=DEFAULT_ATTEMPT_TIMEOUT_MS, ge=100)
+    # How long a canceled (or superseded) run that is still running may keep its session
+    # busy: the next run of the session starts when it ends or after this, whichever first.
+    supersede_grace_ms: int = Field(default=DEFAULT_SUPERSEDE_GRACE_MS, ge=0, le=600_000)
 
 
 class ExecutorSettings(CommonSettings):
@@ -93,7 +101,14 @@ class RelaySettings(CommonSettings):
 
 
 class RecoverySettings(CommonSettings):
-    """The recovery service: its tick and what it re-drives."""
+    """The recovery service: its tick, what it re-drives, how long frames are kept."""
+
+    # How often transitions are published as run events (the outbox in run_events).
+    events_interval_ms: int = Field(default=DEFAULT_EVENTS_INTERVAL_MS, ge=10)
+    # Segments of an ended run are removed after this (seconds, or ISO 8601 like PT24H).
+    frame_retention: timedelta = DEFAULT_FRAME_RETENTION
+    # The run's subject leaves the stream this long after it ended (Postgres has it all).
+    stream_purge_grace: timedelta = DEFAULT_STREAM_PURGE_GRACE
 
     recovery_interval_ms: int = Field(default=DEFAULT_RECOVERY_INTERVAL_MS, ge=10)
     recovery_backoff_ms: int = Field(default=DEFAULT_RECOVERY_BACKOFF_MS, ge=0)

@@ -7,12 +7,13 @@ guard did not hold (another writer or a newer attempt got there first).
 """
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from importlib import resources
 from typing import Any
@@ -23,6 +24,7 @@ from contracts.errors import ErrorBody
 from contracts.replies import RunSummary
 from contracts.status import RunStatus
 from services.runtime.errors import LostRace, StoreError, Unavailable
+from services.runtime.settings import DEFAULT_SUPERSEDE_GRACE_MS
 
 log = logging.getLogger(__name__)
 
@@ -76,12 +78,19 @@ class Run:
     last_seq: int
     frame_count: int
     frames_closed: bool
+    frames_expired: bool
     result: dict[str, Any] | None
     error: dict[str, Any] | None
     created_at: datetime
     started_at: datetime | None
     ended_at: datetime | None
     updated_at: datetime
+    # NULL while the run waits for its session (no job published yet).
+    job_published_at: datetime | None
+    # Order of acceptance: within a session, the order in which its runs start.
+    submit_seq: int
+    # The error a requested cancel closes the run with (CANCELED, SUPERSEDED).
+    cancel_error: dict[str, Any] | None
 
     @classmethod
     def from_record(cls, rec: asyncpg.Record) -> "Run":
@@ -109,12 +118,16 @@ class Run:
             last_seq=rec["last_seq"],
             frame_count=rec["frame_count"],
             frames_closed=rec["frames_closed"],
+            frames_expired=rec["frames_expired_at"] is not None,
             result=rec["result"],
             error=rec["error"],
             created_at=rec["created_at"],
             started_at=rec["started_at"],
             ended_at=rec["ended_at"],
             updated_at=rec["updated_at"],
+            job_published_at=rec["job_published_at"],
+            submit_seq=rec["submit_seq"],
+            cancel_error=rec["cancel_error"],
         )
 
     def summary(self) -> RunSummary:
@@ -147,6 +160,14 @@ class Segment:
     last_stream_seq: int
     frames: list[dict[str, Any]]
     closed: bool
+
+
+@dataclass
+class EventBatch:
+    """Transitions to publish as run events, and the ids that were published."""
+
+    events: list[dict[str, Any]]
+    published: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +241,8 @@ async def migrate(dsn: str) -> list[str]:
 class Store:
     """Named, guarded reads and writes of runs, their events and their frame segments."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: "asyncpg.Pool | asyncpg.pool.PoolConnectionProxy") -> None:
+        # A pool, or (inside `session_lock`) one connection in a transaction.
         self._pool = pool
 
     @classmethod
@@ -247,6 +269,22 @@ class Store:
 
     async def close(self) -> None:
         await self._pool.close()
+
+    @contextlib.asynccontextmanager
+    async def session_lock(self, tenant: str, session_id: str) -> AsyncIterator["Store"]:
+        """A transaction holding the session's lock until it commits (or rolls back on an
+        exception). The yielded store runs every query in that transaction, so the
+        submits and aborts of one session happen one after the other."""
+        if not isinstance(self._pool, asyncpg.Pool):
+            raise StoreError("session_lock inside session_lock")
+        try:
+            async with self._pool.acquire() as conn, conn.transaction():
+                await conn.execute(QUERIES["lock_session"], tenant, session_id)
+                yield Store(conn)
+        except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
+            raise Unavailable(f"Postgres unavailable during a session's lock: {exc}") from exc
+        except asyncpg.PostgresError as exc:
+            raise StoreError(f"session lock of {session_id!r} failed: {exc}") from exc
 
     # -- plumbing ---------------------------------------------------------------
     async def _fetchrow(self, name: str, *args: Any) -> asyncpg.Record | None:
@@ -297,6 +335,28 @@ class Store:
             for r in rows
         ]
 
+    @contextlib.asynccontextmanager
+    async def unpublished_events(self, limit: int) -> AsyncIterator["EventBatch"]:
+        """The oldest unpublished transitions, locked until the block ends; the ids the
+        block adds to `published` are marked published when it ends."""
+        if not isinstance(self._pool, asyncpg.Pool):
+            raise StoreError("the event outbox needs the pool, not a transaction")
+        try:
+            async with self._pool.acquire() as conn, conn.transaction():
+                rows = await conn.fetch(QUERIES["unpublished_events"], limit)
+                batch = EventBatch([{**dict(r), "run_id": str(r["run_id"])} for r in rows])
+                yield batch
+                if batch.published:
+                    await conn.execute(QUERIES["mark_events_published"], batch.published)
+        except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
+            raise Unavailable(f"Postgres unavailable during the event outbox: {exc}") from exc
+        except asyncpg.PostgresError as exc:
+            raise StoreError(f"event outbox failed: {exc}") from exc
+
+    async def ping(self) -> None:
+        """Raise Unavailable unless Postgres answers."""
+        await self._fetchrow("ping")
+
     async def timeline(self) -> list[dict[str, Any]]:
         """Every recorded transition of every run, oldest first."""
         rows = await self._fetch("events_timeline")
@@ -340,15 +400,41 @@ class Store:
         )
 
     async def request_cancel(
-        self, tenant: str, run_id: str, error: ErrorBody, actor: str
+        self,
+        tenant: str,
+        run_id: str,
+        error: ErrorBody,
+        actor: str,
+        *,
+        grace_ms: int = DEFAULT_SUPERSEDE_GRACE_MS,
     ) -> Run | None:
-        """Cancel a queued run, or flag a running one; None when the run is terminal."""
+        """Cancel a queued run, or flag a running one (closed later with `error`, holding
+        its session for at most `grace_ms`); None when the run is terminal."""
         key = parse_run_id(run_id)
         if key is None:
             return None
         return await self._run_or_none(
-            "request_cancel", tenant, key, error.model_dump(mode="json"), actor
+            "request_cancel", tenant, key, error.model_dump(mode="json"), actor, grace_ms
         )
+
+    async def cancel_session(
+        self, tenant: str, session_id: str, error: ErrorBody, actor: str, *, grace_ms: int
+    ) -> list[Run]:
+        """`request_cancel` for every active run of a session, oldest first."""
+        rows = await self._fetch(
+            "cancel_session", tenant, session_id, error.model_dump(mode="json"), grace_ms, actor
+        )
+        return [Run.from_record(r) for r in rows]
+
+    async def release_session(
+        self, tenant: str | None, session_id: str | None, actor: str, *, limit: int = 100
+    ) -> list[Run]:
+        """Runs that waited for their session and may start now: their job is due.
+
+        The caller publishes their jobs. `None, None` looks at every session.
+        """
+        rows = await self._fetch("release_session", tenant, session_id, limit, actor)
+        return [Run.from_record(r) for r in rows]
 
     async def fail_queued(self, run_id: str, error: ErrorBody, actor: str) -> Run | None:
         return await self._run_or_none(
@@ -417,6 +503,20 @@ class Store:
             actor,
         )
 
+    async def cancel_attempt(
+        self, run_id: str, generation: int, error: ErrorBody, partial_text: str, actor: str
+    ) -> Run:
+        """Close a running attempt as canceled, with the error its canceller chose
+        (`error` when none was recorded)."""
+        return await self._transition(
+            "cancel_attempt",
+            run_id,
+            generation,
+            error.model_dump(mode="json"),
+            partial_text,
+            actor,
+        )
+
     async def requeue(
         self,
         run_id: str,
@@ -469,6 +569,16 @@ class Store:
     async def expire_queue(self, *, limit: int, error: ErrorBody, actor: str) -> list[Run]:
         rows = await self._fetch("expire_queue", limit, error.model_dump(mode="json"), actor)
         return [Run.from_record(r) for r in rows]
+
+    async def purge_due(self, grace_s: float, limit: int) -> list[tuple[str, str]]:
+        """Mark ended runs whose stream copy may go now; returns (run_id, tenant)."""
+        rows = await self._fetch("purge_due", grace_s, limit)
+        return [(str(r["run_id"]), r["tenant"]) for r in rows]
+
+    async def expire_frames(self, retention_s: float, limit: int) -> list[tuple[str, str]]:
+        """Delete the segments of runs ended more than `retention_s` ago."""
+        rows = await self._fetch("expire_frames", retention_s, limit)
+        return [(str(r["run_id"]), r["tenant"]) for r in rows]
 
     async def unclosed_terminal(self, grace_ms: int, limit: int) -> list[Run]:
         return [Run.from_record(r) for r in await self._fetch("unclosed_terminal", grace_ms, limit)]

@@ -1,4 +1,10 @@
-"""What each command of the submitter does: validate, write Postgres, queue, reply."""
+"""What each command of the submitter does: validate, write Postgres, queue, reply.
+
+Runs that share a `session_id` are submitted under the session's lock in Postgres, so
+the `multitask` rule of a submit (interrupt, enqueue, reject) sees every earlier submit
+of the session. A run whose session is busy is stored without a job; it gets one when
+the runs before it have ended (`release_session`, also done by executors and recovery).
+"""
 
 import json
 import logging
@@ -29,7 +35,7 @@ from services.runtime.errors import (
     RunwireError,
     Unavailable,
 )
-from services.runtime.logs import bind
+from services.runtime.logs import bind, fields
 from services.runtime.settings import SubmitterSettings
 from services.runtime.store import Run, Store
 
@@ -37,6 +43,11 @@ log = logging.getLogger(__name__)
 
 ACTOR = "submitter"
 CANCELED = ErrorBody(code=ErrorCode.CANCELED, message="canceled by request", retryable=False)
+SUPERSEDED = ErrorBody(
+    code=ErrorCode.SUPERSEDED,
+    message="superseded by a newer run of its session",
+    retryable=False,
+)
 QUEUE_FULL = ErrorBody(
     code=ErrorCode.QUEUE_FULL, message="the queue is full; submit again later", retryable=True
 )
@@ -46,6 +57,14 @@ INPUT_MODELS = {"scripted": ScriptedInput}
 
 class SessionBusy(RunwireError):
     code = ErrorCode.SESSION_BUSY
+    retryable = False
+
+
+class _Duplicate(RunwireError):
+    """The request_id was taken meanwhile: roll back whatever the submit did, and answer
+    with the first run. Never leaves this module."""
+
+    code = ErrorCode.INVALID_REQUEST
     retryable = False
 
 
@@ -79,11 +98,50 @@ class Submitter:
         existing = await self.store.run_by_request(tenant, cmd.request_id)
         if existing is not None:
             return SubmitReply(run=existing.summary(), duplicate=True)
-        if cmd.session_id and cmd.multitask == Multitask.REJECT:
-            active = await self.store.session_active(tenant, cmd.session_id)
+        canceled: list[Run] = []
+        try:
+            if cmd.session_id is None:
+                run = await self._insert(self.store, tenant, cmd)
+            else:
+                async with self.store.session_lock(tenant, cmd.session_id) as tx:
+                    canceled = await self._make_room(tx, tenant, cmd.session_id, cmd)
+                    run = await self._insert(tx, tenant, cmd)
+        except _Duplicate:  # the same request_id raced us between the read and the insert
+            first = await self.store.run_by_request(tenant, cmd.request_id)
+            if first is None:
+                raise Unavailable("run vanished after a conflicting insert") from None
+            return SubmitReply(run=first.summary(), duplicate=True)
+        await self._after_cancel(canceled)
+        with bind(run_id=run.run_id, tenant=tenant):
+            if run.job_published_at is not None or cmd.session_id is None:
+                await self._queue(run)
+                log.info("run submitted")
+            else:
+                log.info("run submitted; it waits for the earlier runs of its session")
+                # The run that held the session may have ended between our insert and
+                # its executor's release, which then did not see us yet: look again.
+                await self._release(tenant, cmd.session_id)
+        return SubmitReply(run=run.summary(), duplicate=False)
+
+    async def _make_room(
+        self, tx: Store, tenant: str, session_id: str, cmd: SubmitCommand
+    ) -> list[Run]:
+        """Apply the submit's `multitask` rule, under the session's lock; returns the runs
+        it canceled."""
+        if await tx.run_by_request(tenant, cmd.request_id) is not None:
+            raise _Duplicate("request_id already used")
+        if cmd.multitask == Multitask.REJECT:
+            active = await tx.session_active(tenant, session_id)
             if active:
-                raise SessionBusy(f"session {cmd.session_id!r} has an active run {active[0]}")
-        run = await self.store.insert_run(
+                raise SessionBusy(f"session {session_id!r} has an active run {active[0]}")
+        elif cmd.multitask == Multitask.INTERRUPT:
+            return await tx.cancel_session(
+                tenant, session_id, SUPERSEDED, ACTOR, grace_ms=self.settings.supersede_grace_ms
+            )
+        return []
+
+    async def _insert(self, store: Store, tenant: str, cmd: SubmitCommand) -> Run:
+        run = await store.insert_run(
             run_id=str(uuid.uuid4()),
             tenant=tenant,
             request_id=cmd.request_id,
@@ -97,15 +155,9 @@ class Submitter:
             queue_timeout_ms=cmd.queue_timeout_ms,
             actor=ACTOR,
         )
-        if run is None:  # the same request_id raced us between the read and the insert
-            first = await self.store.run_by_request(tenant, cmd.request_id)
-            if first is None:
-                raise Unavailable("run vanished after a conflicting insert")
-            return SubmitReply(run=first.summary(), duplicate=True)
-        with bind(run_id=run.run_id, tenant=tenant):
-            await self._queue(run)
-            log.info("run submitted")
-        return SubmitReply(run=run.summary(), duplicate=False)
+        if run is None:
+            raise _Duplicate("request_id already used")
+        return run
 
     async def _queue(self, run: Run) -> None:
         try:
@@ -116,6 +168,8 @@ class Submitter:
             failed = await self.store.fail_queued(run.run_id, QUEUE_FULL, ACTOR)
             if failed is not None:
                 await self._close_quietly(failed)
+                if failed.session_id is not None:
+                    await self._release(failed.tenant, failed.session_id)
             raise
         except Unavailable as exc:
             # The run is safe in Postgres; recovery publishes its job once NATS answers.
@@ -139,25 +193,50 @@ class Submitter:
         return RunReply(run=(await self._cancel(tenant, cmd.run_id)).summary())
 
     async def _cancel(self, tenant: str, run_id: str) -> Run:
-        run = await self.store.request_cancel(tenant, run_id, CANCELED, ACTOR)
+        run = await self.store.request_cancel(
+            tenant, run_id, CANCELED, ACTOR, grace_ms=self.settings.supersede_grace_ms
+        )
         if run is None:
             current = await self.store.get_run(tenant, run_id)
             if current is None:
                 raise NotFound(f"no run {run_id!r}")
             return current  # terminal already: unchanged
-        with bind(run_id=run.run_id, tenant=tenant):
-            if run.status == RunStatus.CANCELED:
-                await self._close_quietly(run)
-            else:
-                await self.broker.notify(self.broker.subjects.cancel_notice(run.run_id))
-            log.info("cancel requested")
+        await self._after_cancel([run])
+        if run.session_id is not None and run.status == RunStatus.CANCELED:
+            await self._release(tenant, run.session_id)  # it may have been next in line
         return run
+
+    async def _after_cancel(self, runs: list[Run]) -> None:
+        """Close the runs a cancel ended at once; tell executors to stop the running ones."""
+        for run in runs:
+            with bind(run_id=run.run_id, tenant=run.tenant):
+                if run.status == RunStatus.CANCELED:
+                    await self._close_quietly(run)
+                else:
+                    await self.broker.notify(self.broker.subjects.cancel_notice(run.run_id))
+                code = (run.cancel_error or {}).get("code")
+                log.info("cancel requested", extra=fields(code=code))
+
+    async def _release(self, tenant: str, session_id: str) -> None:
+        """Publish the jobs of the session's runs whose turn has come."""
+        for run in await self.store.release_session(tenant, session_id, ACTOR):
+            with bind(run_id=run.run_id, tenant=tenant):
+                try:
+                    await self.broker.publish_job(
+                        Job(run_id=run.run_id, tenant=run.tenant, generation=run.generation)
+                    )
+                except RunwireError as exc:
+                    log.warning("job not published yet, recovery will: %s", exc.message)
 
     async def abort_session(self, tenant: str, data: bytes) -> AbortSessionReply:
         cmd = parse(AbortSessionCommand, data, max_bytes=self.settings.max_input_bytes)
-        canceled = []
-        for run_id in await self.store.session_active(tenant, cmd.session_id):
-            run = await self._cancel(tenant, run_id)
-            if run.cancel_requested:
-                canceled.append(run.run_id)
-        return AbortSessionReply(canceled=canceled)
+        async with self.store.session_lock(tenant, cmd.session_id) as tx:
+            runs = await tx.cancel_session(
+                tenant,
+                cmd.session_id,
+                CANCELED,
+                ACTOR,
+                grace_ms=self.settings.supersede_grace_ms,
+            )
+        await self._after_cancel(runs)
+        return AbortSessionReply(canceled=[run.run_id for run in runs])

@@ -5,6 +5,7 @@ import asyncio
 from contracts.subjects import Subjects
 from services.runtime.broker import Broker, StreamLimits
 from services.runtime.commands import CommandServer
+from services.runtime.health import serve_health
 from services.runtime.lifecycle import run_service
 from services.runtime.settings import SubmitterSettings
 from services.runtime.store import Store
@@ -27,6 +28,7 @@ async def serve(settings: SubmitterSettings, stop: asyncio.Event) -> None:
         await server.serve("get", submitter.get)
         await server.serve("cancel", submitter.cancel)
         await server.serve("abort_session", submitter.abort_session)
+        await serve_health(broker, store, "submitter")
         await stop.wait()
         await server.drain()
     finally:

@@ -96,9 +96,10 @@ async def test_cancel_stops_a_running_attempt(stack: InProcessStack) -> None:
     assert len(transcript.text) < len("".join(TOKENS * 20))
     run = await stack.client.get(run_id)
     assert run.status == RunStatus.CANCELED
-    # Cancelling a terminal run answers with the run unchanged.
+    # Cancelling a terminal run answers with the run unchanged (the relay may still be
+    # counting its last frames into last_seq, which is not a change of the run).
     again = await stack.client.cancel(run_id)
-    assert again == run
+    assert again.model_dump(exclude={"last_seq"}) == run.model_dump(exclude={"last_seq"})
 
 
 async def test_a_canceled_queued_run_never_starts(stack: InProcessStack) -> None:

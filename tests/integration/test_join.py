@@ -52,7 +52,7 @@ async def test_rejoin_mid_run_gets_each_frame_once(stack: InProcessStack) -> Non
 
 
 async def test_join_under_a_fast_writer_has_no_gap(stack: InProcessStack) -> None:
-    tokens = [f"{i}," for i in range(2000)]
+    tokens = [f"{i}," for i in range(10_000)]
     reply = await stack.client.submit({"tokens": tokens})
     run_id = reply.run.run_id
     # Join while the run is writing as fast as it can, several times from several cursors.

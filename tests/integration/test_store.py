@@ -1,8 +1,11 @@
 """The Postgres schema: statuses agree with the contract; migrations are safe to re-run."""
 
+from pathlib import Path
+
 import asyncpg
 import pytest
 
+import services.runtime
 from contracts.status import RunStatus
 from services.runtime.store import Store, migrate
 from tests.conftest import TestInfra
@@ -43,7 +46,8 @@ async def test_fresh_and_migrated_databases_have_the_same_schema(
     await conn.close()
     try:
         fresh = infra.database_url(name)
-        assert await migrate(fresh) == ["0001_init.sql"]
+        folder = Path(services.runtime.__file__).parent / "migrations"
+        assert await migrate(fresh) == sorted(p.name for p in folder.glob("*.sql"))
         assert await _schema(fresh) == await _schema(db_url)
     finally:
         await infra.drop_database(name)

@@ -3,15 +3,25 @@
 
 -- name: insert_run
 WITH ins AS (
+    -- A run whose session is busy gets no job yet (job_published_at NULL): release_session
+    -- gives it one when its turn comes. clock_timestamp(), not now() (the transaction's
+    -- start, before a wait for the session's lock): runs of a session are created in
+    -- the order they were accepted.
     INSERT INTO runs (run_id, tenant, request_id, session_id, multitask, runner, input,
                       metadata, max_attempts, attempt_timeout_ms, queue_timeout_ms,
-                      job_published_at)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, now())
+                      job_published_at, created_at, updated_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,
+            CASE WHEN session_blocked($2, $4, NULL) THEN NULL ELSE now() END,
+            clock_timestamp(), clock_timestamp())
     ON CONFLICT (tenant, request_id) DO NOTHING
     RETURNING *
 ), ev AS (
-    INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
-    SELECT run_id, 'submitted', status, attempts, $12, 'submit' FROM ins
+    INSERT INTO run_events (run_id, event, status, attempt, actor, reason, at)
+    SELECT run_id, 'submitted', status, attempts, $12,
+           CASE WHEN job_published_at IS NULL THEN 'submit; waits for its session'
+                ELSE 'submit' END,
+           created_at
+      FROM ins
 )
 SELECT * FROM ins;
 
@@ -25,7 +35,8 @@ SELECT * FROM runs WHERE tenant = $1 AND run_id = $2;
 SELECT * FROM runs WHERE run_id = $1;
 
 -- name: claim_run
--- Starts an attempt: a new generation fences every write of earlier attempts.
+-- Starts an attempt: a new generation fences every write of earlier attempts. A run never
+-- starts while an earlier run of its session holds the session.
 WITH upd AS (
     UPDATE runs
        SET status = 'running', attempts = attempts + 1, generation = generation + 1,
@@ -35,6 +46,7 @@ WITH upd AS (
        AND NOT cancel_requested AND not_before <= now()
        AND (attempts > 0 OR queue_timeout_ms IS NULL
             OR created_at + make_interval(secs => queue_timeout_ms / 1000.0) > now())
+       AND NOT session_blocked(tenant, session_id, submit_seq)
     RETURNING *
 ), ev AS (
     INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
@@ -83,6 +95,20 @@ WITH upd AS (
 )
 SELECT * FROM upd;
 
+-- name: cancel_attempt
+-- A running attempt stopped for a cancel: closed with the error its canceller chose.
+WITH upd AS (
+    UPDATE runs
+       SET status = 'canceled', error = coalesce(cancel_error, $3), partial_text = $4,
+           lease_owner = NULL, lease_expires_at = NULL, ended_at = now(), updated_at = now()
+     WHERE run_id = $1 AND generation = $2 AND status = 'running'
+    RETURNING *
+), ev AS (
+    INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)
+    SELECT run_id, 'canceled', status, attempts, $5, error->>'code', error->>'message' FROM upd
+)
+SELECT * FROM upd;
+
 -- name: requeue_run
 -- A retryable failure with attempts left: back to the queue after a delay.
 WITH upd AS (
@@ -115,22 +141,74 @@ WITH upd AS (
 SELECT * FROM upd;
 
 -- name: request_cancel
--- A queued run is canceled at once; a running one is flagged for its executor.
+-- A queued run is canceled at once; a running one is flagged for its executor, which
+-- closes it with the error chosen here (the first cancel's), and stops holding its
+-- session after $5 ms even if its executor never answers.
 WITH upd AS (
     UPDATE runs
        SET cancel_requested = true,
+           cancel_error = coalesce(cancel_error, $3),
+           cancel_deadline = coalesce(cancel_deadline, now() + make_interval(secs => $5 / 1000.0)),
            status = CASE WHEN status = 'running' THEN status ELSE 'canceled'::run_status END,
-           error = CASE WHEN status = 'running' THEN error ELSE $3 END,
+           error = CASE WHEN status = 'running' THEN error ELSE coalesce(cancel_error, $3) END,
            ended_at = CASE WHEN status = 'running' THEN ended_at ELSE now() END,
            updated_at = now()
      WHERE tenant = $1 AND run_id = $2 AND status IN ('queued', 'running', 'recovering')
     RETURNING *
 ), ev AS (
     INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)
-    SELECT run_id, 'cancel_requested', status, attempts, $4, 'CANCELED', 'cancel command'
+    SELECT run_id, 'cancel_requested', status, attempts, $4, cancel_error->>'code',
+           cancel_error->>'message'
       FROM upd
 )
 SELECT * FROM upd;
+
+-- name: cancel_session
+-- request_cancel for every queued, running or recovering run of a session at once (an
+-- interrupt or abort_session, under the session's lock), oldest first.
+WITH upd AS (
+    UPDATE runs
+       SET cancel_requested = true,
+           cancel_error = coalesce(cancel_error, $3),
+           cancel_deadline = coalesce(cancel_deadline, now() + make_interval(secs => $4 / 1000.0)),
+           status = CASE WHEN status = 'running' THEN status ELSE 'canceled'::run_status END,
+           error = CASE WHEN status = 'running' THEN error ELSE coalesce(cancel_error, $3) END,
+           ended_at = CASE WHEN status = 'running' THEN ended_at ELSE now() END,
+           updated_at = now()
+     WHERE tenant = $1 AND session_id = $2 AND status IN ('queued', 'running', 'recovering')
+    RETURNING *
+), ev AS (
+    INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)
+    SELECT run_id, 'cancel_requested', status, attempts, $5, cancel_error->>'code',
+           cancel_error->>'message'
+      FROM upd
+)
+SELECT * FROM upd ORDER BY submit_seq;
+
+-- name: release_session
+-- Queued runs that waited for their session and whose turn has come (nothing earlier in
+-- the session holds it any more): mark their job published, for the caller to publish.
+-- $1/$2 narrow it to one session; NULL, NULL looks at every session (recovery).
+WITH due AS (
+    SELECT run_id FROM runs
+     WHERE status = 'queued' AND job_published_at IS NULL
+       AND ($1::text IS NULL OR (tenant = $1 AND session_id = $2::text))
+       AND NOT session_blocked(tenant, session_id, submit_seq)
+     ORDER BY submit_seq
+     LIMIT $3
+     FOR UPDATE SKIP LOCKED
+), upd AS (
+    UPDATE runs r
+       SET job_published_at = now(), updated_at = now()
+      FROM due
+     WHERE r.run_id = due.run_id AND r.status = 'queued' AND r.job_published_at IS NULL
+    RETURNING r.*
+), ev AS (
+    INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
+    SELECT run_id, 'session_turn', status, attempts, $4, 'the earlier runs of its session ended'
+      FROM upd
+)
+SELECT * FROM upd ORDER BY submit_seq;
 
 -- name: fail_queued
 -- A run that never reached an attempt fails (queue full or queue timeout).
@@ -165,7 +243,7 @@ WITH due AS (
            status = CASE WHEN due.canceled THEN 'canceled'::run_status
                          WHEN due.stalled THEN 'interrupted'::run_status
                          ELSE 'recovering'::run_status END,
-           error = CASE WHEN due.canceled THEN $6
+           error = CASE WHEN due.canceled THEN coalesce(r.cancel_error, $6)
                         WHEN due.stalled THEN $4 ELSE r.error END,
            ended_at = CASE WHEN due.canceled OR due.stalled THEN now() END,
            not_before = now() + make_interval(secs => $3 / 1000.0),
@@ -183,14 +261,14 @@ SELECT * FROM upd;
 
 -- name: stale_queued
 -- Runs waiting in Postgres whose job may be missing from the stream: publish again.
+-- (A run with no job yet waits for its session: release_session publishes it.)
 UPDATE runs r
    SET job_published_at = now()
  WHERE r.run_id IN (
         SELECT run_id FROM runs
          WHERE status IN ('queued', 'recovering') AND NOT cancel_requested
            AND not_before <= now()
-           AND (job_published_at IS NULL
-                OR job_published_at < now() - make_interval(secs => $1 / 1000.0))
+           AND job_published_at < now() - make_interval(secs => $1 / 1000.0)
          LIMIT $2
          FOR UPDATE SKIP LOCKED)
 RETURNING r.run_id, r.tenant, r.generation;
@@ -224,7 +302,12 @@ SELECT * FROM runs
 -- name: session_active
 SELECT run_id FROM runs
  WHERE tenant = $1 AND session_id = $2 AND status IN ('queued', 'running', 'recovering')
- ORDER BY created_at;
+ ORDER BY submit_seq;
+
+-- name: lock_session
+-- Serializes the submits (and aborts) of one session until the transaction ends. The
+-- one-bigint key form never meets the two-integer keys of the relay's locks.
+SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 0));
 
 -- name: insert_segments
 -- One write per relay flush: every run's new segments, and the runs' frame counters
@@ -286,3 +369,47 @@ SELECT pg_advisory_unlock($1::integer, $2::integer) AS released;
 SELECT count(DISTINCT pid) AS holders FROM pg_locks
  WHERE locktype = 'advisory' AND granted AND classid = $1::integer::oid
    AND database = (SELECT oid FROM pg_database WHERE datname = current_database());
+
+-- name: purge_due
+-- Ended runs whose frames are all in Postgres and whose stream grace is over.
+UPDATE runs r
+   SET stream_purged_at = now()
+ WHERE r.run_id IN (
+        SELECT run_id FROM runs
+         WHERE ended_at IS NOT NULL AND frames_closed AND frame_count = last_seq
+           AND stream_purged_at IS NULL
+           AND ended_at < now() - make_interval(secs => $1)
+         LIMIT $2
+         FOR UPDATE SKIP LOCKED)
+RETURNING r.run_id, r.tenant;
+
+-- name: expire_frames
+-- Ended runs past the frame retention: their segments go, their row (result) stays.
+WITH due AS (
+    SELECT run_id FROM runs
+     WHERE ended_at IS NOT NULL AND frames_expired_at IS NULL AND frames_closed
+       AND ended_at < now() - make_interval(secs => $1)
+     LIMIT $2
+     FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM frame_segments s USING due WHERE s.run_id = due.run_id
+)
+UPDATE runs r SET frames_expired_at = now()
+  FROM due WHERE r.run_id = due.run_id
+RETURNING r.run_id, r.tenant;
+
+-- name: unpublished_events
+-- The oldest transitions not yet published as run events, locked so that two
+-- publishers never take the same rows.
+SELECT e.id, e.run_id, r.tenant, r.session_id, e.event, e.status, e.attempt, e.code, e.at
+  FROM run_events e JOIN runs r USING (run_id)
+ WHERE e.published_at IS NULL
+ ORDER BY e.id
+ LIMIT $1
+ FOR UPDATE OF e SKIP LOCKED;
+
+-- name: mark_events_published
+UPDATE run_events SET published_at = now() WHERE id = ANY($1::bigint[]);
+
+-- name: ping
+SELECT 1 AS ok;

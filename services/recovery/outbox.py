@@ -1,0 +1,46 @@
+"""Run events: every transition recorded in `run_events` is published after its commit.
+
+`run_events` is the outbox. Rows are taken oldest first with `FOR UPDATE SKIP LOCKED`
+(several recovery replicas never publish the same row), published with the row id as
+`Nats-Msg-Id` (a repeat after a crash is stored once), then marked published.
+"""
+
+import logging
+
+from contracts.events import RunEvent
+from services.runtime.broker import Broker
+from services.runtime.errors import RunwireError
+from services.runtime.store import Store
+
+log = logging.getLogger(__name__)
+
+BATCH = 500
+
+
+class EventPublisher:
+    """Publishes the outbox of run events."""
+
+    def __init__(self, store: Store, broker: Broker) -> None:
+        self.store = store
+        self.broker = broker
+
+    async def publish_pending(self) -> int:
+        """Publish what is waiting; returns how many events were published."""
+        async with self.store.unpublished_events(BATCH) as batch:
+            for row in batch.events:
+                event = RunEvent(
+                    run_id=row["run_id"],
+                    session_id=row["session_id"],
+                    event=row["event"],
+                    status=row["status"],
+                    attempt=row["attempt"],
+                    code=row["code"],
+                    at=row["at"],
+                )
+                try:
+                    await self.broker.publish_event(row["tenant"], event, row["id"])
+                except RunwireError as exc:
+                    log.warning("run events not published yet: %s", exc.message)
+                    break
+                batch.published.append(row["id"])
+        return len(batch.published)
