@@ -145,7 +145,7 @@ class Executor:
 
     async def _run_job(self, job: Job, msg: Msg) -> None:
         run = await self.store.claim(
-            job.run_id, job.generation, self.owner, self.settings.lease_ttl_ms
+            job.run_id, job.generation, self.owner, self.settings.lease_ttl_ms, msg.reply
         )
         if run is None:
             await self._not_claimed(job, msg)

@@ -68,6 +68,10 @@ class Sweeper:
             actor=ACTOR,
         ):
             with bind(run_id=run.run_id, tenant=run.tenant):
+                if run.job_ack:
+                    # The dead executor's job would hold an in-flight slot until its ack
+                    # wait ran out: terminate it now (a later attempt gets a new job).
+                    await self.broker.notify(run.job_ack, b"+TERM")
                 if run.status == RunStatus.INTERRUPTED:
                     report.interrupted += 1
                     log.warning("run interrupted: no progress after repeated recoveries")

@@ -79,6 +79,7 @@ class Run:
     frame_count: int
     frames_closed: bool
     frames_expired: bool
+    job_ack: str | None
     result: dict[str, Any] | None
     error: dict[str, Any] | None
     created_at: datetime
@@ -119,6 +120,7 @@ class Run:
             frame_count=rec["frame_count"],
             frames_closed=rec["frames_closed"],
             frames_expired=rec["frames_expired_at"] is not None,
+            job_ack=rec["job_ack"],
             result=rec["result"],
             error=rec["error"],
             created_at=rec["created_at"],
@@ -442,9 +444,16 @@ class Store:
         )
 
     # -- executor ----------------------------------------------------------------
-    async def claim(self, run_id: str, generation: int, owner: str, lease_ms: int) -> Run | None:
-        """Start an attempt; None when this job is stale, not due, canceled or timed out."""
-        return await self._run_or_none("claim_run", uuid.UUID(run_id), generation, owner, lease_ms)
+    async def claim(
+        self, run_id: str, generation: int, owner: str, lease_ms: int, job_ack: str | None = None
+    ) -> Run | None:
+        """Start an attempt; None when this job is stale, not due, canceled or timed out.
+
+        `job_ack` is the job message's acknowledgement subject, kept so that recovery can
+        release the job at once if this executor dies."""
+        return await self._run_or_none(
+            "claim_run", uuid.UUID(run_id), generation, owner, lease_ms, job_ack
+        )
 
     async def heartbeat(
         self, run_id: str, generation: int, lease_ms: int, partial_text: str

@@ -141,3 +141,28 @@ async def test_in_flight_limit_holds_across_two_executor_processes(
     assert peak >= 2  # both processes did take work at once
     owners = {e["actor"] for e in await processes.store.timeline() if e["event"] == "claimed"}
     assert owners == {"executor-a", "executor-b"}
+
+
+async def test_a_dead_executors_jobs_do_not_hold_the_in_flight_limit(
+    processes: ProcessStack,
+) -> None:
+    # A long ack wait: without recovery releasing the dead executor's jobs, they would
+    # hold both in-flight slots for 30 s and nothing could start.
+    limits = {"max_in_flight": 2, "ack_wait_ms": 30_000}
+    victim = processes.start("executor-a", **limits)
+    first = [
+        (await processes.client.submit({"tokens": TOKENS, "token_delay_ms": 50})).run.run_id
+        for _ in range(2)
+    ]
+    for run_id in first:
+        await eventually(lambda run_id=run_id: _running_on(processes, run_id, "a"), timeout=20)
+
+    victim.kill()
+    processes.start("executor-b", **limits)
+    later = [(await processes.client.submit({"tokens": ["quick"]})).run.run_id for _ in range(2)]
+    results = await asyncio.gather(
+        *(collect(processes.client, r, timeout=20) for r in [*first, *later])
+    )
+
+    for frames, _ in results:
+        assert frames[-1].data == {"status": "finished"}

@@ -41,7 +41,7 @@ WITH upd AS (
     UPDATE runs
        SET status = 'running', attempts = attempts + 1, generation = generation + 1,
            lease_owner = $3, lease_expires_at = now() + make_interval(secs => $4 / 1000.0),
-           started_at = coalesce(started_at, now()), updated_at = now()
+           job_ack = $5, started_at = coalesce(started_at, now()), updated_at = now()
      WHERE run_id = $1 AND generation = $2 AND status IN ('queued', 'recovering')
        AND NOT cancel_requested AND not_before <= now()
        AND (attempts > 0 OR queue_timeout_ms IS NULL
