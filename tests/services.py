@@ -102,6 +102,9 @@ class InProcessStack:
         await wait_ready(self.client)
         return self
 
+    def start_recovery(self, name: str) -> None:
+        self._start(name, serve_recovery, self.settings(RecoverySettings))
+
     def start_relay(self, name: str) -> None:
         self._start(name, serve_relay, self.settings(RelaySettings))
 

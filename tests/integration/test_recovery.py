@@ -112,3 +112,17 @@ async def test_a_canceled_run_whose_executor_died_is_closed_as_canceled(
     assert run.error == ErrorBody(
         code=ErrorCode.CANCELED, message="canceled by request", retryable=False
     )
+
+
+async def test_two_recovery_replicas_act_once_on_each_run(no_executor: InProcessStack) -> None:
+    stack = no_executor
+    stack.start_recovery("recovery-2")  # a second recovery service on the same database
+    ids = [(await stack.client.submit({"tokens": ["t"]})).run.run_id for _ in range(10)]
+    for run_id in ids:
+        await _vanishing_claim(stack, run_id, 0)
+    for run_id in ids:
+        await eventually(lambda run_id=run_id: _recovering(stack, run_id), timeout=15)
+
+    timeline = await stack.store.timeline()
+    recovered = [e["run_id"] for e in timeline if e["event"] == "recovering"]
+    assert sorted(recovered) == sorted(ids)  # each death recovered exactly once
