@@ -6,7 +6,7 @@ Defaults are named constants so the README and the tests can quote them.
 from datetime import timedelta
 from typing import Literal, Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contracts.subjects import DEFAULT_PREFIX, PREFIX_PATTERN
@@ -116,3 +116,11 @@ class RecoverySettings(CommonSettings):
     republish_after_ms: int = Field(default=DEFAULT_REPUBLISH_AFTER_MS, ge=100)
     close_grace_ms: int = Field(default=DEFAULT_CLOSE_GRACE_MS, ge=100)
     batch_size: int = Field(default=500, ge=1)
+
+    @field_validator("frame_retention", "stream_purge_grace", mode="before")
+    @classmethod
+    def _seconds(cls, value: object) -> object:
+        # Environment values arrive as text: plain seconds ("86400") are accepted too.
+        if isinstance(value, str) and value.replace(".", "", 1).isdigit():
+            return float(value)
+        return value

@@ -11,7 +11,7 @@ from contracts.status import RunStatus
 from tests.chaos.conftest import ProcessStack
 from tests.services import collect
 
-pytestmark = [pytest.mark.chaos, pytest.mark.soak]
+pytestmark = [pytest.mark.soak, pytest.mark.timeout(900)]
 
 RUNS = 500
 TOKENS = 20

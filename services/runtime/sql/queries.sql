@@ -413,3 +413,22 @@ UPDATE run_events SET published_at = now() WHERE id = ANY($1::bigint[]);
 
 -- name: ping
 SELECT 1 AS ok;
+
+-- name: migration_lock
+SELECT pg_advisory_lock($1);
+
+-- name: migration_unlock
+SELECT pg_advisory_unlock($1);
+
+-- name: migrations_table
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version     integer PRIMARY KEY,
+    name        text NOT NULL,
+    applied_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: migrations_applied
+SELECT version FROM schema_migrations;
+
+-- name: migration_done
+INSERT INTO schema_migrations (version, name) VALUES ($1, $2);

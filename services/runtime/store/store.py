@@ -1,4 +1,5 @@
-"""The Postgres store: the only module that talks to asyncpg.
+"""The Postgres store: named, guarded reads and writes (this package is the only code
+that talks to asyncpg).
 
 Queries are named and live in `sql/queries.sql`; migrations are numbered files in
 `migrations/`, applied at start-up under an advisory lock. Every transition is one
@@ -10,234 +11,29 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
-from importlib import resources
 from typing import Any
 
 import asyncpg
 
 from contracts.errors import ErrorBody
-from contracts.replies import RunSummary
 from contracts.status import RunStatus
 from services.runtime.errors import LostRace, StoreError, Unavailable
 from services.runtime.settings import DEFAULT_SUPERSEDE_GRACE_MS
+from services.runtime.store.rows import (
+    EventBatch,
+    Run,
+    Segment,
+    SegmentCount,
+    StoredSegment,
+    parse_run_id,
+)
+from services.runtime.store.schema import QUERIES, init_connection, migrate
 
 log = logging.getLogger(__name__)
 
-MIGRATION_LOCK_KEY = 7_240_113_001
-LOCK_TIMEOUT_S = 5.0
 CONNECT_TIMEOUT_S = 60.0
-_NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
-
-
-def load_queries(text: str) -> dict[str, str]:
-    """Split a `.sql` file into its named queries."""
-    parts = _NAME_LINE.split(text)
-    return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
-
-
-QUERIES = load_queries(resources.files("services.runtime").joinpath("sql/queries.sql").read_text())
-
-
-def parse_run_id(run_id: str) -> uuid.UUID | None:
-    """A run id is a UUID; anything else names no run."""
-    try:
-        return uuid.UUID(run_id)
-    except ValueError:
-        return None
-
-
-@dataclass(frozen=True, slots=True)
-class Run:
-    """A row of `runs`, as the services use it."""
-
-    run_id: str
-    tenant: str
-    request_id: str
-    session_id: str | None
-    multitask: str
-    runner: str
-    input: dict[str, Any]
-    metadata: dict[str, Any]
-    status: RunStatus
-    attempts: int
-    max_attempts: int
-    generation: int
-    attempt_timeout_ms: int
-    queue_timeout_ms: int | None
-    not_before: datetime
-    cancel_requested: bool
-    partial_text: str
-    checkpoint: Any
-    checkpoint_version: int
-    recoveries: int
-    last_seq: int
-    frame_count: int
-    frames_closed: bool
-    frames_expired: bool
-    job_ack: str | None
-    result: dict[str, Any] | None
-    error: dict[str, Any] | None
-    created_at: datetime
-    started_at: datetime | None
-    ended_at: datetime | None
-    updated_at: datetime
-    # NULL while the run waits for its session (no job published yet).
-    job_published_at: datetime | None
-    # Order of acceptance: within a session, the order in which its runs start.
-    submit_seq: int
-    # The error a requested cancel closes the run with (CANCELED, SUPERSEDED).
-    cancel_error: dict[str, Any] | None
-
-    @classmethod
-    def from_record(cls, rec: asyncpg.Record) -> "Run":
-        return cls(
-            run_id=str(rec["run_id"]),
-            tenant=rec["tenant"],
-            request_id=rec["request_id"],
-            session_id=rec["session_id"],
-            multitask=rec["multitask"],
-            runner=rec["runner"],
-            input=rec["input"],
-            metadata=rec["metadata"],
-            status=RunStatus(rec["status"]),
-            attempts=rec["attempts"],
-            max_attempts=rec["max_attempts"],
-            generation=rec["generation"],
-            attempt_timeout_ms=rec["attempt_timeout_ms"],
-            queue_timeout_ms=rec["queue_timeout_ms"],
-            not_before=rec["not_before"],
-            cancel_requested=rec["cancel_requested"],
-            partial_text=rec["partial_text"],
-            checkpoint=rec["checkpoint"],
-            checkpoint_version=rec["checkpoint_version"],
-            recoveries=rec["recoveries"],
-            last_seq=rec["last_seq"],
-            frame_count=rec["frame_count"],
-            frames_closed=rec["frames_closed"],
-            frames_expired=rec["frames_expired_at"] is not None,
-            job_ack=rec["job_ack"],
-            result=rec["result"],
-            error=rec["error"],
-            created_at=rec["created_at"],
-            started_at=rec["started_at"],
-            ended_at=rec["ended_at"],
-            updated_at=rec["updated_at"],
-            job_published_at=rec["job_published_at"],
-            submit_seq=rec["submit_seq"],
-            cancel_error=rec["cancel_error"],
-        )
-
-    def summary(self) -> RunSummary:
-        """The run as the wire contract shows it."""
-        return RunSummary(
-            run_id=self.run_id,
-            tenant=self.tenant,
-            session_id=self.session_id,
-            request_id=self.request_id,
-            status=self.status,
-            attempts=self.attempts,
-            generation=self.generation,
-            created_at=self.created_at,
-            started_at=self.started_at,
-            ended_at=self.ended_at,
-            updated_at=self.updated_at,
-            last_seq=self.last_seq,
-            result=self.result,
-            error=ErrorBody.model_validate(self.error) if self.error else None,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Segment:
-    """Frames of one run written by one relay flush, in seq order."""
-
-    run_id: str
-    first_seq: int
-    last_seq: int
-    last_stream_seq: int
-    frames: list[dict[str, Any]]
-    closed: bool
-
-
-@dataclass
-class EventBatch:
-    """Transitions to publish as run events, and the ids that were published."""
-
-    events: list[dict[str, Any]]
-    published: list[int] = field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True)
-class SegmentCount:
-    """A run's frame counters after a flush: complete when frame_count == last_seq."""
-
-    run_id: str
-    tenant: str
-    last_seq: int
-    frame_count: int
-    closed: bool
-
-
-@dataclass(frozen=True, slots=True)
-class StoredSegment:
-    first_seq: int
-    last_seq: int
-    last_stream_seq: int
-    frames: list[dict[str, Any]]
-
-
-async def _init_connection(conn: asyncpg.Connection) -> None:
-    for json_type in ("json", "jsonb"):
-        await conn.set_type_codec(
-            json_type, encoder=json.dumps, decoder=json.loads, schema="pg_catalog"
-        )
-
-
-def _migrations() -> list[tuple[int, str, str]]:
-    folder = resources.files("services.runtime").joinpath("migrations")
-    found = []
-    for entry in folder.iterdir():
-        match = re.match(r"^(\d+)_\w+\.sql$", entry.name)
-        if match:
-            found.append((int(match.group(1)), entry.name, entry.read_text()))
-    return sorted(found)
-
-
-async def migrate(dsn: str) -> list[str]:
-    """Apply every migration not yet applied, under an advisory lock; return their names."""
-    conn = await asyncpg.connect(dsn)
-    applied: list[str] = []
-    try:
-        await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)
-        try:
-            await conn.execute(
-                "CREATE TABLE IF NOT EXISTS schema_migrations ("
-                " version integer PRIMARY KEY, name text NOT NULL,"
-                " applied_at timestamptz NOT NULL DEFAULT now())"
-            )
-            done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
-            for version, name, sql in _migrations():
-                if version in done:
-                    continue
-                async with conn.transaction():
-                    await conn.execute(sql)
-                    await conn.execute(
-                        "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
-                        version,
-                        name,
-                    )
-                applied.append(name)
-                log.info("applied migration %s", name)
-        finally:
-            await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_KEY)
-    finally:
-        await conn.close()
-    return applied
 
 
 class Store:
@@ -259,7 +55,7 @@ class Store:
             try:
                 await migrate(dsn)
                 pool = await asyncpg.create_pool(
-                    dsn, min_size=1, max_size=pool_size, init=_init_connection
+                    dsn, min_size=1, max_size=pool_size, init=init_connection
                 )
                 return cls(pool)
             except (OSError, asyncpg.PostgresError) as exc:
@@ -615,44 +411,3 @@ class Store:
             )
             for r in rows
         ]
-
-
-class LockSession:
-    """Session-level advisory locks held on one dedicated connection.
-
-    A relay holds its partitions this way: if the relay dies, its connection ends and
-    Postgres releases the locks at once, so another relay can take the partitions over.
-    """
-
-    def __init__(self, conn: asyncpg.Connection) -> None:
-        self._conn = conn
-
-    @classmethod
-    async def connect(cls, dsn: str) -> "LockSession":
-        try:
-            return cls(await asyncpg.connect(dsn))
-        except (OSError, asyncpg.PostgresError) as exc:
-            raise Unavailable(f"Postgres unreachable for locks: {exc}") from exc
-
-    async def _value(self, name: str, *args: Any) -> Any:
-        try:
-            return await self._conn.fetchval(QUERIES[name], *args, timeout=LOCK_TIMEOUT_S)
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            raise Unavailable(f"lock connection failed during {name}: {exc}") from exc
-
-    async def try_lock(self, space: int, key: int) -> bool:
-        return bool(await self._value("lock_try", space, key))
-
-    async def unlock(self, space: int, key: int) -> None:
-        await self._value("lock_release", space, key)
-
-    async def holders(self, space: int) -> int:
-        """How many sessions hold some lock of `space` in this database."""
-        return int(await self._value("lock_holders", space))
-
-    async def close(self) -> None:
-        if not self._conn.is_closed():
-            try:
-                await self._conn.close(timeout=LOCK_TIMEOUT_S)
-            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
-                self._conn.terminate()

@@ -1,0 +1,33 @@
+"""The Postgres store: the only package that talks to asyncpg.
+
+Queries are named and live in `sql/queries.sql`; migrations are numbered files in
+`migrations/`, applied at start-up under an advisory lock. Every transition is one
+guarded statement: a method returns the changed run, or None / LostRace when the
+guard did not hold (another writer or a newer attempt got there first).
+"""
+
+from services.runtime.store.locks import LockSession
+from services.runtime.store.rows import (
+    EventBatch,
+    Run,
+    Segment,
+    SegmentCount,
+    StoredSegment,
+    parse_run_id,
+)
+from services.runtime.store.schema import QUERIES, load_queries, migrate
+from services.runtime.store.store import Store
+
+__all__ = [
+    "QUERIES",
+    "EventBatch",
+    "LockSession",
+    "Run",
+    "Segment",
+    "SegmentCount",
+    "Store",
+    "StoredSegment",
+    "load_queries",
+    "migrate",
+    "parse_run_id",
+]

@@ -1,0 +1,51 @@
+"""Session-level advisory locks on a connection of their own (relay partitions)."""
+
+from typing import Any
+
+import asyncpg
+
+from services.runtime.errors import Unavailable
+from services.runtime.store.schema import QUERIES
+
+LOCK_TIMEOUT_S = 5.0
+
+
+class LockSession:
+    """Session-level advisory locks held on one dedicated connection.
+
+    A relay holds its partitions this way: if the relay dies, its connection ends and
+    Postgres releases the locks at once, so another relay can take the partitions over.
+    """
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self._conn = conn
+
+    @classmethod
+    async def connect(cls, dsn: str) -> "LockSession":
+        try:
+            return cls(await asyncpg.connect(dsn))
+        except (OSError, asyncpg.PostgresError) as exc:
+            raise Unavailable(f"Postgres unreachable for locks: {exc}") from exc
+
+    async def _value(self, name: str, *args: Any) -> Any:
+        try:
+            return await self._conn.fetchval(QUERIES[name], *args, timeout=LOCK_TIMEOUT_S)
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise Unavailable(f"lock connection failed during {name}: {exc}") from exc
+
+    async def try_lock(self, space: int, key: int) -> bool:
+        return bool(await self._value("lock_try", space, key))
+
+    async def unlock(self, space: int, key: int) -> None:
+        await self._value("lock_release", space, key)
+
+    async def holders(self, space: int) -> int:
+        """How many sessions hold some lock of `space` in this database."""
+        return int(await self._value("lock_holders", space))
+
+    async def close(self) -> None:
+        if not self._conn.is_closed():
+            try:
+                await self._conn.close(timeout=LOCK_TIMEOUT_S)
+            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                self._conn.terminate()

@@ -1,0 +1,160 @@
+"""Rows as the services use them: a run, frame segments, run events to publish."""
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from contracts.errors import ErrorBody
+from contracts.replies import RunSummary
+from contracts.status import RunStatus
+
+
+def parse_run_id(run_id: str) -> uuid.UUID | None:
+    """A run id is a UUID; anything else names no run."""
+    try:
+        return uuid.UUID(run_id)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """A row of `runs`, as the services use it."""
+
+    run_id: str
+    tenant: str
+    request_id: str
+    session_id: str | None
+    multitask: str
+    runner: str
+    input: dict[str, Any]
+    metadata: dict[str, Any]
+    status: RunStatus
+    attempts: int
+    max_attempts: int
+    generation: int
+    attempt_timeout_ms: int
+    queue_timeout_ms: int | None
+    not_before: datetime
+    cancel_requested: bool
+    partial_text: str
+    checkpoint: Any
+    checkpoint_version: int
+    recoveries: int
+    last_seq: int
+    frame_count: int
+    frames_closed: bool
+    frames_expired: bool
+    job_ack: str | None
+    result: dict[str, Any] | None
+    error: dict[str, Any] | None
+    created_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
+    updated_at: datetime
+    # NULL while the run waits for its session (no job published yet).
+    job_published_at: datetime | None
+    # Order of acceptance: within a session, the order in which its runs start.
+    submit_seq: int
+    # The error a requested cancel closes the run with (CANCELED, SUPERSEDED).
+    cancel_error: dict[str, Any] | None
+
+    @classmethod
+    def from_record(cls, rec: asyncpg.Record) -> "Run":
+        return cls(
+            run_id=str(rec["run_id"]),
+            tenant=rec["tenant"],
+            request_id=rec["request_id"],
+            session_id=rec["session_id"],
+            multitask=rec["multitask"],
+            runner=rec["runner"],
+            input=rec["input"],
+            metadata=rec["metadata"],
+            status=RunStatus(rec["status"]),
+            attempts=rec["attempts"],
+            max_attempts=rec["max_attempts"],
+            generation=rec["generation"],
+            attempt_timeout_ms=rec["attempt_timeout_ms"],
+            queue_timeout_ms=rec["queue_timeout_ms"],
+            not_before=rec["not_before"],
+            cancel_requested=rec["cancel_requested"],
+            partial_text=rec["partial_text"],
+            checkpoint=rec["checkpoint"],
+            checkpoint_version=rec["checkpoint_version"],
+            recoveries=rec["recoveries"],
+            last_seq=rec["last_seq"],
+            frame_count=rec["frame_count"],
+            frames_closed=rec["frames_closed"],
+            frames_expired=rec["frames_expired_at"] is not None,
+            job_ack=rec["job_ack"],
+            result=rec["result"],
+            error=rec["error"],
+            created_at=rec["created_at"],
+            started_at=rec["started_at"],
+            ended_at=rec["ended_at"],
+            updated_at=rec["updated_at"],
+            job_published_at=rec["job_published_at"],
+            submit_seq=rec["submit_seq"],
+            cancel_error=rec["cancel_error"],
+        )
+
+    def summary(self) -> RunSummary:
+        """The run as the wire contract shows it."""
+        return RunSummary(
+            run_id=self.run_id,
+            tenant=self.tenant,
+            session_id=self.session_id,
+            request_id=self.request_id,
+            status=self.status,
+            attempts=self.attempts,
+            generation=self.generation,
+            created_at=self.created_at,
+            started_at=self.started_at,
+            ended_at=self.ended_at,
+            updated_at=self.updated_at,
+            last_seq=self.last_seq,
+            result=self.result,
+            error=ErrorBody.model_validate(self.error) if self.error else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """Frames of one run written by one relay flush, in seq order."""
+
+    run_id: str
+    first_seq: int
+    last_seq: int
+    last_stream_seq: int
+    frames: list[dict[str, Any]]
+    closed: bool
+
+
+@dataclass
+class EventBatch:
+    """Transitions to publish as run events, and the ids that were published."""
+
+    events: list[dict[str, Any]]
+    published: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentCount:
+    """A run's frame counters after a flush: complete when frame_count == last_seq."""
+
+    run_id: str
+    tenant: str
+    last_seq: int
+    frame_count: int
+    closed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StoredSegment:
+    first_seq: int
+    last_seq: int
+    last_stream_seq: int
+    frames: list[dict[str, Any]]

@@ -1,0 +1,64 @@
+"""The schema and its queries: named SQL loaded from `sql/queries.sql`, and numbered
+migrations from `migrations/`, applied at start-up under an advisory lock."""
+
+import json
+import logging
+import re
+from importlib import resources
+
+import asyncpg
+
+log = logging.getLogger(__name__)
+
+MIGRATION_LOCK_KEY = 7_240_113_001
+_NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+def load_queries(text: str) -> dict[str, str]:
+    """Split a `.sql` file into its named queries."""
+    parts = _NAME_LINE.split(text)
+    return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+
+
+QUERIES = load_queries(resources.files("services.runtime").joinpath("sql/queries.sql").read_text())
+
+
+async def init_connection(conn: asyncpg.Connection) -> None:
+    for json_type in ("json", "jsonb"):
+        await conn.set_type_codec(
+            json_type, encoder=json.dumps, decoder=json.loads, schema="pg_catalog"
+        )
+
+
+def _migrations() -> list[tuple[int, str, str]]:
+    folder = resources.files("services.runtime").joinpath("migrations")
+    found = []
+    for entry in folder.iterdir():
+        match = re.match(r"^(\d+)_\w+\.sql$", entry.name)
+        if match:
+            found.append((int(match.group(1)), entry.name, entry.read_text()))
+    return sorted(found)
+
+
+async def migrate(dsn: str) -> list[str]:
+    """Apply every migration not yet applied, under an advisory lock; return their names."""
+    conn = await asyncpg.connect(dsn)
+    applied: list[str] = []
+    try:
+        await conn.execute(QUERIES["migration_lock"], MIGRATION_LOCK_KEY)
+        try:
+            await conn.execute(QUERIES["migrations_table"])
+            done = {r["version"] for r in await conn.fetch(QUERIES["migrations_applied"])}
+            for version, name, sql in _migrations():
+                if version in done:
+                    continue
+                async with conn.transaction():
+                    await conn.execute(sql)
+                    await conn.execute(QUERIES["migration_done"], version, name)
+                applied.append(name)
+                log.info("applied migration %s", name)
+        finally:
+            await conn.execute(QUERIES["migration_unlock"], MIGRATION_LOCK_KEY)
+    finally:
+        await conn.close()
+    return applied
