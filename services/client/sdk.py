@@ -41,6 +41,11 @@ REJOIN_DELAY_S = 0.2
 LIVE_IDLE_S = 5.0
 
 
+async def _connection_error(exc: Exception) -> None:
+    # nats-py prints a traceback for every failed attempt by default; one line will do.
+    log.debug("NATS connection error: %s", exc)
+
+
 class ClientError(Exception):
     """A command answered with an error, or no service answered."""
 
@@ -84,7 +89,12 @@ class Client:
         """Connect to NATS; after the first connection, reconnect for as long as it takes."""
         try:
             nc = await asyncio.wait_for(
-                nats.connect(url, name="runwire-client", max_reconnect_attempts=-1),
+                nats.connect(
+                    url,
+                    name="runwire-client",
+                    max_reconnect_attempts=-1,
+                    error_cb=_connection_error,
+                ),
                 connect_timeout,
             )
         except (TimeoutError, OSError, nats.errors.Error) as exc:
