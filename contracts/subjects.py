@@ -52,8 +52,10 @@ class Subjects:
         """The tenant token of a command subject."""
         return subject.split(".")[1]
 
-    def job(self, tenant: str) -> str:
-        return f"{self.prefix}.jobs.{tenant}"
+    def job(self, run_id: str) -> str:
+        """A run's job: one subject per run, so that recovery can see whether it is there.
+        (Three tokens: no stream's subjects may overlap another's, whatever the tenant.)"""
+        return f"{self.prefix}.jobs.{run_id}"
 
     @property
     def jobs_wildcard(self) -> str:

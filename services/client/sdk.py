@@ -39,6 +39,8 @@ CONNECT_TIMEOUT_S = 5.0
 REJOIN_DELAY_S = 0.2
 # With no frame for this long, the client re-joins to check the run is still alive.
 LIVE_IDLE_S = 5.0
+# Frames held back waiting for an earlier one before the client joins again.
+EARLY_LIMIT = 256
 
 
 async def _connection_error(exc: Exception) -> None:
@@ -198,10 +200,18 @@ class Client:
                         return  # the caller already has every frame, `done` included
                     await asyncio.sleep(REJOIN_DELAY_S)
                 continue
+            # Frames are yielded strictly by seq: one stored out of order (a publish the
+            # relay retried) waits here for the frames before it.
+            early: dict[int, Frame] = {}
             async for frame in self._follow(
                 reply.live.subject, reply.live.stream, reply.live.stream_seq
             ):
                 if frame.seq > cursor:
+                    early[frame.seq] = frame
+                if len(early) > EARLY_LIMIT:
+                    break  # a frame is missing for good: join again from the cursor
+                while cursor + 1 in early:
+                    frame = early.pop(cursor + 1)
                     cursor = frame.seq
                     yield frame
                     if frame.type == FrameType.DONE:

@@ -18,7 +18,13 @@ from contracts.errors import ErrorBody, ErrorCode
 from contracts.frames import FrameType, RawFrame
 from services.executor.runners.base import AttemptClosed, AttemptContext, Runner, RunnerError
 from services.runtime.broker import Broker
-from services.runtime.errors import LostRace, RunwireError, Unavailable
+from services.runtime.errors import (
+    InvalidRequest,
+    LostRace,
+    PayloadTooLarge,
+    RunwireError,
+    Unavailable,
+)
 from services.runtime.settings import ExecutorSettings
 from services.runtime.store import Run, Store
 
@@ -106,6 +112,16 @@ class Attempt:
             data=data,
             at=datetime.now(UTC),
         )
+        try:
+            size = len(frame.model_dump_json())
+        except ValueError as exc:  # data that is not JSON
+            raise InvalidRequest(f"a {type.value} frame's data is not JSON: {exc}") from exc
+        if size > self._broker.max_frame_bytes:
+            # It could never be published: fail the attempt for good, not over and over.
+            raise PayloadTooLarge(
+                f"a {type.value} frame of {size} bytes is over the limit of "
+                f"{self._broker.max_frame_bytes} bytes"
+            )
         text = str(data.get("text", "")) if type == FrameType.MESSAGE else None
         self._pending.append((frame, text, asyncio.ensure_future(self._send(frame))))
         if self.closed or len(self._pending) >= PUBLISH_WINDOW:
@@ -245,7 +261,11 @@ class Attempt:
                     next_renewal = loop.time() + every
                     if self._on_heartbeat is not None:
                         await self._on_heartbeat()
-                    await self.sync()  # the text saved must be in the stream
+                    try:
+                        await self.sync()  # save as much text as is in the stream
+                    except Unavailable as exc:
+                        # Renew the lease anyway: the text saved is only what is stored.
+                        log.warning("frames not confirmed yet: %s", exc.message)
                     cancel = await self._store.heartbeat(
                         self.run.run_id,
                         self.generation,

@@ -66,6 +66,7 @@ class Executor:
         self.attempts: dict[str, Attempt] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._slot_freed = asyncio.Event()
+        self._draining = False
         self._settler = Settler(store, broker, settings, self.owner, random.Random())
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -110,6 +111,7 @@ class Executor:
         self._slot_freed.set()
 
     async def _drain(self) -> None:
+        self._draining = True
         if self.attempts:
             log.info("shutting down: returning %d attempts to the queue", len(self.attempts))
         for attempt in list(self.attempts.values()):
@@ -160,6 +162,10 @@ class Executor:
             owner=self.owner,
             on_heartbeat=msg.in_progress,
         )
+        if self._draining:
+            # Claimed while this executor is shutting down: hand it straight back.
+            await self._settler.settle(attempt, Outcome(abort=AbortReason.SHUTDOWN), msg)
+            return
         self.attempts[run.run_id] = attempt
         with bind(attempt=run.attempts, generation=run.generation):
             log.info("attempt started")
@@ -171,7 +177,9 @@ class Executor:
                     error=ErrorBody(code=exc.code, message=exc.message, retryable=True)
                 )
             finally:
-                self.attempts.pop(run.run_id, None)
+                # Only this attempt: a newer one of the same run may be registered now.
+                if self.attempts.get(run.run_id) is attempt:
+                    del self.attempts[run.run_id]
             await self._settler.settle(attempt, outcome, msg)
 
     async def _not_claimed(self, job: Job, msg: Msg) -> None:

@@ -1,11 +1,16 @@
 """The one place that maps an attempt's outcome to Postgres and to JetStream.
 
-finished → finish + `done` + ack; retryable error with attempts left → requeue with
-backoff + `error` frame + new job + ack; fatal or exhausted → fail + `error` + `done`
-+ term; canceled → cancel (with the error the canceller chose: CANCELED or
-SUPERSEDED) + `done` + ack; shutdown → release (not counted) + new job + ack; lease
-lost → ack only (the newer attempt owns the run). Then, for a run of a session, the
-next run of the session gets its job if its turn has come.
+- finished → finish + `done` + ack;
+- retryable error with attempts left → requeue with backoff + `error` frame + ack
+  (recovery publishes the job once due);
+- fatal or exhausted → fail + `error` + `done` + term;
+- canceled → cancel (with the error the canceller chose: CANCELED or SUPERSEDED)
+  + `done` + ack;
+- shutdown → release (not counted) + new job + ack;
+- lease lost → ack only (the newer attempt owns the run).
+
+A cancel that arrives while an attempt ends closes the run as canceled instead. Then,
+for a run of a session, the next run of the session gets its job if its turn has come.
 """
 
 import logging
@@ -99,7 +104,9 @@ class Settler:
             log.info("run canceled", extra=fields(attempt=run.attempts, code=code))
             return
         if outcome.abort == AbortReason.SHUTDOWN:
-            await self.store.release(run.run_id, gen, text, self.owner)
+            released = await self.store.release(run.run_id, gen, text, self.owner)
+            if await self._closed_by_cancel(attempt, released, msg):
+                return
             await self._queue(Job(run_id=run.run_id, tenant=run.tenant, generation=gen))
             await msg.ack()
             log.info("attempt returned to the queue for shutdown")
@@ -109,9 +116,12 @@ class Settler:
             delay = backoff_ms(
                 run.attempts, self.settings.retry_base_ms, self.settings.retry_max_ms, self.rng
             )
-            await self.store.requeue(run.run_id, gen, error, text, delay, self.owner)
+            requeued = await self.store.requeue(run.run_id, gen, error, text, delay, self.owner)
             await attempt.publish(FrameType.ERROR, error.model_dump(mode="json"))
-            await self._queue(Job(run_id=run.run_id, tenant=run.tenant, generation=gen))
+            if await self._closed_by_cancel(attempt, requeued, msg):
+                return
+            # No job yet: recovery publishes it once the backoff is over, so that it does
+            # not wait inside an executor holding a slot of the in-flight limit.
             await msg.ack()
             log.info(
                 "attempt failed; retrying",
@@ -125,6 +135,16 @@ class Settler:
         )
         await msg.term()
         log.info("run failed", extra=fields(attempt=run.attempts, code=error.code))
+
+    async def _closed_by_cancel(self, attempt: Attempt, run: Run, msg: Msg) -> bool:
+        """A cancel that arrived while the attempt was ending closed the run: say so."""
+        if run.status != RunStatus.CANCELED:
+            return False
+        code = (run.error or {}).get("code", ErrorCode.CANCELED.value)
+        await attempt.publish(FrameType.DONE, {"status": RunStatus.CANCELED.value, "code": code})
+        await msg.ack()
+        log.info("run canceled while its attempt ended", extra=fields(code=code))
+        return True
 
     async def _queue(self, job: Job) -> None:
         try:

@@ -6,6 +6,7 @@ recovery replicas can tick at once without acting twice on a run.
 """
 
 import logging
+import time
 from dataclasses import dataclass
 
 from contracts.errors import ErrorBody, ErrorCode
@@ -100,8 +101,12 @@ class Sweeper:
         for run_id, tenant, generation in await self.store.stale_queued(
             s.republish_after_ms, s.batch_size
         ):
+            # A job still waiting in the stream (a long queue) needs no copy; a lost one
+            # (stream deleted or purged, publish failed) is published again.
+            if await self.broker.job_queued(run_id):
+                continue
             report.republished += 1
-            await self._publish_job(run_id, tenant, generation)
+            await self._publish_job(run_id, tenant, generation, copy=f"r{time.time_ns()}")
         for run in await self.store.unclosed_terminal(s.close_grace_ms, s.batch_size):
             report.closed += 1
             await self._close(run)
@@ -122,9 +127,13 @@ class Sweeper:
         expired = await self.store.expire_frames(s.frame_retention.total_seconds(), s.batch_size)
         report.expired += len(expired)
 
-    async def _publish_job(self, run_id: str, tenant: str, generation: int) -> None:
+    async def _publish_job(
+        self, run_id: str, tenant: str, generation: int, *, copy: str = ""
+    ) -> None:
         try:
-            await self.broker.publish_job(Job(run_id=run_id, tenant=tenant, generation=generation))
+            await self.broker.publish_job(
+                Job(run_id=run_id, tenant=tenant, generation=generation), copy=copy
+            )
         except RunwireError as exc:
             log.warning("job of run %s not published, next tick retries: %s", run_id, exc.message)
 

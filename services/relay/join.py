@@ -10,11 +10,15 @@ import json
 from contracts.commands import JoinCommand
 from contracts.frames import Frame, FrameType
 from contracts.replies import JoinReply, LiveCursor
-from services.runtime.broker import HDR_FRAME_TYPE, Broker
+from services.runtime.broker import HDR_FRAME_TYPE, Broker, StoredMsg
 from services.runtime.commands import parse
 from services.runtime.errors import NotFound
 from services.runtime.settings import RelaySettings
 from services.runtime.store import Store
+
+
+def _frame(msg: StoredMsg) -> Frame:
+    return Frame.model_validate_json(msg.data)
 
 
 class Joiner:
@@ -39,6 +43,9 @@ class Joiner:
                 "frame retention ended; the run's summary and result are kept"
             )
 
+        # The reply must fit in one message, with the run summary (and its result) in it.
+        summary = len(run.summary().model_dump_json())
+        limit = min(self.settings.replay_max_bytes, self.broker.nc.max_payload - summary - 8192)
         replay: list[Frame] = []
         cursor = cmd.after
         size = 0
@@ -59,7 +66,7 @@ class Joiner:
                 closed = closed or frame.type == FrameType.DONE
                 size += len(json.dumps(body))
             read_from = segment.last_stream_seq + 1
-            if size >= self.settings.replay_max_bytes:
+            if size >= limit:
                 full = True
                 break
 
@@ -67,16 +74,15 @@ class Joiner:
         if last is not None:
             closed = closed or last.headers.get(HDR_FRAME_TYPE) == FrameType.DONE.value
             if last.stream_seq >= read_from:
-                for msg in await self.broker.read_subject(
-                    stream, subject, read_from, last.stream_seq
-                ):
-                    frame = Frame.model_validate_json(msg.data)
-                    if frame.seq <= cursor:
-                        continue
-                    replay.append(frame)
-                    cursor = frame.seq
-                    size += len(msg.data)
-                    if size >= self.settings.replay_max_bytes:
+                stored = await self.broker.read_subject(stream, subject, read_from, last.stream_seq)
+                # By seq, each once: a publish the relay retried may have been stored
+                # after a later frame.
+                frames = {f.seq: f for f in map(_frame, stored) if f.seq > cursor}
+                for seq in sorted(frames):
+                    replay.append(frames[seq])
+                    cursor = seq
+                    size += len(frames[seq].model_dump_json())
+                    if size >= limit:
                         full = True
                         break
             live_from = max(live_from, last.stream_seq + 1)

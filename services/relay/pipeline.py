@@ -144,7 +144,8 @@ class Pipeline:
             cursor = RunCursor(
                 seq=run.last_seq if run else 0, closed=bool(run and run.frames_closed)
             )
-        cursors[run_id] = cursor
+        if not cursor.closed:  # a closed run's late frames must not grow memory
+            cursors[run_id] = cursor
         return cursor
 
     async def _process(
@@ -193,6 +194,10 @@ class Pipeline:
             verdict = Verdict.KEEP
         if verdict == Verdict.DROP:
             await msg.ack()
+            if cursor.closed and raw.type == FrameType.DONE:
+                # Recovery sends closing frames again while Postgres lacks some of the
+                # run's frames (a relay died between its ack and its flush): repair.
+                await self._ensure_complete(raw.tenant, raw.run_id)
             return
         is_done = raw.type == FrameType.DONE
         frame = Frame(
@@ -291,7 +296,23 @@ class Pipeline:
                 return
             for count in counts:
                 if count.closed and count.frame_count < count.last_seq:
-                    await self._repair(count)
+                    try:
+                        await self._repair(count)
+                    except RunwireError as exc:
+                        # Recovery asks again later (unclosed_terminal): the run's frames
+                        # are still in the stream meanwhile.
+                        log.warning("segments of run %s not repaired: %s", count.run_id, exc)
+
+    async def _ensure_complete(self, tenant: str, run_id: str) -> None:
+        run = await self.store.get_run_by_id(run_id)
+        if run is None or run.frames_closed:
+            return
+        await self.flush()
+        await self._repair(SegmentCount(run_id, tenant, run.last_seq, run.frame_count, True))
+        run = await self.store.get_run_by_id(run_id)
+        if run is not None and not run.frames_closed:
+            log.error("frames of the run are missing from Postgres and from the stream")
+            await self.store.mark_frames_closed(run_id)
 
     async def _repair(self, count: SegmentCount) -> None:
         """Copy frames that never reached a segment (a flush lost to a crash or a failed
@@ -312,7 +333,9 @@ class Pipeline:
                 (Frame.model_validate_json(m.data), m.stream_seq)
                 for m in await self.broker.read_subject(stream, subject, 1, last.stream_seq)
             ]
-            missing = [(f, seq) for f, seq in missing if f.seq not in have]
+            # In seq order, each once (a retried publish may have been stored late).
+            by_seq = {f.seq: (f, seq) for f, seq in missing if f.seq not in have}
+            missing = [by_seq[k] for k in sorted(by_seq)]
             segments: list[Segment] = []
             for frame, stream_seq in missing:
                 body = frame.model_dump(mode="json")

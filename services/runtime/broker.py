@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 60.0
 PUBLISH_TIMEOUT_S = 5.0
 DUPLICATE_WINDOW_S = 120.0
+FRAME_HEADROOM_BYTES = 4096
+DECLARE_TRIES = 5
 EVENTS_MAX_AGE_S = 7 * 24 * 3600
 ERR_STREAM_FULL = 10077
 ERR_MSG_TOO_LARGE = 10054
@@ -133,6 +135,11 @@ class Broker:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
+    @property
+    def max_frame_bytes(self) -> int:
+        """The largest frame body that fits in a message, with room for the headers."""
+        return int(self.nc.max_payload) - FRAME_HEADROOM_BYTES
+
     async def close(self) -> None:
         """Flush what is pending and close. (A drain waits on pull subscriptions for
         its whole timeout, so services finish their own work first and then close.)"""
@@ -212,15 +219,21 @@ class Broker:
 
     async def _declare_stream(self, config: StreamConfig) -> None:
         assert config.name is not None
-        try:
-            await self.js.stream_info(config.name)
-        except nats.js.errors.NotFoundError:
+        # Several services declare the same streams as they start: create it, or update
+        # it if it exists; a race with another declaration is settled by trying again.
+        for attempt in range(DECLARE_TRIES):
             try:
-                await self.js.add_stream(config)
+                try:
+                    await self.js.stream_info(config.name)
+                except nats.js.errors.NotFoundError:
+                    await self.js.add_stream(config)
+                    return
+                await self.js.update_stream(config)
                 return
-            except nats.js.errors.BadRequestError:
-                pass  # another service created it between our two calls: update below
-        await self.js.update_stream(config)
+            except nats.js.errors.APIError:
+                if attempt == DECLARE_TRIES - 1:
+                    raise
+                await asyncio.sleep(0.05 * (attempt + 1))
 
     async def ensure_consumer(
         self,
@@ -277,12 +290,16 @@ class Broker:
             raise Unavailable(f"publish to {subject} failed: {exc}") from exc
         return int(ack.seq)
 
-    async def publish_job(self, job: Job) -> None:
-        """Queue an attempt; QueueFull when the jobs stream is at capacity."""
+    async def publish_job(self, job: Job, *, copy: str = "") -> None:
+        """Queue an attempt; QueueFull when the jobs stream is at capacity.
+
+        `copy` tells a re-publication of a job known to be gone from its first one, which
+        the stream would otherwise take for a repeat within its duplicate window."""
+        suffix = f":{copy}" if copy else ""
         await self._publish(
-            self.subjects.job(job.tenant),
+            self.subjects.job(job.run_id),
             job.model_dump_json().encode(),
-            f"run:{job.run_id}:{job.generation}",
+            f"run:{job.run_id}:{job.generation}{suffix}",
             self.subjects.jobs_stream,
         )
 
@@ -344,6 +361,11 @@ class Broker:
             raise Unavailable(f"reading {subject} failed: {exc}") from exc
         headers = {k: str(v) for k, v in (raw.headers or {}).items()}
         return StoredMsg(int(raw.seq or 0), headers, raw.data or b"")
+
+    async def job_queued(self, run_id: str) -> bool:
+        """Whether the jobs stream still holds a job of this run."""
+        last = await self.last_on_subject(self.subjects.jobs_stream, self.subjects.job(run_id))
+        return last is not None
 
     async def first_seq_on_subject(self, stream: str, subject: str) -> int | None:
         """Stream sequence of the oldest message still stored on a subject, if any."""

@@ -95,7 +95,20 @@ class CommandServer:
                 )
             )
         if msg.reply:
-            await self._broker.nc.publish(msg.reply, reply.model_dump_json().encode())
+            body = reply.model_dump_json().encode()
+            if len(body) > self._broker.nc.max_payload:
+                body = (
+                    ErrorReply(
+                        error=ErrorBody(
+                            code=ErrorCode.PAYLOAD_TOO_LARGE,
+                            message=f"the reply of {len(body)} bytes is over the message limit",
+                            retryable=False,
+                        )
+                    )
+                    .model_dump_json()
+                    .encode()
+                )
+            await self._broker.nc.publish(msg.reply, body)
 
     async def drain(self, timeout: float = 5.0) -> None:
         """Wait for commands in progress to reply."""

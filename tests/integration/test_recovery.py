@@ -126,3 +126,48 @@ async def test_two_recovery_replicas_act_once_on_each_run(no_executor: InProcess
     timeline = await stack.store.timeline()
     recovered = [e["run_id"] for e in timeline if e["event"] == "recovering"]
     assert sorted(recovered) == sorted(ids)  # each death recovered exactly once
+
+
+@pytest.mark.parametrize("ending", ["retry", "shutdown"])
+async def test_a_cancel_that_lands_while_an_attempt_ends_closes_the_run(
+    no_executor: InProcessStack, ending: str
+) -> None:
+    stack = no_executor
+    reply = await stack.client.submit({"tokens": ["x"]})
+    run_id = reply.run.run_id
+    claimed = await _vanishing_claim(stack, run_id, 0)
+    await stack.client.cancel(run_id)  # the run is still running: only flagged
+
+    # The attempt ends right after (it had failed, or its executor is shutting down).
+    error = ErrorBody(code=ErrorCode.RUNNER_ERROR, message="boom", retryable=True)
+    if ending == "retry":
+        ended = await stack.store.requeue(run_id, claimed.generation, error, "", 10, "test")
+    else:
+        ended = await stack.store.release(run_id, claimed.generation, "", "test")
+
+    assert ended.status == RunStatus.CANCELED
+    assert ended.error is not None
+    assert ended.error["code"] == "CANCELED"
+    # Recovery closes it for clients too (the executor would have sent `done` itself).
+    frames, _ = await collect(stack.client, run_id)
+    assert frames[-1].data == {"status": "canceled", "code": "CANCELED"}
+
+
+async def test_jobs_purged_from_the_stream_are_published_again(
+    infra: TestInfra, db_url: str, prefix: str
+) -> None:
+    # Re-published within the stream's duplicate window, where a plain repeat of the
+    # message id would be dropped as a duplicate.
+    stack = InProcessStack(infra.nats_url, db_url, prefix, overrides={"republish_after_ms": 300})
+    await stack.start(executors=0)
+    try:
+        ids = [(await stack.client.submit({"tokens": [f"p{i}"]})).run.run_id for i in range(3)]
+        js = stack.client.nc.jetstream()
+        await js.purge_stream(stack.client.subjects.jobs_stream)
+
+        stack.start_executor()
+        for i, run_id in enumerate(ids):
+            _, transcript = await collect(stack.client, run_id, timeout=20)
+            assert transcript.text == f"p{i}"
+    finally:
+        await stack.close()

@@ -110,33 +110,45 @@ WITH upd AS (
 SELECT * FROM upd;
 
 -- name: requeue_run
--- A retryable failure with attempts left: back to the queue after a delay.
+-- A retryable failure with attempts left: back to the queue after a delay. Its job is
+-- published by recovery once due (a job that waits in an executor would hold a slot of
+-- the global in-flight limit). A cancel that arrived meanwhile closes the run instead.
 WITH upd AS (
     UPDATE runs
-       SET status = 'queued', error = $3, partial_text = $4,
+       SET status = CASE WHEN cancel_requested THEN 'canceled'::run_status
+                         ELSE 'queued'::run_status END,
+           error = CASE WHEN cancel_requested THEN coalesce(cancel_error, $7) ELSE $3 END,
+           ended_at = CASE WHEN cancel_requested THEN now() END,
+           partial_text = $4,
            not_before = now() + make_interval(secs => $5 / 1000.0),
            lease_owner = NULL, lease_expires_at = NULL,
-           job_published_at = now(), updated_at = now()
+           job_published_at = NULL, updated_at = now()
      WHERE run_id = $1 AND generation = $2 AND status = 'running'
     RETURNING *
 ), ev AS (
     INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)
-    SELECT run_id, 'retry', status, attempts, $6, $3->>'code', $3->>'message' FROM upd
+    SELECT run_id, CASE WHEN status = 'canceled' THEN 'canceled' ELSE 'retry' END, status,
+           attempts, $6, error->>'code', error->>'message' FROM upd
 )
 SELECT * FROM upd;
-
 -- name: release_run
--- Shutdown: the attempt goes back to the queue and is not counted.
+-- Shutdown: the attempt goes back to the queue and is not counted (or, when a cancel
+-- arrived meanwhile, the run is closed as canceled).
 WITH upd AS (
     UPDATE runs
-       SET status = 'queued', attempts = attempts - 1, partial_text = $3,
+       SET status = CASE WHEN cancel_requested THEN 'canceled'::run_status
+                         ELSE 'queued'::run_status END,
+           error = CASE WHEN cancel_requested THEN coalesce(cancel_error, $5) ELSE error END,
+           ended_at = CASE WHEN cancel_requested THEN now() END,
+           attempts = attempts - 1, partial_text = $3,
            not_before = now(), lease_owner = NULL, lease_expires_at = NULL,
            job_published_at = now(), updated_at = now()
      WHERE run_id = $1 AND generation = $2 AND status = 'running'
     RETURNING *
 ), ev AS (
-    INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
-    SELECT run_id, 'released', status, attempts, $4, 'executor shutting down' FROM upd
+    INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)
+    SELECT run_id, CASE WHEN status = 'canceled' THEN 'canceled' ELSE 'released' END, status,
+           attempts, $4, error->>'code', 'executor shutting down' FROM upd
 )
 SELECT * FROM upd;
 
@@ -186,12 +198,12 @@ WITH upd AS (
 SELECT * FROM upd ORDER BY submit_seq;
 
 -- name: release_session
--- Queued runs that waited for their session and whose turn has come (nothing earlier in
--- the session holds it any more): mark their job published, for the caller to publish.
+-- Queued runs without a job whose turn has come (a retry that is due, a run whose
+-- session is free): mark their job published, for the caller to publish.
 -- $1/$2 narrow it to one session; NULL, NULL looks at every session (recovery).
 WITH due AS (
     SELECT run_id FROM runs
-     WHERE status = 'queued' AND job_published_at IS NULL
+     WHERE status = 'queued' AND job_published_at IS NULL AND not_before <= now()
        AND ($1::text IS NULL OR (tenant = $1 AND session_id = $2::text))
        AND NOT session_blocked(tenant, session_id, submit_seq)
      ORDER BY submit_seq
@@ -205,7 +217,8 @@ WITH due AS (
     RETURNING r.*
 ), ev AS (
     INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
-    SELECT run_id, 'session_turn', status, attempts, $4, 'the earlier runs of its session ended'
+    SELECT run_id, CASE WHEN session_id IS NULL THEN 'due' ELSE 'session_turn' END, status,
+           attempts, $4, 'its retry is due, and no earlier run of its session is active'
       FROM upd
 )
 SELECT * FROM upd ORDER BY submit_seq;
@@ -326,13 +339,15 @@ WITH ins AS (
         ON u.run_id = i.run_id AND u.last_seq = i.last_seq
      GROUP BY i.run_id
 )
+-- A run's frames are closed once `done` was written and no frame is missing.
 UPDATE runs r
    SET last_seq = GREATEST(r.last_seq, p.last_seq),
        frame_count = r.frame_count + p.n,
-       frames_closed = r.frames_closed OR p.closed
+       frames_closed = r.frames_closed
+           OR (p.closed AND r.frame_count + p.n >= GREATEST(r.last_seq, p.last_seq))
   FROM per_run p
  WHERE r.run_id = p.run_id
-RETURNING r.run_id, r.tenant, r.last_seq, r.frame_count, r.frames_closed;
+RETURNING r.run_id, r.tenant, r.last_seq, r.frame_count, p.closed AS done_written;
 
 -- name: segments_after
 SELECT first_seq, last_seq, last_stream_seq, frames FROM frame_segments
@@ -432,3 +447,7 @@ SELECT version FROM schema_migrations;
 
 -- name: migration_done
 INSERT INTO schema_migrations (version, name) VALUES ($1, $2);
+
+-- name: mark_frames_closed
+-- A run whose missing frames can no longer be found: stop asking for its closing frames.
+UPDATE runs SET frames_closed = true WHERE run_id = $1;

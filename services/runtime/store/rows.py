@@ -143,7 +143,9 @@ class EventBatch:
 
 @dataclass(frozen=True, slots=True)
 class SegmentCount:
-    """A run's frame counters after a flush: complete when frame_count == last_seq."""
+    """A run's frame counters after a flush: complete when frame_count == last_seq.
+
+    `closed` says the flush wrote the run's `done`."""
 
     run_id: str
     tenant: str

@@ -34,6 +34,7 @@ from services.runtime.store.schema import QUERIES, init_connection, migrate
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 60.0
+CANCELED_BODY = {"code": "CANCELED", "message": "canceled by request", "retryable": False}
 
 
 class Store:
@@ -150,6 +151,9 @@ class Store:
             raise Unavailable(f"Postgres unavailable during the event outbox: {exc}") from exc
         except asyncpg.PostgresError as exc:
             raise StoreError(f"event outbox failed: {exc}") from exc
+
+    async def mark_frames_closed(self, run_id: str) -> None:
+        await self._fetch("mark_frames_closed", uuid.UUID(run_id))
 
     async def ping(self) -> None:
         """Raise Unavailable unless Postgres answers."""
@@ -331,6 +335,8 @@ class Store:
         delay_ms: int,
         actor: str,
     ) -> Run:
+        """Back to the queue after `delay_ms` (its job is published once due), or
+        canceled if a cancel arrived while the attempt was ending."""
         return await self._transition(
             "requeue_run",
             run_id,
@@ -339,10 +345,14 @@ class Store:
             partial_text,
             delay_ms,
             actor,
+            CANCELED_BODY,
         )
 
     async def release(self, run_id: str, generation: int, partial_text: str, actor: str) -> Run:
-        return await self._transition("release_run", run_id, generation, partial_text, actor)
+        """Back to the queue, not counted (shutdown), or canceled if one was asked."""
+        return await self._transition(
+            "release_run", run_id, generation, partial_text, actor, CANCELED_BODY
+        )
 
     # -- recovery ----------------------------------------------------------------
     async def expire_leases(
@@ -407,7 +417,7 @@ class Store:
         )
         return [
             SegmentCount(
-                str(r["run_id"]), r["tenant"], r["last_seq"], r["frame_count"], r["frames_closed"]
+                str(r["run_id"]), r["tenant"], r["last_seq"], r["frame_count"], r["done_written"]
             )
             for r in rows
         ]
