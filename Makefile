@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_WORKERS ?= 2
 
-.PHONY: install run up down logs status test test-soak lint typecheck unit integration chaos schemas bench clean
+.PHONY: install run up down logs status test test-soak lint typecheck unit integration chaos schemas docs bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,10 @@ test-soak: $(STAMP)
 ## Write the JSON Schema of every wire model to contracts/schema/.
 schemas: $(STAMP)
 	$(BIN)/python -m contracts.schemas
+
+## Write the AsyncAPI document of every subject to docs/asyncapi.json and docs/asyncapi.html.
+docs: $(STAMP)
+	$(BIN)/python -m contracts.asyncapi
 
 ## Benchmarks (issue 7) in their own virtualenv with the peers (DBOS, pgqueuer):
 ## quick by default, `make bench BENCH_FULL=1` for larger N. Writes bench/results/.

@@ -1,4 +1,4 @@
-"""The `runwire` command: submit runs, watch their frames, get and cancel them.
+"""The `runwire` command: submit runs, watch their frames, get and cancel them, and `top`.
 
 It finds the stack from `--nats-url`, `RUNWIRE_NATS_URL`, or the `.runwire/env` file
 that `make up` writes.
@@ -13,6 +13,7 @@ from typing import Any
 from contracts.frames import Frame, FrameType
 from services.client.sdk import Client, ClientError, Transcript
 from services.client.settings import load_settings
+from services.client.top import run_top
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -49,6 +50,9 @@ def _parser() -> argparse.ArgumentParser:
 
     events = sub.add_parser("events", help="follow every run transition of the tenant, live")
     events.add_argument("--run", dest="run_id", default="*", help="only this run")
+
+    top = sub.add_parser("top", help="live view: queue, executors, throughput, recent runs")
+    top.add_argument("--once", action="store_true", help="print one snapshot as text and exit")
     return parser
 
 
@@ -134,6 +138,9 @@ async def _main(args: argparse.Namespace) -> int:
                     f" (attempt {event.attempt}){code}",
                     flush=True,
                 )
+            return 0
+        if args.command == "top":
+            await run_top(client.nc, tenant=tenant, prefix=settings.prefix, once=args.once)
             return 0
         if args.command == "cancel":
             run = await client.cancel(args.run_id)

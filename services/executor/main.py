@@ -5,6 +5,7 @@ import logging
 import os
 import random
 import socket
+import time
 import uuid
 from datetime import UTC, datetime
 
@@ -26,6 +27,7 @@ from services.runtime.errors import RunwireError
 from services.runtime.health import serve_health
 from services.runtime.lifecycle import run_service
 from services.runtime.logs import bind, fields
+from services.runtime.metrics import ATTEMPT_DURATION, ATTEMPTS_IN_FLIGHT
 from services.runtime.settings import ExecutorSettings
 from services.runtime.store import Store
 
@@ -169,6 +171,8 @@ class Executor:
         self.attempts[run.run_id] = attempt
         with bind(attempt=run.attempts, generation=run.generation):
             log.info("attempt started")
+            ATTEMPTS_IN_FLIGHT.inc()
+            started = time.monotonic()
             try:
                 outcome = await attempt.execute()
             except RunwireError as exc:
@@ -177,6 +181,8 @@ class Executor:
                     error=ErrorBody(code=exc.code, message=exc.message, retryable=True)
                 )
             finally:
+                ATTEMPTS_IN_FLIGHT.dec()
+                ATTEMPT_DURATION.observe(time.monotonic() - started)
                 # Only this attempt: a newer one of the same run may be registered now.
                 if self.attempts.get(run.run_id) is attempt:
                     del self.attempts[run.run_id]

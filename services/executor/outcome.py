@@ -26,6 +26,7 @@ from services.executor.attempt import AbortReason, Attempt, Outcome
 from services.runtime.broker import Broker
 from services.runtime.errors import LostRace, RunwireError
 from services.runtime.logs import fields
+from services.runtime.metrics import ATTEMPT_OUTCOMES, RETRIES
 from services.runtime.settings import ExecutorSettings
 from services.runtime.store import Run, Store
 
@@ -89,10 +90,12 @@ class Settler:
             )
             await attempt.publish(FrameType.DONE, {"status": RunStatus.FINISHED.value})
             await msg.ack()
+            ATTEMPT_OUTCOMES.labels("finished", "none").inc()
             log.info("run finished", extra=fields(attempt=run.attempts))
             return
         if outcome.abort == AbortReason.LOST:
             await msg.ack()
+            ATTEMPT_OUTCOMES.labels("lost", "none").inc()
             return
         if outcome.abort == AbortReason.CANCEL:
             closed = await self.store.cancel_attempt(run.run_id, gen, CANCELED, text, self.owner)
@@ -101,6 +104,7 @@ class Settler:
                 FrameType.DONE, {"status": RunStatus.CANCELED.value, "code": code}
             )
             await msg.ack()
+            ATTEMPT_OUTCOMES.labels("canceled", code).inc()
             log.info("run canceled", extra=fields(attempt=run.attempts, code=code))
             return
         if outcome.abort == AbortReason.SHUTDOWN:
@@ -109,6 +113,7 @@ class Settler:
                 return
             await self._queue(Job(run_id=run.run_id, tenant=run.tenant, generation=gen))
             await msg.ack()
+            ATTEMPT_OUTCOMES.labels("released", "none").inc()
             log.info("attempt returned to the queue for shutdown")
             return
         error = outcome.error or timeout_error(run.attempt_timeout_ms)
@@ -123,6 +128,8 @@ class Settler:
             # No job yet: recovery publishes it once the backoff is over, so that it does
             # not wait inside an executor holding a slot of the in-flight limit.
             await msg.ack()
+            ATTEMPT_OUTCOMES.labels("retry", error.code.value).inc()
+            RETRIES.labels(error.code.value).inc()
             log.info(
                 "attempt failed; retrying",
                 extra=fields(attempt=run.attempts, code=error.code, delay_ms=delay),
@@ -134,6 +141,7 @@ class Settler:
             FrameType.DONE, {"status": RunStatus.FAILED.value, "code": error.code.value}
         )
         await msg.term()
+        ATTEMPT_OUTCOMES.labels("failed", error.code.value).inc()
         log.info("run failed", extra=fields(attempt=run.attempts, code=error.code))
 
     async def _closed_by_cancel(self, attempt: Attempt, run: Run, msg: Msg) -> bool:
@@ -143,6 +151,7 @@ class Settler:
         code = (run.error or {}).get("code", ErrorCode.CANCELED.value)
         await attempt.publish(FrameType.DONE, {"status": RunStatus.CANCELED.value, "code": code})
         await msg.ack()
+        ATTEMPT_OUTCOMES.labels("canceled", code).inc()
         log.info("run canceled while its attempt ended", extra=fields(code=code))
         return True
 

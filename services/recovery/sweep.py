@@ -16,6 +16,8 @@ from services.runtime.broker import Broker
 from services.runtime.closing import INTERRUPTED_MESSAGE, publish_closing
 from services.runtime.errors import RunwireError
 from services.runtime.logs import bind
+from services.runtime.metrics import INTERRUPTED as INTERRUPTED_RUNS
+from services.runtime.metrics import QUEUE, RECOVERIES
 from services.runtime.settings import RecoverySettings
 from services.runtime.store import Run, Store
 
@@ -75,6 +77,7 @@ class Sweeper:
                     await self.broker.notify(run.job_ack, b"+TERM")
                 if run.status == RunStatus.INTERRUPTED:
                     report.interrupted += 1
+                    INTERRUPTED_RUNS.inc()
                     log.warning("run interrupted: no progress after repeated recoveries")
                     await self._close(run)
                 elif run.status == RunStatus.CANCELED:
@@ -83,6 +86,7 @@ class Sweeper:
                     await self._close(run)
                 else:
                     report.recovering += 1
+                    RECOVERIES.inc()
                     log.info("lease expired; run recovering")
                     await self._publish_job(run.run_id, run.tenant, run.generation)
         for run in await self.store.expire_queue(
@@ -111,6 +115,8 @@ class Sweeper:
             report.closed += 1
             await self._close(run)
         await self._retention(report)
+        # Measured after the tick's changes, so the gauges show what is left waiting.
+        QUEUE.update(await self.store.queue_stats())
         return report
 
     async def _retention(self, report: TickReport) -> None:

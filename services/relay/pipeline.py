@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from nats.aio.msg import Msg
@@ -31,6 +32,7 @@ from services.runtime.broker import (
 from services.runtime.consumer import DurablePull
 from services.runtime.errors import RunwireError
 from services.runtime.logs import bind
+from services.runtime.metrics import FRAMES_RELAYED, RELAY_LAG
 from services.runtime.settings import RelaySettings
 from services.runtime.store import Segment, SegmentCount, Store
 
@@ -230,6 +232,8 @@ class Pipeline:
                     await pending.msg.nak(delay=0.5)
                     continue
                 is_done = pending.raw.type == FrameType.DONE
+                FRAMES_RELAYED.inc()
+                RELAY_LAG.observe(max(0.0, (datetime.now(UTC) - pending.frame.at).total_seconds()))
                 self._buffer(pending.frame, stream_seq, is_done)
                 await pending.msg.ack()
                 urgent = urgent or pending.raw.type in URGENT_FRAME_TYPES

@@ -8,6 +8,7 @@ answered as UNAVAILABLE (retryable).
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -19,6 +20,7 @@ from contracts.subjects import valid_tenant
 from services.runtime.broker import Broker
 from services.runtime.errors import InvalidRequest, NotFound, PayloadTooLarge, RunwireError
 from services.runtime.logs import fields
+from services.runtime.metrics import COMMAND_DURATION
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +77,7 @@ class CommandServer:
         await self._broker.subscribe(subject, on_msg, queue=self._queue)
 
     async def _answer(self, name: str, msg: Msg, handler: Handler) -> None:
+        started = time.monotonic()
         tenant = self._broker.subjects.tenant_of_command(msg.subject)
         reply: BaseModel
         try:
@@ -109,6 +112,7 @@ class CommandServer:
                     .encode()
                 )
             await self._broker.nc.publish(msg.reply, body)
+        COMMAND_DURATION.labels(name).observe(time.monotonic() - started)
 
     async def drain(self, timeout: float = 5.0) -> None:
         """Wait for commands in progress to reply."""

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 
 from services.runtime import logs
 from services.runtime.errors import Unavailable
+from services.runtime.metrics import serve_metrics
 from services.runtime.settings import CommonSettings
 
 log = logging.getLogger(__name__)
@@ -19,6 +20,7 @@ def run_service(
 ) -> None:
     """Run `main(stop)` until SIGTERM or SIGINT sets `stop`; exit 1 if it cannot start."""
     logs.setup(name, settings.log_level, settings.log_format)
+    serve_metrics(settings.metrics_port)
 
     async def runner() -> None:
         stop = asyncio.Event()

@@ -56,6 +56,8 @@ class CommonSettings(BaseSettings):
     # 3 on a JetStream cluster of three servers; every service declares the same value.
     stream_replicas: int = Field(default=1, ge=1, le=5)
     db_pool_size: int = Field(default=10, ge=1, le=100)
+    # Port of the Prometheus `/metrics` endpoint; 0 serves none.
+    metrics_port: int = Field(default=0, ge=0, le=65535)
 
 
 class SubmitterSettings(CommonSettings):

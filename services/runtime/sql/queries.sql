@@ -312,6 +312,14 @@ SELECT * FROM runs
  ORDER BY ended_at
  LIMIT $2;
 
+-- name: queue_stats
+-- Per tenant: runs waiting for an attempt, and the age of the oldest (since its submit).
+SELECT tenant, count(*) AS depth,
+       extract(epoch FROM now() - min(created_at))::float8 AS oldest_age_s
+  FROM runs
+ WHERE status IN ('queued', 'recovering')
+ GROUP BY tenant;
+
 -- name: session_active
 SELECT run_id FROM runs
  WHERE tenant = $1 AND session_id = $2 AND status IN ('queued', 'running', 'recovering')

@@ -381,6 +381,11 @@ class Store:
         rows = await self._fetch("stale_queued", after_ms, limit)
         return [(str(r["run_id"]), r["tenant"], r["generation"]) for r in rows]
 
+    async def queue_stats(self) -> list[tuple[str, int, float]]:
+        """Per tenant: (tenant, runs waiting for an attempt, oldest one's age in seconds)."""
+        rows = await self._fetch("queue_stats")
+        return [(r["tenant"], r["depth"], r["oldest_age_s"]) for r in rows]
+
     async def expire_queue(self, *, limit: int, error: ErrorBody, actor: str) -> list[Run]:
         rows = await self._fetch("expire_queue", limit, error.model_dump(mode="json"), actor)
         return [Run.from_record(r) for r in rows]

@@ -1,0 +1,133 @@
+"""Prometheus metrics of every service, served on `/metrics` when `metrics_port` is set.
+
+One registry per process (not the library's global one, so nothing else registers into
+it by accident). Several services may run in one process (the in-process test stack):
+they share these objects, and the HTTP endpoint is started at most once per port.
+Each service only moves its own metrics, so the others stay at zero in its process.
+"""
+
+import logging
+import threading
+from collections.abc import Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+
+REGISTRY = CollectorRegistry()
+
+# Attempts run from milliseconds (scripted) to many minutes (real agents).
+ATTEMPT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class QueueCollector(Collector):
+    """Queue depth and oldest waiting age per tenant, as last measured by recovery.
+
+    A snapshot replaced whole on each measure, so a tenant whose queue emptied
+    disappears instead of keeping its last value.
+    """
+
+    def __init__(self) -> None:
+        self._snapshot: list[tuple[str, int, float]] = []
+
+    def update(self, rows: Iterable[tuple[str, int, float]]) -> None:
+        self._snapshot = list(rows)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        snapshot = self._snapshot
+        depth = GaugeMetricFamily(
+            "runwire_queue_depth",
+            "Runs waiting for an attempt (queued or recovering), per tenant.",
+            labels=["tenant"],
+        )
+        age = GaugeMetricFamily(
+            "runwire_queue_oldest_age_seconds",
+            "Seconds since the oldest run waiting for an attempt was submitted, per tenant.",
+            labels=["tenant"],
+        )
+        for tenant, count, oldest_s in snapshot:
+            depth.add_metric([tenant], count)
+            age.add_metric([tenant], oldest_s)
+        yield depth
+        yield age
+
+
+QUEUE = QueueCollector()
+REGISTRY.register(QUEUE)
+
+# -- executor ------------------------------------------------------------------
+ATTEMPTS_IN_FLIGHT = Gauge(
+    "runwire_attempts_in_flight",
+    "Attempts running in this executor now.",
+    registry=REGISTRY,
+)
+ATTEMPT_DURATION = Histogram(
+    "runwire_attempt_duration_seconds",
+    "Wall time of an attempt, from its start to its outcome.",
+    buckets=ATTEMPT_BUCKETS,
+    registry=REGISTRY,
+)
+ATTEMPT_OUTCOMES = Counter(
+    "runwire_attempt_outcomes_total",
+    "Attempts ended, by outcome (finished, retry, failed, canceled, released, lost) and "
+    "error code (none when finished).",
+    ["outcome", "code"],
+    registry=REGISTRY,
+)
+RETRIES = Counter(
+    "runwire_retries_total",
+    "Attempts that failed and were requeued for another attempt, by error code.",
+    ["code"],
+    registry=REGISTRY,
+)
+
+# -- recovery ------------------------------------------------------------------
+RECOVERIES = Counter(
+    "runwire_recoveries_total",
+    "Runs whose lease expired and that were put back in the queue by recovery.",
+    registry=REGISTRY,
+)
+INTERRUPTED = Counter(
+    "runwire_interrupted_runs_total",
+    "Runs closed as interrupted after too many recoveries without progress.",
+    registry=REGISTRY,
+)
+
+# -- relay ---------------------------------------------------------------------
+FRAMES_RELAYED = Counter(
+    "runwire_frames_relayed_total",
+    "Frames published to clients by the relay (rate() gives frames per second).",
+    registry=REGISTRY,
+)
+RELAY_LAG = Histogram(
+    "runwire_relay_lag_seconds",
+    "Seconds from a frame's creation (its `at`) to its publication by the relay.",
+    buckets=LAG_BUCKETS,
+    registry=REGISTRY,
+)
+
+# -- commands ------------------------------------------------------------------
+COMMAND_DURATION = Histogram(
+    "runwire_command_duration_seconds",
+    "Time to answer a request/reply command, by command name.",
+    ["command"],
+    registry=REGISTRY,
+)
+
+_served: set[int] = set()
+_served_lock = threading.Lock()
+
+
+def serve_metrics(port: int) -> None:
+    """Serve `/metrics` on `port` in a daemon thread (once per port; 0 serves nothing)."""
+    if port == 0:
+        return
+    with _served_lock:
+        if port in _served:
+            return
+        start_http_server(port, registry=REGISTRY)
+        _served.add(port)
+    log.info("metrics served on port %d", port)

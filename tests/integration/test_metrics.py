@@ -1,0 +1,117 @@
+"""Each service, as a real process, serves Prometheus metrics that show what a test did."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from contracts.status import RunStatus
+from infra.embedded import find_free_port
+from services.client import Client
+from tests.services import ServiceProcess, process_env, wait_ready
+from tests.support import eventually
+
+pytestmark = pytest.mark.integration
+
+MODULES = {
+    "submitter": "services.submitter",
+    "executor": "services.executor",
+    "relay": "services.relay",
+    "recovery": "services.recovery",
+}
+# Long enough to still be running when the test looks; the test stops it at the end.
+LONG_RUN = {"tokens": [f"t{i} " for i in range(400)], "token_delay_ms": 50}
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(port: int) -> Samples:
+    """Every sample of a `/metrics` page, by name and sorted labels."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+@pytest.fixture
+async def services(
+    service_env: dict[str, str], tmp_path: Path
+) -> AsyncIterator[tuple[dict[str, int], Client]]:
+    """The four services as processes, each serving metrics on a port of its own; the
+    executor runs one attempt at a time, so a second run waits in the queue."""
+    ports = {name: find_free_port() for name in MODULES}
+    procs = [
+        ServiceProcess(
+            name,
+            module,
+            process_env(
+                service_env,
+                metrics_port=ports[name],
+                **({"max_in_flight": 1} if name == "executor" else {}),
+            ),
+            tmp_path,
+        ).start()
+        for name, module in MODULES.items()
+    ]
+    client = await Client.connect(
+        service_env["RUNWIRE_NATS_URL"], prefix=service_env["RUNWIRE_PREFIX"]
+    )
+    try:
+        await wait_ready(client)
+        yield ports, client
+    finally:
+        await client.close()
+        for proc in procs:
+            proc.stop()
+
+
+async def test_metrics_show_queue_depth_and_attempts_in_flight(
+    services: tuple[dict[str, int], Client],
+) -> None:
+    ports, client = services
+    running = (await client.submit(LONG_RUN)).run
+    tenant = running.tenant
+
+    async def started() -> bool:
+        return (await client.get(running.run_id)).status == RunStatus.RUNNING
+
+    await eventually(started, timeout=15)
+    waiting = (await client.submit({"tokens": ["later"]})).run
+    assert waiting.status == RunStatus.QUEUED
+
+    async def metrics(name: str) -> Samples:
+        return await asyncio.to_thread(scrape, ports[name])
+
+    async def recovery_sees_one_waiting() -> Samples:
+        samples = await metrics("recovery")
+        assert samples.get(("runwire_queue_depth", (("tenant", tenant),))) == 1
+        return samples
+
+    samples = await eventually(recovery_sees_one_waiting, timeout=10)
+    assert samples[("runwire_queue_oldest_age_seconds", (("tenant", tenant),))] >= 0
+
+    async def one_in_flight() -> bool:
+        executor = await metrics("executor")
+        return executor.get(("runwire_attempts_in_flight", ())) == 1
+
+    await eventually(one_in_flight, timeout=5)
+
+    async def relayed() -> Samples:
+        samples = await metrics("relay")
+        assert samples.get(("runwire_frames_relayed_total", ()), 0) > 0
+        return samples
+
+    relay = await eventually(relayed, timeout=10)
+    assert relay[("runwire_relay_lag_seconds_count", ())] > 0
+
+    submitter = await metrics("submitter")
+    assert submitter[("runwire_command_duration_seconds_count", (("command", "submit"),))] == 2
+    assert submitter[("runwire_command_duration_seconds_count", (("command", "get"),))] >= 1
