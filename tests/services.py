@@ -251,3 +251,48 @@ def max_running(timeline: list[dict[str, Any]]) -> int:
             running.discard(event["run_id"])
         peak = max(peak, len(running))
     return peak
+
+
+MODULES = {
+    "submitter": "services.submitter",
+    "executor": "services.executor",
+    "relay": "services.relay",
+    "recovery": "services.recovery",
+}
+
+
+class ProcessStack:
+    """Named service processes sharing one test's database and prefix."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+        self.env = env
+        self.log_dir = log_dir
+        self.procs: dict[str, ServiceProcess] = {}
+        self.client: Client
+        self.store: Store
+
+    def start(self, name: str, kind: str | None = None, **settings: Any) -> ServiceProcess:
+        """Start service `kind` (default: the name without a suffix) as process `name`."""
+        module = MODULES[kind or name.split("-")[0]]
+        extra = {"executor_id": name} if module == MODULES["executor"] else {}
+        proc = ServiceProcess(
+            name, module, process_env(self.env, **extra, **settings), self.log_dir
+        )
+        self.procs[name] = proc.start()
+        return proc
+
+    async def open(self) -> None:
+        self.client = await Client.connect(
+            self.env["RUNWIRE_NATS_URL"], prefix=self.env["RUNWIRE_PREFIX"]
+        )
+        self.store = await Store.connect(self.env["RUNWIRE_DATABASE_URL"], pool_size=2)
+        await wait_ready(self.client)
+
+    async def close(self) -> None:
+        await self.client.close()
+        await self.store.close()
+        for proc in self.procs.values():
+            proc.stop()
+
+    def logs(self) -> str:
+        return "\n".join(f"===== {n}\n{p.logs()[-4000:]}" for n, p in self.procs.items())

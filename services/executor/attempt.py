@@ -113,9 +113,10 @@ class Attempt:
             at=datetime.now(UTC),
         )
         try:
-            size = len(frame.model_dump_json())
+            body = frame.model_dump_json().encode()  # once: size check and publish
         except ValueError as exc:  # data that is not JSON
             raise InvalidRequest(f"a {type.value} frame's data is not JSON: {exc}") from exc
+        size = len(body)
         if size > self._broker.max_frame_bytes:
             # It could never be published: fail the attempt for good, not over and over.
             raise PayloadTooLarge(
@@ -123,12 +124,12 @@ class Attempt:
                 f"{self._broker.max_frame_bytes} bytes"
             )
         text = str(data.get("text", "")) if type == FrameType.MESSAGE else None
-        self._pending.append((frame, text, asyncio.ensure_future(self._send(frame))))
+        self._pending.append((frame, text, asyncio.ensure_future(self._send(frame, body))))
         if self.closed or len(self._pending) >= PUBLISH_WINDOW:
             await self.sync()
 
-    async def _send(self, frame: RawFrame) -> None:
-        await self._broker.publish_raw_frame(frame)
+    async def _send(self, frame: RawFrame, body: bytes | None = None) -> None:
+        await self._broker.publish_raw_frame(frame, body)
 
     async def sync(self) -> None:
         """Wait until every frame published so far is stored, in order.

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from nats.aio.msg import Msg
 from pydantic import ValidationError
 
-from contracts.errors import ErrorBody, ErrorCode
+from contracts.errors import ErrorBody
 from contracts.frames import Job
 from contracts.status import RunStatus
 from contracts.subjects import Subjects
@@ -21,7 +21,6 @@ from services.executor.outcome import Settler
 from services.executor.runners import RUNNERS, Runner
 from services.executor.runners.base import RunnerError
 from services.runtime.broker import EXECUTOR_CONSUMER, Broker, StreamLimits
-from services.runtime.closing import publish_closing
 from services.runtime.consumer import DurablePull
 from services.runtime.errors import RunwireError
 from services.runtime.health import serve_health
@@ -37,11 +36,6 @@ FETCH_BATCH = 64
 # A job whose run waits for its session should not exist (such runs get their job when
 # their turn comes); if one does, look again after this long.
 SESSION_WAIT_S = 1.0
-QUEUE_TIMEOUT = ErrorBody(
-    code=ErrorCode.QUEUE_TIMEOUT,
-    message="the run waited in the queue past its queue timeout",
-    retryable=True,
-)
 
 
 async def _unknown_runner(ctx: object) -> None:
@@ -189,7 +183,8 @@ class Executor:
             await self._settler.settle(attempt, outcome, msg)
 
     async def _not_claimed(self, job: Job, msg: Msg) -> None:
-        """A job that did not start an attempt: stale, early, canceled or timed out."""
+        """A job that did not start an attempt: stale, early, canceled or timed out (a
+        run past its queue timeout is closed by recovery, the one place that does it)."""
         run = await self.store.get_run_by_id(job.run_id)
         waiting = (
             run is not None
@@ -200,18 +195,14 @@ class Executor:
         if run is None or not waiting:
             await msg.ack()  # duplicate, stale or already closed: nothing to do
             return
+        assert run is not None
         now = datetime.now(UTC)
         if (
             run.attempts == 0
             and run.queue_timeout_ms is not None
             and (now - run.created_at).total_seconds() * 1000 >= run.queue_timeout_ms
         ):
-            failed = await self.store.fail_queued(run.run_id, QUEUE_TIMEOUT, self.owner)
-            if failed is not None:
-                await publish_closing(self.broker, failed)
-            await msg.ack()
-            if failed is not None:
-                await self._settler.next_in_session(failed)
+            await msg.ack()  # past its queue timeout: recovery fails it on its next tick
             return
         delay = (run.not_before - now).total_seconds()
         if delay <= 0 and run.session_id is not None:

@@ -24,15 +24,13 @@ from contracts.frames import FrameType, Job
 from contracts.status import RunStatus
 from services.executor.attempt import AbortReason, Attempt, Outcome
 from services.runtime.broker import Broker
-from services.runtime.errors import LostRace, RunwireError
+from services.runtime.errors import CANCELED_ERROR, LostRace, RunwireError
 from services.runtime.logs import fields
 from services.runtime.metrics import ATTEMPT_OUTCOMES, RETRIES
 from services.runtime.settings import ExecutorSettings
 from services.runtime.store import Run, Store
 
 log = logging.getLogger(__name__)
-
-CANCELED = ErrorBody(code=ErrorCode.CANCELED, message="canceled by request", retryable=False)
 
 
 def backoff_ms(attempt: int, base_ms: int, max_ms: int, rng: random.Random) -> int:
@@ -98,7 +96,9 @@ class Settler:
             ATTEMPT_OUTCOMES.labels("lost", "none").inc()
             return
         if outcome.abort == AbortReason.CANCEL:
-            closed = await self.store.cancel_attempt(run.run_id, gen, CANCELED, text, self.owner)
+            closed = await self.store.cancel_attempt(
+                run.run_id, gen, CANCELED_ERROR, text, self.owner
+            )
             code = (closed.error or {}).get("code", ErrorCode.CANCELED.value)
             await attempt.publish(
                 FrameType.DONE, {"status": RunStatus.CANCELED.value, "code": code}

@@ -9,12 +9,16 @@ import logging
 import time
 from dataclasses import dataclass
 
-from contracts.errors import ErrorBody, ErrorCode
 from contracts.frames import Job
 from contracts.status import RunStatus
 from services.runtime.broker import Broker
-from services.runtime.closing import INTERRUPTED_MESSAGE, publish_closing
-from services.runtime.errors import RunwireError
+from services.runtime.closing import publish_closing
+from services.runtime.errors import (
+    CANCELED_ERROR,
+    INTERRUPTED_ERROR,
+    QUEUE_TIMEOUT_ERROR,
+    RunwireError,
+)
 from services.runtime.logs import bind
 from services.runtime.metrics import INTERRUPTED as INTERRUPTED_RUNS
 from services.runtime.metrics import QUEUE, RECOVERIES
@@ -24,13 +28,6 @@ from services.runtime.store import Run, Store
 log = logging.getLogger(__name__)
 
 ACTOR = "recovery"
-INTERRUPTED = ErrorBody(code=ErrorCode.INTERRUPTED, message=INTERRUPTED_MESSAGE, retryable=True)
-CANCELED = ErrorBody(code=ErrorCode.CANCELED, message="canceled by request", retryable=False)
-QUEUE_TIMEOUT = ErrorBody(
-    code=ErrorCode.QUEUE_TIMEOUT,
-    message="the run waited in the queue past its queue timeout",
-    retryable=True,
-)
 
 
 @dataclass
@@ -66,8 +63,8 @@ class Sweeper:
             limit=s.batch_size,
             max_recoveries=s.max_recoveries,
             backoff_ms=s.recovery_backoff_ms,
-            error=INTERRUPTED,
-            canceled=CANCELED,
+            error=INTERRUPTED_ERROR,
+            canceled=CANCELED_ERROR,
             actor=ACTOR,
         ):
             with bind(run_id=run.run_id, tenant=run.tenant):
@@ -90,7 +87,7 @@ class Sweeper:
                     log.info("lease expired; run recovering")
                     await self._publish_job(run.run_id, run.tenant, run.generation)
         for run in await self.store.expire_queue(
-            limit=s.batch_size, error=QUEUE_TIMEOUT, actor=ACTOR
+            limit=s.batch_size, error=QUEUE_TIMEOUT_ERROR, actor=ACTOR
         ):
             report.timed_out += 1
             await self._close(run)

@@ -11,7 +11,6 @@ import contextlib
 import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
 
 from nats.aio.msg import Msg
 from pydantic import ValidationError
@@ -58,13 +57,16 @@ class Pending:
     msg: Msg
     raw: RawFrame
     frame: Frame
+    body: str
     publish: "asyncio.Future[int]"
 
 
 @dataclass
 class SegmentBuffer:
     run_id: str
-    frames: list[dict[str, Any]] = field(default_factory=list)
+    first_seq: int
+    last_seq: int = 0
+    frames: list[str] = field(default_factory=list)
     size: int = 0
     last_stream_seq: int = 0
     closed: bool = False
@@ -208,10 +210,13 @@ class Pipeline:
         cursor.advance(raw.generation, raw.seq, is_done)
         # Published without waiting: a connection stores messages in the order they are
         # sent, so the frames of a batch are pipelined and acknowledged together.
+        body = frame.model_dump_json()  # once: published, then written to a segment
         publish = asyncio.ensure_future(
-            self.broker.publish_client_frame(raw.tenant, frame, raw.generation, raw.seq)
+            self.broker.publish_client_frame(
+                raw.tenant, frame, body.encode(), raw.generation, raw.seq
+            )
         )
-        batch.append(Pending(msg, raw, frame, publish))
+        batch.append(Pending(msg, raw, frame, body, publish))
 
     async def _settle(self, cursors: dict[str, RunCursor], batch: list["Pending"]) -> None:
         """Wait for a batch's publishes in order; buffer and ack each stored frame.
@@ -234,7 +239,7 @@ class Pipeline:
                 is_done = pending.raw.type == FrameType.DONE
                 FRAMES_RELAYED.inc()
                 RELAY_LAG.observe(max(0.0, (datetime.now(UTC) - pending.frame.at).total_seconds()))
-                self._buffer(pending.frame, stream_seq, is_done)
+                self._buffer(pending.frame, pending.body, stream_seq, is_done)
                 await pending.msg.ack()
                 urgent = urgent or pending.raw.type in URGENT_FRAME_TYPES
                 if is_done:
@@ -250,20 +255,24 @@ class Pipeline:
                 if attempt == 0:
                     return await pending.publish
                 return await self.broker.publish_client_frame(
-                    pending.raw.tenant, pending.frame, pending.raw.generation, pending.raw.seq
+                    pending.raw.tenant,
+                    pending.frame,
+                    pending.body.encode(),
+                    pending.raw.generation,
+                    pending.raw.seq,
                 )
             except RunwireError as exc:
                 log.warning("frame %d not published yet: %s", pending.frame.seq, exc.message)
                 await asyncio.sleep(0.2 * (attempt + 1))
         return None
 
-    def _buffer(self, frame: Frame, stream_seq: int, closed: bool) -> None:
+    def _buffer(self, frame: Frame, body: str, stream_seq: int, closed: bool) -> None:
         buffer = self.buffers.get(frame.run_id)
         if buffer is None:
-            buffer = self.buffers[frame.run_id] = SegmentBuffer(frame.run_id)
-        body = frame.model_dump(mode="json")
+            buffer = self.buffers[frame.run_id] = SegmentBuffer(frame.run_id, frame.seq)
         buffer.frames.append(body)
-        buffer.size += len(str(body))
+        buffer.last_seq = frame.seq
+        buffer.size += len(body)
         buffer.last_stream_seq = stream_seq
         buffer.closed = buffer.closed or closed
 
@@ -277,8 +286,8 @@ class Pipeline:
             segments = [
                 Segment(
                     run_id=b.run_id,
-                    first_seq=b.frames[0]["seq"],
-                    last_seq=b.frames[-1]["seq"],
+                    first_seq=b.first_seq,
+                    last_seq=b.last_seq,
                     last_stream_seq=b.last_stream_seq,
                     frames=b.frames,
                     closed=b.closed,
@@ -293,6 +302,7 @@ class Pipeline:
                     newer = self.buffers.get(run_id)
                     if newer is not None:
                         old.frames.extend(newer.frames)
+                        old.last_seq = newer.last_seq
                         old.size += newer.size
                         old.last_stream_seq = newer.last_stream_seq
                         old.closed = old.closed or newer.closed
@@ -333,16 +343,17 @@ class Pipeline:
             if last is None:
                 log.error("frames missing from segments and gone from the stream")
                 return
-            missing = [
-                (Frame.model_validate_json(m.data), m.stream_seq)
-                for m in await self.broker.read_subject(stream, subject, 1, last.stream_seq)
-            ]
+            stored = await self.broker.read_subject(stream, subject, 1, last.stream_seq)
             # In seq order, each once (a retried publish may have been stored late).
-            by_seq = {f.seq: (f, seq) for f, seq in missing if f.seq not in have}
+            by_seq = {
+                frame.seq: (frame, m)
+                for m in stored
+                if (frame := Frame.model_validate_json(m.data)).seq not in have
+            }
             missing = [by_seq[k] for k in sorted(by_seq)]
             segments: list[Segment] = []
-            for frame, stream_seq in missing:
-                body = frame.model_dump(mode="json")
+            for frame, m in missing:
+                body, stream_seq = m.data.decode(), m.stream_seq
                 if segments and segments[-1].last_seq == frame.seq - 1:
                     prev = segments[-1]
                     segments[-1] = Segment(

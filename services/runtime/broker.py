@@ -269,14 +269,22 @@ class Broker:
         return await self.js.pull_subscribe_bind(durable=durable, stream=stream)
 
     # -- publishing ---------------------------------------------------------------
-    async def _publish(self, subject: str, body: bytes, msg_id: str, stream: str) -> int:
+    async def _publish(
+        self,
+        subject: str,
+        body: bytes,
+        msg_id: str,
+        stream: str,
+        headers: dict[str, str] | None = None,
+    ) -> int:
+        """A JetStream publish with a message id; returns the stream sequence."""
         try:
             ack = await self.js.publish(
                 subject,
                 body,
                 timeout=PUBLISH_TIMEOUT_S,
                 stream=stream,
-                headers={"Nats-Msg-Id": msg_id},
+                headers={"Nats-Msg-Id": msg_id, **(headers or {})},
             )
         except nats.js.errors.ServiceUnavailableError as exc:
             if exc.err_code == ERR_STREAM_FULL:
@@ -303,36 +311,32 @@ class Broker:
             self.subjects.jobs_stream,
         )
 
-    async def publish_raw_frame(self, frame: RawFrame) -> None:
+    async def publish_raw_frame(self, frame: RawFrame, body: bytes | None = None) -> None:
+        """Publish an attempt's frame (`body`: its JSON, when the caller has it already)."""
         await self._publish(
             self.subjects.frames_in(frame.tenant, frame.run_id),
-            frame.model_dump_json().encode(),
+            body if body is not None else frame.model_dump_json().encode(),
             f"{frame.run_id}:{frame.generation}:{frame.seq}",
             self.subjects.frames_in_stream,
         )
 
     async def publish_client_frame(
-        self, tenant: str, frame: Frame, generation: int, raw_seq: int
+        self, tenant: str, frame: Frame, body: bytes, generation: int, raw_seq: int
     ) -> int:
-        """Publish a numbered frame on the run's client subject; returns its stream seq."""
-        subject = self.subjects.run_frames(tenant, frame.run_id)
-        try:
-            ack = await self.js.publish(
-                subject,
-                frame.model_dump_json().encode(),
-                timeout=PUBLISH_TIMEOUT_S,
-                stream=self.subjects.run_frames_stream,
-                headers={
-                    "Nats-Msg-Id": f"{frame.run_id}:{frame.seq}",
-                    HDR_GENERATION: str(generation),
-                    HDR_RAW_SEQ: str(raw_seq),
-                    HDR_FRAME_SEQ: str(frame.seq),
-                    HDR_FRAME_TYPE: frame.type.value,
-                },
-            )
-        except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
-            raise Unavailable(f"publish to {subject} failed: {exc}") from exc
-        return int(ack.seq)
+        """Publish a numbered frame (`body`: its JSON) on the run's client subject; returns
+        its stream seq."""
+        return await self._publish(
+            self.subjects.run_frames(tenant, frame.run_id),
+            body,
+            f"{frame.run_id}:{frame.seq}",
+            self.subjects.run_frames_stream,
+            headers={
+                HDR_GENERATION: str(generation),
+                HDR_RAW_SEQ: str(raw_seq),
+                HDR_FRAME_SEQ: str(frame.seq),
+                HDR_FRAME_TYPE: frame.type.value,
+            },
+        )
 
     async def publish_event(self, tenant: str, event: RunEvent, event_id: int) -> None:
         """Publish a run event (its outbox row id de-duplicates a repeat)."""

@@ -12,10 +12,6 @@ from contracts.status import RunStatus
 from services.runtime.broker import Broker
 from services.runtime.store import Run
 
-INTERRUPTED_MESSAGE = (
-    "the reply could not be completed after repeated failures of its executor; it may be retried"
-)
-
 
 def closing_frames(run: Run) -> list[RawFrame]:
     """An `error` frame when the run did not finish or was not canceled, then `done`."""

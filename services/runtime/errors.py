@@ -2,6 +2,28 @@
 
 from contracts.errors import ErrorBody, ErrorCode
 
+INTERRUPTED_MESSAGE = (
+    "the reply could not be completed after repeated failures of its executor; it may be retried"
+)
+# The errors runs are closed with, defined once for every service.
+CANCELED_ERROR = ErrorBody(code=ErrorCode.CANCELED, message="canceled by request", retryable=False)
+SUPERSEDED_ERROR = ErrorBody(
+    code=ErrorCode.SUPERSEDED,
+    message="superseded by a newer run of its session",
+    retryable=False,
+)
+QUEUE_FULL_ERROR = ErrorBody(
+    code=ErrorCode.QUEUE_FULL, message="the queue is full; submit again later", retryable=True
+)
+QUEUE_TIMEOUT_ERROR = ErrorBody(
+    code=ErrorCode.QUEUE_TIMEOUT,
+    message="the run waited in the queue past its queue timeout",
+    retryable=True,
+)
+INTERRUPTED_ERROR = ErrorBody(
+    code=ErrorCode.INTERRUPTED, message=INTERRUPTED_MESSAGE, retryable=True
+)
+
 
 class RunwireError(Exception):
     """Root of every error runwire raises on purpose."""

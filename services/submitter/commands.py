@@ -19,7 +19,7 @@ from contracts.commands import (
     Multitask,
     SubmitCommand,
 )
-from contracts.errors import ErrorBody, ErrorCode
+from contracts.errors import ErrorCode
 from contracts.frames import Job
 from contracts.replies import AbortSessionReply, RunReply, SubmitReply
 from contracts.scripted import ScriptedInput
@@ -28,6 +28,9 @@ from services.runtime.broker import Broker
 from services.runtime.closing import publish_closing
 from services.runtime.commands import describe, parse
 from services.runtime.errors import (
+    CANCELED_ERROR,
+    QUEUE_FULL_ERROR,
+    SUPERSEDED_ERROR,
     InvalidRequest,
     NotFound,
     PayloadTooLarge,
@@ -42,15 +45,9 @@ from services.runtime.store import Run, Store
 log = logging.getLogger(__name__)
 
 ACTOR = "submitter"
-CANCELED = ErrorBody(code=ErrorCode.CANCELED, message="canceled by request", retryable=False)
-SUPERSEDED = ErrorBody(
-    code=ErrorCode.SUPERSEDED,
-    message="superseded by a newer run of its session",
-    retryable=False,
-)
-QUEUE_FULL = ErrorBody(
-    code=ErrorCode.QUEUE_FULL, message="the queue is full; submit again later", retryable=True
-)
+CANCELED = CANCELED_ERROR
+SUPERSEDED = SUPERSEDED_ERROR
+QUEUE_FULL = QUEUE_FULL_ERROR
 # Input schemas the submitter checks before accepting a run, by runner name.
 INPUT_MODELS = {"scripted": ScriptedInput}
 

@@ -7,8 +7,7 @@ import pytest
 
 from contracts.frames import FrameType
 from contracts.status import RunStatus
-from tests.chaos.conftest import ProcessStack
-from tests.services import assert_well_formed, collect, max_running
+from tests.services import ProcessStack, assert_well_formed, collect, max_running
 from tests.support import eventually
 
 pytestmark = pytest.mark.chaos

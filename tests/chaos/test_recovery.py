@@ -11,8 +11,7 @@ import pytest
 from contracts.status import RunStatus
 from infra.embedded import EmbeddedNats, EmbeddedPostgres
 from services.client import ClientError
-from tests.chaos.conftest import ProcessStack
-from tests.services import assert_well_formed, collect
+from tests.services import ProcessStack, assert_well_formed, collect
 from tests.support import eventually
 
 pytestmark = pytest.mark.chaos

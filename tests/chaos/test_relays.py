@@ -4,8 +4,7 @@ import asyncio
 
 import pytest
 
-from tests.chaos.conftest import ProcessStack
-from tests.services import assert_well_formed, collect
+from tests.services import ProcessStack, assert_well_formed, collect
 from tests.support import eventually
 
 pytestmark = pytest.mark.chaos

@@ -7,8 +7,7 @@ import pytest
 
 from contracts.status import RunStatus
 from services.runtime.store import Run
-from tests.chaos.conftest import ProcessStack
-from tests.services import assert_well_formed, collect
+from tests.services import ProcessStack, assert_well_formed, collect
 from tests.support import eventually
 
 pytestmark = pytest.mark.chaos

@@ -8,8 +8,7 @@ import time
 import pytest
 
 from contracts.status import RunStatus
-from tests.chaos.conftest import ProcessStack
-from tests.services import collect
+from tests.services import ProcessStack, collect
 
 pytestmark = [pytest.mark.soak, pytest.mark.timeout(900)]
 

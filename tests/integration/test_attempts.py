@@ -1,8 +1,8 @@
 """Attempts: retries with the text kept, fatal errors, deadlines, cancellation, timeouts."""
 
-import asyncio
 import time
 
+import nats.js.errors
 import pytest
 
 from contracts.errors import ErrorCode
@@ -114,7 +114,8 @@ async def test_a_canceled_queued_run_never_starts(stack: InProcessStack) -> None
     assert transcript.text == ""
     assert [f.type for f in frames] == [FrameType.DONE]
     assert frames[0].data == {"status": "canceled", "code": "CANCELED"}
-    await asyncio.sleep(0.3)  # give the executor a chance to (wrongly) start it
+    # The executor has taken the run's job off the queue (and must not have started it).
+    await eventually(lambda: _job_gone(stack, reply.run.run_id), timeout=10)
     run = await stack.client.get(reply.run.run_id)
     assert (run.status, run.attempts, run.started_at) == (RunStatus.CANCELED, 0, None)
 
@@ -133,6 +134,16 @@ async def test_a_run_past_its_queue_timeout_fails_without_starting(
     assert (run.status, run.attempts) == (RunStatus.FAILED, 0)
     assert run.error is not None
     assert run.error.code == ErrorCode.QUEUE_TIMEOUT
+
+
+async def _job_gone(stack: InProcessStack, run_id: str) -> bool:
+    js = stack.client.nc.jetstream()
+    subjects = stack.client.subjects
+    try:
+        await js.get_last_msg(subjects.jobs_stream, subjects.job(run_id))
+    except nats.js.errors.NotFoundError:
+        return True
+    return False
 
 
 async def _status(stack: InProcessStack, run_id: str, status: RunStatus) -> bool:

@@ -13,17 +13,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from contracts.status import RunStatus
 from infra.embedded import find_free_port
 from services.client import Client
-from tests.services import ServiceProcess, process_env, wait_ready
+from tests.services import MODULES, ProcessStack
 from tests.support import eventually
 
 pytestmark = pytest.mark.integration
 
-MODULES = {
-    "submitter": "services.submitter",
-    "executor": "services.executor",
-    "relay": "services.relay",
-    "recovery": "services.recovery",
-}
 # Long enough to still be running when the test looks; the test stops it at the end.
 LONG_RUN = {"tokens": [f"t{i} " for i in range(400)], "token_delay_ms": 50}
 
@@ -48,29 +42,15 @@ async def services(
     """The four services as processes, each serving metrics on a port of its own; the
     executor runs one attempt at a time, so a second run waits in the queue."""
     ports = {name: find_free_port() for name in MODULES}
-    procs = [
-        ServiceProcess(
-            name,
-            module,
-            process_env(
-                service_env,
-                metrics_port=ports[name],
-                **({"max_in_flight": 1} if name == "executor" else {}),
-            ),
-            tmp_path,
-        ).start()
-        for name, module in MODULES.items()
-    ]
-    client = await Client.connect(
-        service_env["RUNWIRE_NATS_URL"], prefix=service_env["RUNWIRE_PREFIX"]
-    )
+    stack = ProcessStack(service_env, tmp_path)
+    for name in MODULES:
+        extra = {"max_in_flight": 1} if name == "executor" else {}
+        stack.start(name, metrics_port=ports[name], **extra)
     try:
-        await wait_ready(client)
-        yield ports, client
+        await stack.open()
+        yield ports, stack.client
     finally:
-        await client.close()
-        for proc in procs:
-            proc.stop()
+        await stack.close()
 
 
 async def test_metrics_show_queue_depth_and_attempts_in_flight(

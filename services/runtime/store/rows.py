@@ -123,13 +123,14 @@ class Run:
 
 @dataclass(frozen=True, slots=True)
 class Segment:
-    """Frames of one run written by one relay flush, in seq order."""
+    """Frames of one run written by one relay flush, in seq order, each as its JSON text
+    (the same bytes that were published, so nothing is serialized twice)."""
 
     run_id: str
     first_seq: int
     last_seq: int
     last_stream_seq: int
-    frames: list[dict[str, Any]]
+    frames: list[str]
     closed: bool
 
 

@@ -9,7 +9,6 @@ guard did not hold (another writer or a newer attempt got there first).
 
 import asyncio
 import contextlib
-import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -19,7 +18,7 @@ import asyncpg
 
 from contracts.errors import ErrorBody
 from contracts.status import RunStatus
-from services.runtime.errors import LostRace, StoreError, Unavailable
+from services.runtime.errors import CANCELED_ERROR, LostRace, StoreError, Unavailable
 from services.runtime.settings import DEFAULT_SUPERSEDE_GRACE_MS
 from services.runtime.store.rows import (
     EventBatch,
@@ -34,7 +33,7 @@ from services.runtime.store.schema import QUERIES, init_connection, migrate
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 60.0
-CANCELED_BODY = {"code": "CANCELED", "message": "canceled by request", "retryable": False}
+CANCELED_BODY = CANCELED_ERROR.model_dump(mode="json")
 
 
 class Store:
@@ -417,7 +416,7 @@ class Store:
             [s.first_seq for s in segments],
             [s.last_seq for s in segments],
             [s.last_stream_seq for s in segments],
-            [json.dumps(s.frames) for s in segments],
+            ["[" + ",".join(s.frames) + "]" for s in segments],
             [s.closed for s in segments],
         )
         return [
