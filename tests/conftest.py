@@ -20,6 +20,7 @@ import pytest
 
 from services.runtime.store import migrate
 from tests.infra import choose_provider, provide
+from tests.traces import InProcessSpans
 
 TEMPLATE = "rw_template"
 
@@ -110,3 +111,15 @@ def service_env(infra: TestInfra, db_url: str, prefix: str) -> dict[str, str]:
         "RUNWIRE_DATABASE_URL": db_url,
         "RUNWIRE_PREFIX": prefix,
     }
+
+
+_SPANS = InProcessSpans()
+_SPANS.install()  # the tracer provider of this test process (one per process, for good)
+
+
+@pytest.fixture(autouse=True)
+def spans() -> Iterator[InProcessSpans]:
+    """The spans finished in this process during the test (services run in-process)."""
+    _SPANS.clear()
+    yield _SPANS
+    _SPANS.clear()

@@ -17,6 +17,7 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NatsClient
 from nats.js.api import ConsumerConfig, DeliverPolicy
+from opentelemetry import propagate
 from pydantic import BaseModel, ValidationError
 
 from contracts.commands import (
@@ -121,11 +122,15 @@ class Client:
 
     async def _request(self, name: str, body: BaseModel, reply: type[Any]) -> Any:
         subject = self.subjects.command(self.tenant, name)
+        # The caller's trace context, when it traces: a submitted run joins its trace.
+        headers: dict[str, str] = {}
+        propagate.inject(headers)
         try:
             msg = await self.nc.request(
                 subject,
                 body.model_dump_json(exclude_unset=True).encode(),
                 timeout=REQUEST_TIMEOUT_S,
+                headers=headers or None,
             )
         except nats.errors.NoRespondersError as exc:
             raise ClientError(

@@ -14,9 +14,12 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from opentelemetry import trace
+
 from contracts.errors import ErrorBody, ErrorCode
 from contracts.frames import FrameType, RawFrame
 from services.executor.runners.base import AttemptClosed, AttemptContext, Runner, RunnerError
+from services.runtime import tracing
 from services.runtime.broker import Broker
 from services.runtime.errors import (
     InvalidRequest,
@@ -83,6 +86,8 @@ class Attempt:
         self.abort_signal = asyncio.Event()
         self.abort_reason: AbortReason | None = None
         self.closed = False
+        # Made inside the attempt's span: its frames carry it, for the relay's spans.
+        self._traceparent = tracing.current_traceparent()
 
     @property
     def partial_text(self) -> str:
@@ -129,7 +134,7 @@ class Attempt:
             await self.sync()
 
     async def _send(self, frame: RawFrame, body: bytes | None = None) -> None:
-        await self._broker.publish_raw_frame(frame, body)
+        await self._broker.publish_raw_frame(frame, body, traceparent=self._traceparent)
 
     async def sync(self) -> None:
         """Wait until every frame published so far is stored, in order.
@@ -193,7 +198,14 @@ class Attempt:
             _emit=self._emit,
             _checkpoint=self._checkpoint,
         )
-        runner_task: asyncio.Task[dict[str, Any] | None] = asyncio.create_task(self._runner(ctx))
+        runner_span = tracing.tracer.start_span(
+            "runner", attributes={**self._span_attributes(), "runner": self.run.runner}
+        )
+        with trace.use_span(runner_span, end_on_exit=False):
+            runner_task: asyncio.Task[dict[str, Any] | None] = asyncio.create_task(
+                self._runner(ctx)
+            )
+        tracing.end_with_task(runner_span, runner_task)
         heartbeat = asyncio.create_task(self._heartbeat())
         aborted = asyncio.create_task(self.abort_signal.wait())
         try:
@@ -247,6 +259,18 @@ class Attempt:
             )
         )
 
+    def _span_attributes(self) -> dict[str, Any]:
+        return tracing.run_attributes(
+            self.run.run_id, self.run.tenant, attempt=self.run.attempts, generation=self.generation
+        )
+
+    def _heartbeat_failed(self, reason: str) -> None:
+        """A span in the run's trace for a lease renewal or cancel check that failed."""
+        with tracing.span(
+            "heartbeat failure", attributes={**self._span_attributes(), "reason": reason}
+        ) as current:
+            tracing.failed(current, reason)
+
     async def _heartbeat(self) -> None:
         """Renew the lease every `heartbeat_ms`; between renewals, poll for a cancel
         every `cancel_poll_ms` (the fallback when the cancel notice is lost)."""
@@ -277,15 +301,18 @@ class Attempt:
                     cancel = await self._store.cancel_requested(self.run.run_id, self.generation)
             except LostRace:
                 log.warning("lease lost to a newer attempt; stopping")
+                self._heartbeat_failed("lease lost to a newer attempt")
                 self.abort(AbortReason.LOST)
                 return
             except RunwireError as exc:
                 # Postgres is away: keep going; if the lease expires, recovery takes over
                 # and the fence stops every later write of this attempt.
                 log.warning("heartbeat not recorded: %s", exc.message)
+                self._heartbeat_failed(exc.message)
                 continue
-            except Exception:
+            except Exception as exc:
                 log.exception("heartbeat failed")
+                self._heartbeat_failed(f"{type(exc).__name__}: {exc}")
                 continue
             if cancel:
                 self.abort(AbortReason.CANCEL)

@@ -10,6 +10,7 @@ import uuid
 from datetime import UTC, datetime
 
 from nats.aio.msg import Msg
+from opentelemetry.trace import SpanKind
 from pydantic import ValidationError
 
 from contracts.errors import ErrorBody
@@ -20,6 +21,7 @@ from services.executor.attempt import AbortReason, Attempt, Outcome
 from services.executor.outcome import Settler
 from services.executor.runners import RUNNERS, Runner
 from services.executor.runners.base import RunnerError
+from services.runtime import tracing
 from services.runtime.broker import EXECUTOR_CONSUMER, Broker, StreamLimits
 from services.runtime.consumer import DurablePull
 from services.runtime.errors import RunwireError
@@ -28,7 +30,7 @@ from services.runtime.lifecycle import run_service
 from services.runtime.logs import bind, fields
 from services.runtime.metrics import ATTEMPT_DURATION, ATTEMPTS_IN_FLIGHT
 from services.runtime.settings import ExecutorSettings
-from services.runtime.store import Store
+from services.runtime.store import Run, Store
 
 log = logging.getLogger(__name__)
 
@@ -142,12 +144,32 @@ class Executor:
                 await msg.nak(delay=1.0)
 
     async def _run_job(self, job: Job, msg: Msg) -> None:
-        run = await self.store.claim(
-            job.run_id, job.generation, self.owner, self.settings.lease_ttl_ms, msg.reply
-        )
+        # Claim and attempt belong to the run's trace, under whatever published the job
+        # (the submit command, or a recovery decision).
+        parent = tracing.context_from_headers(msg.headers)
+        with tracing.span(
+            "claim",
+            parent,
+            kind=SpanKind.CONSUMER,
+            attributes=tracing.run_attributes(job.run_id, job.tenant, generation=job.generation),
+        ) as claim:
+            run = await self.store.claim(
+                job.run_id, job.generation, self.owner, self.settings.lease_ttl_ms, msg.reply
+            )
+            claim.set_attribute("claimed", run is not None)
         if run is None:
             await self._not_claimed(job, msg)
             return
+        with tracing.span(
+            "attempt",
+            parent or tracing.context_of(run.trace_parent),
+            attributes=tracing.run_attributes(
+                run.run_id, run.tenant, attempt=run.attempts, generation=run.generation
+            ),
+        ):
+            await self._attempt(run, msg)
+
+    async def _attempt(self, run: Run, msg: Msg) -> None:
         runner = self.runners.get(run.runner, _unknown_runner)
         attempt = Attempt(
             run,

@@ -23,6 +23,7 @@ from contracts.errors import ErrorBody, ErrorCode
 from contracts.frames import FrameType, Job
 from contracts.status import RunStatus
 from services.executor.attempt import AbortReason, Attempt, Outcome
+from services.runtime import tracing
 from services.runtime.broker import Broker
 from services.runtime.errors import CANCELED_ERROR, LostRace, RunwireError
 from services.runtime.logs import fields
@@ -59,13 +60,26 @@ class Settler:
 
     async def settle(self, attempt: Attempt, outcome: Outcome, msg: Msg) -> None:
         """Write the outcome (fenced by generation), publish its frames, ack the job."""
-        try:
-            await self._settle(attempt, outcome, msg)
-        except LostRace:
-            log.warning("outcome not recorded: a newer attempt owns the run")
-            await msg.ack()
-            return
-        await self.next_in_session(attempt.run)
+        run = attempt.run
+        # A failed attempt's span is the retry decision (retry, or fail for good).
+        failing = outcome.error is not None or outcome.abort == AbortReason.TIMEOUT
+        with tracing.span(
+            "retry decision" if failing else "outcome",
+            attributes=tracing.run_attributes(
+                run.run_id, run.tenant, attempt=run.attempts, generation=attempt.generation
+            ),
+        ) as current:
+            try:
+                decision = await self._settle(attempt, outcome, msg)
+            except LostRace:
+                log.warning("outcome not recorded: a newer attempt owns the run")
+                await msg.ack()
+                decision = "lost"
+            current.set_attribute("decision", decision)
+            if outcome.error is not None:
+                current.set_attribute("code", outcome.error.code.value)
+        if decision != "lost":
+            await self.next_in_session(attempt.run)
 
     async def next_in_session(self, run: Run) -> None:
         """Give their job to the runs of `run`'s session whose turn has come."""
@@ -78,9 +92,13 @@ class Settler:
             return
         for nxt in released:
             log.info("next run of the session released", extra=fields(next_run_id=nxt.run_id))
-            await self._queue(Job(run_id=nxt.run_id, tenant=nxt.tenant, generation=nxt.generation))
+            await self._queue(
+                Job(run_id=nxt.run_id, tenant=nxt.tenant, generation=nxt.generation),
+                nxt.trace_parent,
+            )
 
-    async def _settle(self, attempt: Attempt, outcome: Outcome, msg: Msg) -> None:
+    async def _settle(self, attempt: Attempt, outcome: Outcome, msg: Msg) -> str:
+        """Record the outcome; returns the decision (finished, retry, failed, ...)."""
         run, gen, text = attempt.run, attempt.generation, attempt.partial_text
         if outcome.result is not None:
             await self.store.finish(
@@ -90,11 +108,11 @@ class Settler:
             await msg.ack()
             ATTEMPT_OUTCOMES.labels("finished", "none").inc()
             log.info("run finished", extra=fields(attempt=run.attempts))
-            return
+            return "finished"
         if outcome.abort == AbortReason.LOST:
             await msg.ack()
             ATTEMPT_OUTCOMES.labels("lost", "none").inc()
-            return
+            return "lost"
         if outcome.abort == AbortReason.CANCEL:
             closed = await self.store.cancel_attempt(
                 run.run_id, gen, CANCELED_ERROR, text, self.owner
@@ -106,16 +124,18 @@ class Settler:
             await msg.ack()
             ATTEMPT_OUTCOMES.labels("canceled", code).inc()
             log.info("run canceled", extra=fields(attempt=run.attempts, code=code))
-            return
+            return "canceled"
         if outcome.abort == AbortReason.SHUTDOWN:
             released = await self.store.release(run.run_id, gen, text, self.owner)
             if await self._closed_by_cancel(attempt, released, msg):
-                return
-            await self._queue(Job(run_id=run.run_id, tenant=run.tenant, generation=gen))
+                return "canceled"
+            await self._queue(
+                Job(run_id=run.run_id, tenant=run.tenant, generation=gen), run.trace_parent
+            )
             await msg.ack()
             ATTEMPT_OUTCOMES.labels("released", "none").inc()
             log.info("attempt returned to the queue for shutdown")
-            return
+            return "released"
         error = outcome.error or timeout_error(run.attempt_timeout_ms)
         if error.retryable and run.attempts < run.max_attempts:
             delay = backoff_ms(
@@ -124,7 +144,7 @@ class Settler:
             requeued = await self.store.requeue(run.run_id, gen, error, text, delay, self.owner)
             await attempt.publish(FrameType.ERROR, error.model_dump(mode="json"))
             if await self._closed_by_cancel(attempt, requeued, msg):
-                return
+                return "canceled"
             # No job yet: recovery publishes it once the backoff is over, so that it does
             # not wait inside an executor holding a slot of the in-flight limit.
             await msg.ack()
@@ -134,7 +154,7 @@ class Settler:
                 "attempt failed; retrying",
                 extra=fields(attempt=run.attempts, code=error.code, delay_ms=delay),
             )
-            return
+            return "retry"
         await self.store.close_attempt(run.run_id, gen, RunStatus.FAILED, error, text, self.owner)
         await attempt.publish(FrameType.ERROR, error.model_dump(mode="json"))
         await attempt.publish(
@@ -143,6 +163,7 @@ class Settler:
         await msg.term()
         ATTEMPT_OUTCOMES.labels("failed", error.code.value).inc()
         log.info("run failed", extra=fields(attempt=run.attempts, code=error.code))
+        return "failed"
 
     async def _closed_by_cancel(self, attempt: Attempt, run: Run, msg: Msg) -> bool:
         """A cancel that arrived while the attempt was ending closed the run: say so."""
@@ -155,9 +176,9 @@ class Settler:
         log.info("run canceled while its attempt ended", extra=fields(code=code))
         return True
 
-    async def _queue(self, job: Job) -> None:
+    async def _queue(self, job: Job, traceparent: str | None) -> None:
         try:
-            await self.broker.publish_job(job)
+            await self.broker.publish_job(job, traceparent=traceparent)
         except RunwireError as exc:
             # Postgres says queued; recovery re-publishes jobs that never reached the stream.
             log.warning("retry job not published yet, recovery will: %s", exc.message)

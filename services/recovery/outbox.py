@@ -38,7 +38,9 @@ class EventPublisher:
                     at=row["at"],
                 )
                 try:
-                    await self.broker.publish_event(row["tenant"], event, row["id"])
+                    await self.broker.publish_event(
+                        row["tenant"], event, row["id"], traceparent=row["trace_parent"]
+                    )
                 except RunwireError as exc:
                     log.warning("run events not published yet: %s", exc.message)
                     break

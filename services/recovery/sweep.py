@@ -7,10 +7,14 @@ recovery replicas can tick at once without acting twice on a run.
 
 import logging
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+
+from opentelemetry.trace import Span
 
 from contracts.frames import Job
 from contracts.status import RunStatus
+from services.runtime import tracing
 from services.runtime.broker import Broker
 from services.runtime.closing import publish_closing
 from services.runtime.errors import (
@@ -67,7 +71,7 @@ class Sweeper:
             canceled=CANCELED_ERROR,
             actor=ACTOR,
         ):
-            with bind(run_id=run.run_id, tenant=run.tenant):
+            with bind(run_id=run.run_id, tenant=run.tenant), self._decision(run, run.status.value):
                 if run.job_ack:
                     # The dead executor's job would hold an in-flight slot until its ack
                     # wait ran out: terminate it now (a later attempt gets a new job).
@@ -90,16 +94,19 @@ class Sweeper:
             limit=s.batch_size, error=QUEUE_TIMEOUT_ERROR, actor=ACTOR
         ):
             report.timed_out += 1
-            await self._close(run)
+            with self._decision(run, "queue timeout"):
+                await self._close(run)
         # Runs that waited for their session, whose turn came without anyone noticing:
         # the run before them ended in this tick or in a crashed process, or it was
         # canceled and its grace has passed.
         for run in await self.store.release_session(None, None, ACTOR, limit=s.batch_size):
-            with bind(run_id=run.run_id, tenant=run.tenant):
+            # Also a retry whose backoff is over.
+            decision = "retry due" if run.attempts > 0 else "session turn"
+            with bind(run_id=run.run_id, tenant=run.tenant), self._decision(run, decision):
                 report.released += 1
-                log.info("the run's session turn came")
+                log.info("the run's %s came", "retry" if run.attempts > 0 else "session turn")
                 await self._publish_job(run.run_id, run.tenant, run.generation)
-        for run_id, tenant, generation in await self.store.stale_queued(
+        for run_id, tenant, generation, traceparent in await self.store.stale_queued(
             s.republish_after_ms, s.batch_size
         ):
             # A job still waiting in the stream (a long queue) needs no copy; a lost one
@@ -107,10 +114,19 @@ class Sweeper:
             if await self.broker.job_queued(run_id):
                 continue
             report.republished += 1
-            await self._publish_job(run_id, tenant, generation, copy=f"r{time.time_ns()}")
+            with tracing.span(
+                "recovery decision",
+                tracing.context_of(traceparent),
+                attributes={
+                    **tracing.run_attributes(run_id, tenant, generation=generation),
+                    "decision": "job lost; published again",
+                },
+            ):
+                await self._publish_job(run_id, tenant, generation, copy=f"r{time.time_ns()}")
         for run in await self.store.unclosed_terminal(s.close_grace_ms, s.batch_size):
             report.closed += 1
-            await self._close(run)
+            with self._decision(run, "closing frames missing"):
+                await self._close(run)
         await self._retention(report)
         # Measured after the tick's changes, so the gauges show what is left waiting.
         QUEUE.update(await self.store.queue_stats())
@@ -130,12 +146,29 @@ class Sweeper:
         expired = await self.store.expire_frames(s.frame_retention.total_seconds(), s.batch_size)
         report.expired += len(expired)
 
+    @staticmethod
+    def _decision(run: Run, decision: str) -> AbstractContextManager[Span]:
+        """A span in the run's trace for what recovery decided about it."""
+        return tracing.span(
+            "recovery decision",
+            tracing.context_of(run.trace_parent),
+            attributes={
+                **tracing.run_attributes(
+                    run.run_id, run.tenant, attempt=run.attempts, generation=run.generation
+                ),
+                "decision": decision,
+            },
+        )
+
     async def _publish_job(
         self, run_id: str, tenant: str, generation: int, *, copy: str = ""
     ) -> None:
+        """Publish a job inside the decision's span: the attempt it starts descends from it."""
         try:
             await self.broker.publish_job(
-                Job(run_id=run_id, tenant=tenant, generation=generation), copy=copy
+                Job(run_id=run_id, tenant=tenant, generation=generation),
+                traceparent=tracing.current_traceparent(),
+                copy=copy,
             )
         except RunwireError as exc:
             log.warning("job of run %s not published, next tick retries: %s", run_id, exc.message)

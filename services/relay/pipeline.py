@@ -9,6 +9,8 @@ multi-row write per flush.
 import asyncio
 import contextlib
 import logging
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -18,6 +20,7 @@ from pydantic import ValidationError
 from contracts.frames import URGENT_FRAME_TYPES, Frame, FrameType, RawFrame
 from services.relay.partitions import PartitionOwner
 from services.relay.sequencer import RunCursor, Verdict
+from services.runtime import tracing
 from services.runtime.broker import (
     HDR_FRAME_SEQ,
     HDR_FRAME_TYPE,
@@ -34,6 +37,7 @@ from services.runtime.logs import bind
 from services.runtime.metrics import FRAMES_RELAYED, RELAY_LAG
 from services.runtime.settings import RelaySettings
 from services.runtime.store import Segment, SegmentCount, Store
+from services.runtime.tracing import TRACEPARENT
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +69,35 @@ class Pending:
 class SegmentBuffer:
     run_id: str
     first_seq: int
+    tenant: str = ""
+    generation: int = 0
+    # The span that sent the frames (the attempt's), parent of the flush's span.
+    traceparent: str | None = None
     last_seq: int = 0
     frames: list[str] = field(default_factory=list)
     size: int = 0
     last_stream_seq: int = 0
     closed: bool = False
+
+
+def _flush_spans(buffers: Iterable[SegmentBuffer], started_ns: int, error: str = "") -> None:
+    """A "relay flush" span in each run's trace, for the one write that saved its frames."""
+    ended_ns = time.time_ns()
+    for b in buffers:
+        current = tracing.tracer.start_span(
+            "relay flush",
+            tracing.context_of(b.traceparent),
+            attributes={
+                **tracing.run_attributes(b.run_id, b.tenant, generation=b.generation),
+                "frames": len(b.frames),
+                "first_seq": b.first_seq,
+                "last_seq": b.last_seq,
+            },
+            start_time=started_ns,
+        )
+        if error:
+            tracing.failed(current, error)
+        current.end(end_time=ended_ns)
 
 
 class Pipeline:
@@ -239,7 +267,7 @@ class Pipeline:
                 is_done = pending.raw.type == FrameType.DONE
                 FRAMES_RELAYED.inc()
                 RELAY_LAG.observe(max(0.0, (datetime.now(UTC) - pending.frame.at).total_seconds()))
-                self._buffer(pending.frame, pending.body, stream_seq, is_done)
+                self._buffer(pending, stream_seq, is_done)
                 await pending.msg.ack()
                 urgent = urgent or pending.raw.type in URGENT_FRAME_TYPES
                 if is_done:
@@ -266,10 +294,14 @@ class Pipeline:
                 await asyncio.sleep(0.2 * (attempt + 1))
         return None
 
-    def _buffer(self, frame: Frame, body: str, stream_seq: int, closed: bool) -> None:
+    def _buffer(self, pending: "Pending", stream_seq: int, closed: bool) -> None:
+        frame, body, raw = pending.frame, pending.body, pending.raw
         buffer = self.buffers.get(frame.run_id)
         if buffer is None:
-            buffer = self.buffers[frame.run_id] = SegmentBuffer(frame.run_id, frame.seq)
+            buffer = self.buffers[frame.run_id] = SegmentBuffer(frame.run_id, frame.seq, raw.tenant)
+        if buffer.traceparent is None or buffer.generation != raw.generation:
+            buffer.generation = raw.generation
+            buffer.traceparent = (pending.msg.headers or {}).get(TRACEPARENT)
         buffer.frames.append(body)
         buffer.last_seq = frame.seq
         buffer.size += len(body)
@@ -294,9 +326,11 @@ class Pipeline:
                 )
                 for b in pending.values()
             ]
+            started = time.time_ns()
             try:
                 counts = await self.store.insert_segments(segments)
             except RunwireError as exc:
+                _flush_spans(pending.values(), started, exc.message)
                 log.warning("segments not written yet (%d runs): %s", len(segments), exc.message)
                 for run_id, old in pending.items():
                     newer = self.buffers.get(run_id)
@@ -308,6 +342,7 @@ class Pipeline:
                         old.closed = old.closed or newer.closed
                     self.buffers[run_id] = old
                 return
+            _flush_spans(pending.values(), started)
             for count in counts:
                 if count.closed and count.frame_count < count.last_seq:
                     try:

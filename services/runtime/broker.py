@@ -32,6 +32,7 @@ from contracts.frames import Frame, Job, RawFrame
 from contracts.subjects import Subjects
 from services.runtime.errors import PayloadTooLarge, QueueFull, Unavailable
 from services.runtime.settings import CommonSettings
+from services.runtime.tracing import TRACEPARENT
 
 log = logging.getLogger(__name__)
 
@@ -298,26 +299,34 @@ class Broker:
             raise Unavailable(f"publish to {subject} failed: {exc}") from exc
         return int(ack.seq)
 
-    async def publish_job(self, job: Job, *, copy: str = "") -> None:
+    async def publish_job(
+        self, job: Job, *, traceparent: str | None = None, copy: str = ""
+    ) -> None:
         """Queue an attempt; QueueFull when the jobs stream is at capacity.
 
-        `copy` tells a re-publication of a job known to be gone from its first one, which
-        the stream would otherwise take for a repeat within its duplicate window."""
+        `traceparent` puts the job in its run's trace. `copy` tells a re-publication of a
+        job known to be gone from its first one, which the stream would otherwise take
+        for a repeat within its duplicate window."""
         suffix = f":{copy}" if copy else ""
         await self._publish(
             self.subjects.job(job.run_id),
             job.model_dump_json().encode(),
             f"run:{job.run_id}:{job.generation}{suffix}",
             self.subjects.jobs_stream,
+            headers={TRACEPARENT: traceparent} if traceparent else None,
         )
 
-    async def publish_raw_frame(self, frame: RawFrame, body: bytes | None = None) -> None:
-        """Publish an attempt's frame (`body`: its JSON, when the caller has it already)."""
+    async def publish_raw_frame(
+        self, frame: RawFrame, body: bytes | None = None, *, traceparent: str | None = None
+    ) -> None:
+        """Publish an attempt's frame (`body`: its JSON, when the caller has it already;
+        `traceparent`: the span that made it, for the relay's spans)."""
         await self._publish(
             self.subjects.frames_in(frame.tenant, frame.run_id),
             body if body is not None else frame.model_dump_json().encode(),
             f"{frame.run_id}:{frame.generation}:{frame.seq}",
             self.subjects.frames_in_stream,
+            headers={TRACEPARENT: traceparent} if traceparent else None,
         )
 
     async def publish_client_frame(
@@ -338,13 +347,17 @@ class Broker:
             },
         )
 
-    async def publish_event(self, tenant: str, event: RunEvent, event_id: int) -> None:
-        """Publish a run event (its outbox row id de-duplicates a repeat)."""
+    async def publish_event(
+        self, tenant: str, event: RunEvent, event_id: int, *, traceparent: str | None = None
+    ) -> None:
+        """Publish a run event (its outbox row id de-duplicates a repeat; `traceparent`:
+        the run's trace, for a consumer that traces its handling of the event)."""
         await self._publish(
             self.subjects.events(tenant, event.run_id),
             event.model_dump_json().encode(),
             f"event:{event_id}",
             self.subjects.events_stream,
+            headers={TRACEPARENT: traceparent} if traceparent else None,
         )
 
     async def notify(self, subject: str, body: bytes = b"") -> None:

@@ -51,4 +51,4 @@ def closing_frames(run: Run) -> list[RawFrame]:
 async def publish_closing(broker: Broker, run: Run) -> None:
     """Publish a closed run's last frames (idempotent: same message ids every time)."""
     for frame in closing_frames(run):
-        await broker.publish_raw_frame(frame)
+        await broker.publish_raw_frame(frame, traceparent=run.trace_parent)

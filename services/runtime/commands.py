@@ -13,10 +13,12 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from nats.aio.msg import Msg
+from opentelemetry.trace import SpanKind
 from pydantic import BaseModel, ValidationError
 
 from contracts.errors import ErrorBody, ErrorCode, ErrorReply
 from contracts.subjects import valid_tenant
+from services.runtime import tracing
 from services.runtime.broker import Broker
 from services.runtime.errors import InvalidRequest, NotFound, PayloadTooLarge, RunwireError
 from services.runtime.logs import fields
@@ -79,6 +81,21 @@ class CommandServer:
     async def _answer(self, name: str, msg: Msg, handler: Handler) -> None:
         started = time.monotonic()
         tenant = self._broker.subjects.tenant_of_command(msg.subject)
+        # A span per command, in the caller's trace when its request carries one.
+        with tracing.span(
+            f"command {name}",
+            tracing.context_from_headers(msg.headers),
+            kind=SpanKind.SERVER,
+            attributes={"tenant": tenant, "messaging.destination.name": msg.subject},
+        ) as current:
+            reply = await self._reply_to(name, tenant, msg, handler)
+            if isinstance(reply, ErrorReply):
+                tracing.failed(current, reply.error.code.value)
+            if msg.reply:
+                await self._send(msg.reply, reply)
+        COMMAND_DURATION.labels(name).observe(time.monotonic() - started)
+
+    async def _reply_to(self, name: str, tenant: str, msg: Msg, handler: Handler) -> BaseModel:
         reply: BaseModel
         try:
             if not valid_tenant(tenant):
@@ -97,22 +114,23 @@ class CommandServer:
                     retryable=True,
                 )
             )
-        if msg.reply:
-            body = reply.model_dump_json().encode()
-            if len(body) > self._broker.nc.max_payload:
-                body = (
-                    ErrorReply(
-                        error=ErrorBody(
-                            code=ErrorCode.PAYLOAD_TOO_LARGE,
-                            message=f"the reply of {len(body)} bytes is over the message limit",
-                            retryable=False,
-                        )
+        return reply
+
+    async def _send(self, subject: str, reply: BaseModel) -> None:
+        body = reply.model_dump_json().encode()
+        if len(body) > self._broker.nc.max_payload:
+            body = (
+                ErrorReply(
+                    error=ErrorBody(
+                        code=ErrorCode.PAYLOAD_TOO_LARGE,
+                        message=f"the reply of {len(body)} bytes is over the message limit",
+                        retryable=False,
                     )
-                    .model_dump_json()
-                    .encode()
                 )
-            await self._broker.nc.publish(msg.reply, body)
-        COMMAND_DURATION.labels(name).observe(time.monotonic() - started)
+                .model_dump_json()
+                .encode()
+            )
+        await self._broker.nc.publish(subject, body)
 
     async def drain(self, timeout: float = 5.0) -> None:
         """Wait for commands in progress to reply."""

@@ -1,11 +1,11 @@
-"""Starting and stopping a service process: logs, signals, a clean exit."""
+"""Starting and stopping a service process: logs, traces, metrics, signals, a clean exit."""
 
 import asyncio
 import logging
 import signal
 from collections.abc import Awaitable, Callable
 
-from services.runtime import logs
+from services.runtime import logs, tracing
 from services.runtime.errors import Unavailable
 from services.runtime.metrics import serve_metrics
 from services.runtime.settings import CommonSettings
@@ -20,6 +20,11 @@ def run_service(
 ) -> None:
     """Run `main(stop)` until SIGTERM or SIGINT sets `stop`; exit 1 if it cannot start."""
     logs.setup(name, settings.log_level, settings.log_format)
+    try:
+        provider = tracing.setup(name)
+    except tracing.TracingConfigError as exc:
+        log.error("%s cannot start: %s", name, exc)
+        raise SystemExit(2) from exc
     serve_metrics(settings.metrics_port)
 
     async def runner() -> None:
@@ -36,3 +41,5 @@ def run_service(
     except Unavailable as exc:
         log.error("%s cannot start: %s", name, exc.message)
         raise SystemExit(1) from exc
+    finally:
+        tracing.shutdown(provider)

@@ -1,5 +1,8 @@
 """Structured logs: JSON lines (or readable text on a terminal) carrying run context.
 
+A line written inside a span also carries its `trace_id` and `span_id`, so that the logs
+of one run can be found from its trace and the other way round.
+
 `bind(run_id=..., attempt=...)` puts fields in a context variable, so every log line
 written while handling that run carries them without threading them through calls.
 """
@@ -12,6 +15,8 @@ import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
+
+from services.runtime.tracing import current_ids
 
 _context: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
     "runwire_log_context", default=None
@@ -41,6 +46,9 @@ class JsonFormatter(logging.Formatter):
             "msg": record.getMessage(),
         }
         line.update(_context.get() or {})
+        ids = current_ids()
+        if ids is not None:
+            line["trace_id"], line["span_id"] = ids
         extra = getattr(record, "fields", None)
         if isinstance(extra, dict):
             line.update(extra)
@@ -54,6 +62,9 @@ class TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         fields = {**(_context.get() or {}), **(getattr(record, "fields", None) or {})}
+        ids = current_ids()
+        if ids is not None:
+            fields["trace_id"] = ids[0]
         tail = " ".join(f"{k}={v}" for k, v in fields.items())
         text = f"{record.levelname.lower():7} {_SERVICE['name']}: {record.getMessage()} {tail}"
         if record.exc_info:

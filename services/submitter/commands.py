@@ -10,6 +10,7 @@ import json
 import logging
 import uuid
 
+from opentelemetry import trace
 from pydantic import ValidationError
 
 from contracts.commands import (
@@ -24,6 +25,7 @@ from contracts.frames import Job
 from contracts.replies import AbortSessionReply, RunReply, SubmitReply
 from contracts.scripted import ScriptedInput
 from contracts.status import RunStatus
+from services.runtime import tracing
 from services.runtime.broker import Broker
 from services.runtime.closing import publish_closing
 from services.runtime.commands import describe, parse
@@ -109,6 +111,7 @@ class Submitter:
                 raise Unavailable("run vanished after a conflicting insert") from None
             return SubmitReply(run=first.summary(), duplicate=True)
         await self._after_cancel(canceled)
+        trace.get_current_span().set_attributes(tracing.run_attributes(run.run_id, tenant))
         with bind(run_id=run.run_id, tenant=tenant):
             if run.job_published_at is not None or cmd.session_id is None:
                 await self._queue(run)
@@ -151,6 +154,8 @@ class Submitter:
             attempt_timeout_ms=cmd.attempt_timeout_ms or self.settings.default_attempt_timeout_ms,
             queue_timeout_ms=cmd.queue_timeout_ms,
             actor=ACTOR,
+            # The submit command's span: every later span of the run descends from it.
+            trace_parent=tracing.current_traceparent(),
         )
         if run is None:
             raise _Duplicate("request_id already used")
@@ -159,7 +164,8 @@ class Submitter:
     async def _queue(self, run: Run) -> None:
         try:
             await self.broker.publish_job(
-                Job(run_id=run.run_id, tenant=run.tenant, generation=run.generation)
+                Job(run_id=run.run_id, tenant=run.tenant, generation=run.generation),
+                traceparent=run.trace_parent,
             )
         except QueueFull:
             failed = await self.store.fail_queued(run.run_id, QUEUE_FULL, ACTOR)
@@ -220,7 +226,8 @@ class Submitter:
             with bind(run_id=run.run_id, tenant=tenant):
                 try:
                     await self.broker.publish_job(
-                        Job(run_id=run.run_id, tenant=run.tenant, generation=run.generation)
+                        Job(run_id=run.run_id, tenant=run.tenant, generation=run.generation),
+                        traceparent=run.trace_parent,
                     )
                 except RunwireError as exc:
                     log.warning("job not published yet, recovery will: %s", exc.message)

@@ -9,10 +9,10 @@ WITH ins AS (
     -- the order they were accepted.
     INSERT INTO runs (run_id, tenant, request_id, session_id, multitask, runner, input,
                       metadata, max_attempts, attempt_timeout_ms, queue_timeout_ms,
-                      job_published_at, created_at, updated_at)
+                      job_published_at, created_at, updated_at, trace_parent)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,
             CASE WHEN session_blocked($2, $4, NULL) THEN NULL ELSE now() END,
-            clock_timestamp(), clock_timestamp())
+            clock_timestamp(), clock_timestamp(), $13)
     ON CONFLICT (tenant, request_id) DO NOTHING
     RETURNING *
 ), ev AS (
@@ -284,7 +284,7 @@ UPDATE runs r
            AND job_published_at < now() - make_interval(secs => $1 / 1000.0)
          LIMIT $2
          FOR UPDATE SKIP LOCKED)
-RETURNING r.run_id, r.tenant, r.generation;
+RETURNING r.run_id, r.tenant, r.generation, r.trace_parent;
 
 -- name: expire_queue
 WITH due AS (
@@ -424,7 +424,8 @@ RETURNING r.run_id, r.tenant;
 -- name: unpublished_events
 -- The oldest transitions not yet published as run events, locked so that two
 -- publishers never take the same rows.
-SELECT e.id, e.run_id, r.tenant, r.session_id, e.event, e.status, e.attempt, e.code, e.at
+SELECT e.id, e.run_id, r.tenant, r.session_id, e.event, e.status, e.attempt, e.code, e.at,
+       r.trace_parent
   FROM run_events e JOIN runs r USING (run_id)
  WHERE e.published_at IS NULL
  ORDER BY e.id

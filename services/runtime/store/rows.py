@@ -61,6 +61,8 @@ class Run:
     submit_seq: int
     # The error a requested cancel closes the run with (CANCELED, SUPERSEDED).
     cancel_error: dict[str, Any] | None
+    # The run's trace (W3C traceparent), set at submit.
+    trace_parent: str | None = None
 
     @classmethod
     def from_record(cls, rec: asyncpg.Record) -> "Run":
@@ -99,6 +101,7 @@ class Run:
             job_published_at=rec["job_published_at"],
             submit_seq=rec["submit_seq"],
             cancel_error=rec["cancel_error"],
+            trace_parent=rec["trace_parent"],
         )
 
     def summary(self) -> RunSummary:

@@ -182,6 +182,7 @@ class Store:
         attempt_timeout_ms: int,
         queue_timeout_ms: int | None,
         actor: str,
+        trace_parent: str | None = None,
     ) -> Run | None:
         """Create a queued run; None when the tenant already has this request_id."""
         return await self._run_or_none(
@@ -198,6 +199,7 @@ class Store:
             attempt_timeout_ms,
             queue_timeout_ms,
             actor,
+            trace_parent,
         )
 
     async def request_cancel(
@@ -376,9 +378,12 @@ class Store:
         )
         return [Run.from_record(r) for r in rows]
 
-    async def stale_queued(self, after_ms: int, limit: int) -> list[tuple[str, str, int]]:
+    async def stale_queued(
+        self, after_ms: int, limit: int
+    ) -> list[tuple[str, str, int, str | None]]:
+        """Queued runs whose job may be lost: (run_id, tenant, generation, trace_parent)."""
         rows = await self._fetch("stale_queued", after_ms, limit)
-        return [(str(r["run_id"]), r["tenant"], r["generation"]) for r in rows]
+        return [(str(r["run_id"]), r["tenant"], r["generation"], r["trace_parent"]) for r in rows]
 
     async def queue_stats(self) -> list[tuple[str, int, float]]:
         """Per tenant: (tenant, runs waiting for an attempt, oldest one's age in seconds)."""

@@ -1,0 +1,171 @@
+"""One trace per run: from the submit command through every attempt and recovery
+decision to the relay's flushes, carried by NATS headers and the run's row."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from opentelemetry import trace
+
+from services.runtime.logs import JsonFormatter
+from tests.services import MODULES, InProcessStack, ProcessStack, collect
+from tests.support import eventually
+from tests.traces import InProcessSpans, OtlpCollector, SeenSpan, of_run
+
+pytestmark = pytest.mark.integration
+
+RETRIED_ONCE = {
+    "tokens": ["a", "b", "c", "d"],
+    "fail": [{"attempt": 1, "after_tokens": 2, "kind": "retryable"}],
+}
+
+
+def by_id(spans: list[SeenSpan]) -> dict[str, SeenSpan]:
+    return {s.span_id: s for s in spans}
+
+
+async def test_a_retried_run_is_one_trace_from_submit_to_its_last_flush(
+    stack: InProcessStack, spans: InProcessSpans
+) -> None:
+    run_id = (await stack.client.submit(RETRIED_ONCE)).run.run_id
+    await collect(stack.client, run_id)
+
+    def finished_and_flushed() -> list[SeenSpan]:
+        mine = of_run(spans.spans, run_id)
+        names = Counter(s.name for s in mine)
+        done = any(s.attributes.get("decision") == "finished" for s in mine)
+        flushed_gen2 = any(
+            s.name == "relay flush" and s.attributes.get("generation") == 2 for s in mine
+        )
+        assert done, names
+        assert flushed_gen2, names
+        assert names["runner"] == 2, names
+        return mine
+
+    mine = await eventually(finished_and_flushed, timeout=10)
+    assert len({s.trace_id for s in mine}) == 1, {(s.name, s.trace_id) for s in mine}
+    names = Counter(s.name for s in mine)
+    assert names["command submit"] == 1
+    assert (names["claim"], names["attempt"], names["runner"]) == (2, 2, 2)
+    assert names["relay flush"] >= 2
+
+    spans_by_id = by_id(mine)
+    submit = next(s for s in mine if s.name == "command submit")
+    assert submit.attributes["tenant"] == "default"
+    retry = next(s for s in mine if s.name == "retry decision")
+    assert (retry.attributes["decision"], retry.attributes["code"]) == ("retry", "RUNNER_ERROR")
+    assert retry.attributes["attempt"] == 1
+    due = next(s for s in mine if s.attributes.get("decision") == "retry due")
+    assert due.name == "recovery decision"
+
+    attempts = sorted(
+        (s for s in mine if s.name == "attempt"), key=lambda s: int(s.attributes["attempt"])
+    )
+    assert [(a.attributes["attempt"], a.attributes["generation"]) for a in attempts] == [
+        (1, 1),
+        (2, 2),
+    ]
+    # Attempt 1 came from the submit's job; attempt 2 from the job recovery published
+    # when the retry was due: the context went through each job's NATS headers.
+    assert attempts[0].parent_id == submit.span_id
+    assert attempts[1].parent_id == due.span_id
+    assert due.parent_id == submit.span_id
+    # Each flush descends from the attempt whose raw frames it wrote (their headers).
+    for flush in (s for s in mine if s.name == "relay flush"):
+        parent = spans_by_id[flush.parent_id or ""]
+        assert parent.name == "attempt"
+        assert parent.attributes["generation"] == flush.attributes["generation"]
+
+
+async def test_a_submit_inside_the_callers_span_joins_the_callers_trace(
+    stack: InProcessStack, spans: InProcessSpans
+) -> None:
+    with trace.get_tracer("a product").start_as_current_span("answer the user") as caller:
+        run_id = (await stack.client.submit({"tokens": ["x"]})).run.run_id
+    await collect(stack.client, run_id)
+    caller_trace = f"{caller.get_span_context().trace_id:032x}"
+
+    mine = await eventually(
+        lambda: (
+            [s for s in of_run(spans.spans, run_id) if s.name == "outcome"]
+            and of_run(spans.spans, run_id)
+        )
+    )
+    assert {s.trace_id for s in mine} == {caller_trace}
+
+
+async def test_log_lines_of_an_attempt_carry_the_runs_trace_id(
+    stack: InProcessStack, spans: InProcessSpans, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    lines: list[dict[str, object]] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(json.loads(JsonFormatter().format(record)))
+
+    handler = Keep(level=logging.INFO)
+    logging.getLogger().addHandler(handler)
+    try:
+        run_id = (await stack.client.submit({"tokens": ["x"]})).run.run_id
+        await collect(stack.client, run_id)
+        started = await eventually(
+            lambda: [
+                line
+                for line in lines
+                if line.get("run_id") == run_id and line["msg"] == "attempt started"
+            ]
+        )
+    finally:
+        logging.getLogger().removeHandler(handler)
+    trace_ids = {s.trace_id for s in of_run(spans.spans, run_id)}
+    assert len(trace_ids) == 1
+    assert started[0]["trace_id"] in trace_ids
+    assert started[0]["attempt"] == 1
+
+
+@pytest.fixture
+async def exported(
+    service_env: dict[str, str], tmp_path: Path
+) -> AsyncIterator[tuple[ProcessStack, OtlpCollector]]:
+    """The four services as processes, exporting spans over OTLP to a local collector."""
+    with OtlpCollector() as collector:
+        env = {
+            **service_env,
+            "OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint,
+            "OTEL_BSP_SCHEDULE_DELAY": "100",
+        }
+        env.pop("OTEL_TRACES_EXPORTER", None)
+        stack = ProcessStack(env, tmp_path)
+        for name in MODULES:
+            stack.start(name)
+        try:
+            await stack.open()
+            yield stack, collector
+        finally:
+            await stack.close()
+
+
+async def test_service_processes_export_one_trace_per_run_over_otlp(
+    exported: tuple[ProcessStack, OtlpCollector],
+) -> None:
+    stack, collector = exported
+    run_id = (await stack.client.submit(RETRIED_ONCE)).run.run_id
+    await collect(stack.client, run_id)
+
+    def from_every_service() -> list[SeenSpan]:
+        mine = of_run(collector.snapshot(), run_id)
+        services = {s.service for s in mine}
+        assert services == {f"runwire-{name}" for name in MODULES}, services
+        assert any(s.attributes.get("decision") == "finished" for s in mine)
+        return mine
+
+    mine = await eventually(from_every_service, timeout=20)
+    assert len({s.trace_id for s in mine}) == 1
+    attempts = [s for s in mine if s.name == "attempt"]
+    assert sorted(s.attributes["attempt"] for s in attempts) == [1, 2]

@@ -1,0 +1,64 @@
+"""Which span exporter the standard OTEL_* environment selects, and what a bad one does."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from services.runtime import tracing
+from services.runtime.tracing import TracingConfigError, exporters_from_env
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, []),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, ["otlp"]),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"}, ["otlp"]),
+        ({"OTEL_TRACES_EXPORTER": "console"}, ["console"]),
+        ({"OTEL_TRACES_EXPORTER": "otlp, console"}, ["otlp", "console"]),
+        ({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c"}, []),
+        (
+            {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"},
+            ["otlp"],
+        ),
+    ],
+)
+def test_the_environment_chooses_the_exporters(env: dict[str, str], expected: list[str]) -> None:
+    assert exporters_from_env(env) == expected
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"OTEL_TRACES_EXPORTER": "jaeger"}, "unknown exporter 'jaeger'"),
+        ({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "'grpc'"),
+    ],
+)
+def test_an_exporter_runwire_cannot_use_is_refused_by_name(env: dict[str, str], says: str) -> None:
+    with pytest.raises(TracingConfigError, match=says):
+        exporters_from_env(env)
+
+
+def test_a_disabled_sdk_installs_no_tracer_provider() -> None:
+    assert tracing.setup("relay", {"OTEL_SDK_DISABLED": "true"}) is None
+
+
+def test_a_service_with_an_unknown_exporter_stops_at_once_with_one_clear_line() -> None:
+    env = {"PATH": "/usr/bin:/bin", "OTEL_TRACES_EXPORTER": "zipkin", "RUNWIRE_LOG_FORMAT": "json"}
+    done = subprocess.run(
+        [sys.executable, "-m", "services.relay"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "unknown exporter 'zipkin'" in done.stderr
+    assert "Traceback" not in done.stderr
