@@ -195,6 +195,8 @@ def _programs(
             "RUNWIRE_NATS_URL": nats.url,
             "RUNWIRE_DATABASE_URL": database_url,
             "PYTHONUNBUFFERED": "1",
+            # Trace export settings of the shell that starts the stack.
+            **{k: v for k, v in os.environ.items() if k.startswith("OTEL_")},
         }
     )
     for service in SERVICES:
