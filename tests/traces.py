@@ -4,7 +4,6 @@ service processes (a small OTLP/HTTP collector that the services export to)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -16,6 +15,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+STATUS_CODE_ERROR = 2  # OTLP's Status.STATUS_CODE_ERROR
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,7 @@ class SeenSpan:
     parent_id: str | None
     service: str
     attributes: dict[str, Any]
+    failed: bool = False
 
     @classmethod
     def of(cls, span: ReadableSpan) -> SeenSpan:
@@ -40,6 +43,7 @@ class SeenSpan:
             parent_id=f"{span.parent.span_id:016x}" if span.parent else None,
             service=str(span.resource.attributes.get("service.name", "")),
             attributes=dict(span.attributes or {}),
+            failed=span.status.status_code == StatusCode.ERROR,
         )
 
 
@@ -117,6 +121,7 @@ class OtlpCollector:
                             parent_id=span.parent_span_id.hex() or None,
                             service=service,
                             attributes={a.key: _value(a.value) for a in span.attributes},
+                            failed=span.status.code == STATUS_CODE_ERROR,
                         )
                     )
         with self._lock:
@@ -138,7 +143,3 @@ class OtlpCollector:
 def _value(value: Any) -> Any:
     kind = value.WhichOneof("value")
     return getattr(value, kind) if kind else None
-
-
-def names(spans: list[SeenSpan]) -> Iterator[str]:
-    return (s.name for s in spans)

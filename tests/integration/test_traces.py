@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import asyncpg
 import pytest
+from faststream.nats import NatsBroker
+from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 from opentelemetry import trace
 
+from contracts.replies import SubmitReply
+from contracts.status import RunStatus
 from services.runtime.logs import JsonFormatter
 from tests.services import MODULES, InProcessStack, ProcessStack, collect
 from tests.support import eventually
@@ -97,6 +103,73 @@ async def test_a_submit_inside_the_callers_span_joins_the_callers_trace(
         )
     )
     assert {s.trace_id for s in mine} == {caller_trace}
+
+
+async def test_a_run_submitted_by_a_faststream_app_joins_the_apps_trace(
+    stack: InProcessStack, spans: InProcessSpans
+) -> None:
+    # A product written with FastStream and its telemetry middleware: its request carries
+    # the `traceparent` header that runwire continues.
+    broker = NatsBroker(stack.nats_url, middlewares=[NatsTelemetryMiddleware()])
+    await broker.connect()
+    try:
+        with trace.get_tracer("a product").start_as_current_span("answer the user") as caller:
+            reply = await broker.request(
+                {"request_id": "r-1", "input": {"tokens": ["x"]}},
+                stack.client.subjects.command("default", "submit"),
+                timeout=10,
+            )
+    finally:
+        await broker.stop()
+    run_id = SubmitReply.model_validate_json(reply.body).run.run_id
+    await collect(stack.client, run_id)
+
+    mine = await eventually(
+        lambda: (
+            [s for s in of_run(spans.spans, run_id) if s.name == "outcome"]
+            and of_run(spans.spans, run_id)
+        )
+    )
+    assert {s.trace_id for s in mine} == {f"{caller.get_span_context().trace_id:032x}"}
+    submit = next(s for s in mine if s.name == "command submit")
+    publisher = by_id(spans.spans)[submit.parent_id or ""]
+    # FastStream's own span for the message it sent.
+    assert publisher.name == f"{stack.client.subjects.command('default', 'submit')} create"
+
+
+async def test_a_lease_lost_to_a_newer_attempt_shows_as_a_failed_heartbeat_in_the_trace(
+    stack: InProcessStack, spans: InProcessSpans
+) -> None:
+    long_run = {"tokens": [f"t{i} " for i in range(100)], "token_delay_ms": 20}
+    run_id = (await stack.client.submit(long_run)).run.run_id
+    await eventually(lambda: _running(stack, run_id))
+    # What recovery does to an attempt whose executor stalled: a newer generation fences
+    # the running attempt out; its next lease renewal finds out.
+    conn = await asyncpg.connect(stack.db_url)
+    try:
+        await conn.execute(
+            "UPDATE runs SET generation = generation + 1 WHERE run_id = $1", uuid.UUID(run_id)
+        )
+    finally:
+        await conn.close()
+
+    failures = await eventually(
+        lambda: [s for s in of_run(spans.spans, run_id) if s.name == "heartbeat failure"]
+    )
+    assert failures[0].failed
+    assert failures[0].attributes["reason"] == "lease lost to a newer attempt"
+    assert failures[0].attributes["generation"] == 1
+    lost = await eventually(
+        lambda: [s for s in of_run(spans.spans, run_id) if s.attributes.get("decision") == "lost"]
+    )
+    mine = of_run(spans.spans, run_id)
+    assert {s.trace_id for s in mine} == {lost[0].trace_id}
+    assert by_id(mine)[failures[0].parent_id or ""].name == "attempt"
+
+
+async def _running(stack: InProcessStack, run_id: str) -> bool:
+    run = await stack.client.get(run_id)
+    return run.status == RunStatus.RUNNING
 
 
 async def test_log_lines_of_an_attempt_carry_the_runs_trace_id(
