@@ -18,6 +18,7 @@ from nats.aio.msg import Msg
 from pydantic import ValidationError
 
 from contracts.frames import URGENT_FRAME_TYPES, Frame, FrameType, RawFrame
+from contracts.headers import TRACEPARENT
 from services.relay.partitions import PartitionOwner
 from services.relay.sequencer import RunCursor, Verdict
 from services.runtime import tracing
@@ -37,7 +38,6 @@ from services.runtime.logs import bind
 from services.runtime.metrics import FRAMES_RELAYED, RELAY_LAG
 from services.runtime.settings import RelaySettings
 from services.runtime.store import Segment, SegmentCount, Store
-from services.runtime.tracing import TRACEPARENT
 
 log = logging.getLogger(__name__)
 

@@ -29,10 +29,10 @@ from nats.js.api import (
 
 from contracts.events import RunEvent
 from contracts.frames import Frame, Job, RawFrame
+from contracts.headers import TRACEPARENT
 from contracts.subjects import Subjects
 from services.runtime.errors import PayloadTooLarge, QueueFull, Unavailable
 from services.runtime.settings import CommonSettings
-from services.runtime.tracing import TRACEPARENT
 
 log = logging.getLogger(__name__)
 

@@ -35,9 +35,10 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from contracts.headers import TRACEPARENT
+
 log = logging.getLogger(__name__)
 
-TRACEPARENT = "traceparent"
 EXPORTERS = ("otlp", "console", "none")
 OTLP_PROTOCOL = "http/protobuf"
 

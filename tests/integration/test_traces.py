@@ -14,8 +14,10 @@ import asyncpg
 import pytest
 from faststream.nats import NatsBroker
 from faststream.nats.opentelemetry import NatsTelemetryMiddleware
+from nats.aio.msg import Msg
 from opentelemetry import trace
 
+from contracts.headers import TRACEPARENT
 from contracts.replies import SubmitReply
 from contracts.status import RunStatus
 from services.runtime.logs import JsonFormatter
@@ -103,6 +105,23 @@ async def test_a_submit_inside_the_callers_span_joins_the_callers_trace(
         )
     )
     assert {s.trace_id for s in mine} == {caller_trace}
+
+
+async def test_run_events_carry_the_runs_trace(
+    stack: InProcessStack, spans: InProcessSpans
+) -> None:
+    headers: list[dict[str, str]] = []
+
+    async def keep(msg: Msg) -> None:
+        headers.append(dict(msg.headers or {}))
+
+    await stack.client.nc.subscribe(stack.client.subjects.events_wildcard, cb=keep)
+    run_id = (await stack.client.submit({"tokens": ["x"]})).run.run_id
+    await collect(stack.client, run_id)
+
+    events = await eventually(lambda: len(headers) >= 3 and headers)  # submitted .. finished
+    trace_ids = {s.trace_id for s in of_run(spans.spans, run_id)}
+    assert {h[TRACEPARENT].split("-")[1] for h in events} == trace_ids
 
 
 async def test_a_run_submitted_by_a_faststream_app_joins_the_apps_trace(
