@@ -47,6 +47,9 @@ PUBLISH_TRIES = 4
 LEGACY_CONSUMER = "relay"
 RAW_FRAMES_IN_FLIGHT = 10_000
 GAP_RETRY_DELAY_S = 0.25
+# The generation of a run's first attempt (a run is created with generation 0, and each
+# claim, or closing by recovery, adds one): no raw frame of a run is older than it.
+FIRST_GENERATION = 1
 # Short, so that frames a crashed relay had fetched come back quickly to the next one.
 RAW_FRAME_ACK_WAIT_S = 5.0
 # After this many deliveries (well past the ack wait, when every frame a crashed relay
@@ -202,11 +205,12 @@ class Pipeline:
     ) -> None:
         cursor = await self._cursor(cursors, raw.tenant, raw.run_id)
         verdict = cursor.judge(raw.generation, raw.seq)
-        if verdict == Verdict.KEEP and raw.generation > cursor.generation:
+        if verdict == Verdict.KEEP and raw.generation > max(cursor.generation, FIRST_GENERATION):
             await self._settle(cursors, batch)  # what came before is acknowledged first
             # A new generation (a resumed attempt, or the closing frames of recovery) starts
             # only once every older raw frame of the run has been handled, including any
             # that a crashed relay was holding: they are still in the work-queue stream.
+            # (The first generation has no older frames: nothing to wait for.)
             oldest = await self.broker.first_seq_on_subject(
                 self.broker.subjects.frames_in_stream, msg.subject
             )

@@ -43,3 +43,4 @@ def run_service(
         raise SystemExit(1) from exc
     finally:
         tracing.shutdown(provider)
+        logs.shutdown()

@@ -7,14 +7,17 @@ of one run can be found from its trace and the other way round.
 written while handling that run carries them without threading them through calls.
 """
 
+import atexit
 import contextlib
 import contextvars
 import json
 import logging
+import queue
 import sys
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TextIO
 
 from services.runtime.tracing import current_ids
 
@@ -22,6 +25,7 @@ _context: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar
     "runwire_log_context", default=None
 )
 _SERVICE = {"name": "runwire"}
+_WRITER: dict[str, "_LineWriter"] = {}
 
 
 @contextlib.contextmanager
@@ -72,17 +76,72 @@ class TextFormatter(logging.Formatter):
         return text.rstrip()
 
 
+class _LineWriter(logging.Handler):
+    """Formats each record where it is logged (the run's context and span are read
+    there) and hands the line to a thread that writes whatever has piled up in one
+    write, so a slow reader of stderr (a full pipe to a supervisor) never stalls the
+    event loop and a busy service does not pay a write per line."""
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__()
+        self._stream = stream
+        self._lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._write, name="log-writer", daemon=True)
+        self._thread.start()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._lines.put(self.format(record))
+        except Exception:  # noqa: BLE001 - a log line must never break the caller
+            self.handleError(record)
+
+    def _write(self) -> None:
+        while True:
+            line = self._lines.get()
+            batch = []
+            while line is not None:
+                batch.append(line)
+                try:
+                    line = self._lines.get_nowait()
+                except queue.Empty:
+                    break
+            if batch:
+                with contextlib.suppress(OSError, ValueError):
+                    self._stream.write("\n".join(batch) + "\n")
+                    self._stream.flush()
+            if line is None:
+                return
+
+    def close(self) -> None:
+        """Write every line still queued, then stop the thread."""
+        if self._thread.is_alive():
+            self._lines.put(None)
+            self._thread.join(timeout=5)
+        super().close()
+
+
 def setup(service: str, level: str = "INFO", fmt: str = "auto") -> None:
     """Configure the root logger for a service process."""
     _SERVICE["name"] = service
-    handler = logging.StreamHandler(sys.stderr)
+    shutdown()
     use_text = fmt == "text" or (fmt == "auto" and sys.stderr.isatty())
-    handler.setFormatter(TextFormatter() if use_text else JsonFormatter())
+    writer = _LineWriter(sys.stderr)
+    writer.setFormatter(TextFormatter() if use_text else JsonFormatter())
+    _WRITER["handler"] = writer
+    atexit.register(shutdown)
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.handlers[:] = [writer]
     root.setLevel(level)
     # The NATS client logs every reconnect attempt at ERROR; ours say it once, with context.
     logging.getLogger("nats").setLevel(logging.CRITICAL)
+
+
+def shutdown() -> None:
+    """Write every line still queued (at exit)."""
+    writer = _WRITER.pop("handler", None)
+    if writer is not None:
+        logging.getLogger().removeHandler(writer)
+        writer.close()
 
 
 def fields(**values: Any) -> dict[str, Any]:

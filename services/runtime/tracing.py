@@ -11,8 +11,9 @@ The exporter follows the standard environment variables: `OTEL_TRACES_EXPORTER`
 `OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set, `none`
 otherwise), the `OTEL_EXPORTER_OTLP_*` settings (HTTP/protobuf), `OTEL_SERVICE_NAME`,
 `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER`, `OTEL_BSP_*` and
-`OTEL_SDK_DISABLED`. Without an exporter, spans are still made so that log lines carry
-their trace id.
+`OTEL_SDK_DISABLED`. Without an exporter no span is recorded (and none costs anything):
+a caller's trace context is still carried through to jobs, frames and events, and log
+lines carry the caller's trace id.
 """
 
 import asyncio
@@ -94,12 +95,15 @@ def setup(service: str, env: Mapping[str, str] | None = None) -> TracerProvider 
     """Install the process's tracer provider from the OTEL_* environment.
 
     Returns it (to be shut down at exit, which exports what is still buffered), or None
-    when `OTEL_SDK_DISABLED=true`. Raises TracingConfigError for an unusable setting.
+    when spans are not exported (no exporter, or `OTEL_SDK_DISABLED=true`). Raises
+    TracingConfigError for an unusable setting.
     """
     env = os.environ if env is None else env
     if _on(env.get("OTEL_SDK_DISABLED")):
         return None
     names = exporters_from_env(env)
+    if not names:
+        return None
     attributes: dict[str, Any] = {"service.version": _version(), "service.namespace": "runwire"}
     if not env.get("OTEL_SERVICE_NAME"):
         attributes["service.name"] = f"runwire-{service}"
@@ -112,8 +116,7 @@ def setup(service: str, env: Mapping[str, str] | None = None) -> TracerProvider 
         elif name == "console":
             provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
     trace.set_tracer_provider(provider)
-    if names:
-        log.info("traces exported to %s", ", ".join(names))
+    log.info("traces exported to %s", ", ".join(names))
     return provider
 
 

@@ -94,9 +94,8 @@ class Submitter:
     async def submit(self, tenant: str, data: bytes) -> SubmitReply:
         cmd = parse(SubmitCommand, data, max_bytes=self.settings.max_input_bytes)
         self._check_input(cmd)
-        existing = await self.store.run_by_request(tenant, cmd.request_id)
-        if existing is not None:
-            return SubmitReply(run=existing.summary(), duplicate=True)
+        # A request_id used before is found by the insert (ON CONFLICT), or for a session
+        # by `_make_room` under the session's lock, before it changes anything.
         canceled: list[Run] = []
         try:
             if cmd.session_id is None:
@@ -105,7 +104,7 @@ class Submitter:
                 async with self.store.session_lock(tenant, cmd.session_id) as tx:
                     canceled = await self._make_room(tx, tenant, cmd.session_id, cmd)
                     run = await self._insert(tx, tenant, cmd)
-        except _Duplicate:  # the same request_id raced us between the read and the insert
+        except _Duplicate:  # the request_id was used before: answer with the first run
             first = await self.store.run_by_request(tenant, cmd.request_id)
             if first is None:
                 raise Unavailable("run vanished after a conflicting insert") from None

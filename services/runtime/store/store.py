@@ -36,6 +36,14 @@ CONNECT_TIMEOUT_S = 60.0
 CANCELED_BODY = CANCELED_ERROR.model_dump(mode="json")
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Return a connection to the pool as it is (an open transaction is still rolled back
+    by the pool). The default reset (`RESET ALL`, unlock all advisory locks, ...) costs a
+    round trip after every query, and no query here leaves session state behind:
+    advisory locks on pooled connections are transaction-scoped, and session locks live
+    on connections of their own (LockSession, migrations)."""
+
+
 class Store:
     """Named, guarded reads and writes of runs, their events and their frame segments."""
 
@@ -55,7 +63,11 @@ class Store:
             try:
                 await migrate(dsn)
                 pool = await asyncpg.create_pool(
-                    dsn, min_size=1, max_size=pool_size, init=init_connection
+                    dsn,
+                    min_size=1,
+                    max_size=pool_size,
+                    init=init_connection,
+                    reset=_keep_session,
                 )
                 return cls(pool)
             except (OSError, asyncpg.PostgresError) as exc:
