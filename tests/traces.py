@@ -3,6 +3,7 @@ service processes (a small OTLP/HTTP collector that the services export to)."""
 
 from __future__ import annotations
 
+import random
 import threading
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -15,6 +16,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import StatusCode
 
 STATUS_CODE_ERROR = 2  # OTLP's Status.STATUS_CODE_ERROR
@@ -51,6 +53,20 @@ def of_run(spans: list[SeenSpan], run_id: str) -> list[SeenSpan]:
     return [s for s in spans if s.attributes.get("run_id") == run_id]
 
 
+class _OwnRandomIds(IdGenerator):
+    """Span and trace ids from a generator of our own: the SDK's default draws from the
+    `random` module, which Hypothesis reports when it happens during a property test."""
+
+    def __init__(self) -> None:
+        self._rng = random.Random()
+
+    def generate_span_id(self) -> int:
+        return self._rng.getrandbits(64) or 1
+
+    def generate_trace_id(self) -> int:
+        return self._rng.getrandbits(128) or 1
+
+
 class InProcessSpans:
     """The test process's tracer provider: spans are kept while a test records them."""
 
@@ -58,7 +74,7 @@ class InProcessSpans:
         self.exporter = InMemorySpanExporter()
 
     def install(self) -> None:
-        provider = TracerProvider()
+        provider = TracerProvider(id_generator=_OwnRandomIds())
         provider.add_span_processor(SimpleSpanProcessor(self.exporter))
         trace.set_tracer_provider(provider)
 

@@ -5,7 +5,9 @@
 `Nats-Msg-Id` (a repeat after a crash is stored once), then marked published.
 """
 
+import asyncio
 import logging
+from typing import Any
 
 from contracts.events import RunEvent
 from services.runtime.broker import Broker
@@ -25,24 +27,40 @@ class EventPublisher:
         self.broker = broker
 
     async def publish_pending(self) -> int:
-        """Publish what is waiting; returns how many events were published."""
+        """Publish what is waiting; returns how many events were published.
+
+        The batch's publishes are sent at once (one connection keeps them in order) and
+        their acknowledgements awaited in order: the rows up to the first failure are
+        marked published, the rest are taken again by the next call."""
         async with self.store.unpublished_events(BATCH) as batch:
-            for row in batch.events:
-                event = RunEvent(
-                    run_id=row["run_id"],
-                    session_id=row["session_id"],
-                    event=row["event"],
-                    status=row["status"],
-                    attempt=row["attempt"],
-                    code=row["code"],
-                    at=row["at"],
-                )
-                try:
-                    await self.broker.publish_event(
-                        row["tenant"], event, row["id"], traceparent=row["trace_parent"]
+            sends = [
+                asyncio.ensure_future(
+                    self.broker.publish_event(
+                        row["tenant"], _event(row), row["id"], traceparent=row["trace_parent"]
                     )
+                )
+                for row in batch.events
+            ]
+            failed = False
+            for row, sent in zip(batch.events, sends, strict=True):
+                try:
+                    await sent
                 except RunwireError as exc:
-                    log.warning("run events not published yet: %s", exc.message)
-                    break
-                batch.published.append(row["id"])
+                    if not failed:
+                        log.warning("run events not published yet: %s", exc.message)
+                    failed = True
+                if not failed:
+                    batch.published.append(row["id"])
         return len(batch.published)
+
+
+def _event(row: dict[str, Any]) -> RunEvent:
+    return RunEvent(
+        run_id=row["run_id"],
+        session_id=row["session_id"],
+        event=row["event"],
+        status=row["status"],
+        attempt=row["attempt"],
+        code=row["code"],
+        at=row["at"],
+    )

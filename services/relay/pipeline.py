@@ -29,6 +29,7 @@ from services.runtime.broker import (
     HDR_RAW_SEQ,
     RELAY_PARTITIONS,
     Broker,
+    StoredMsg,
     StreamLimits,
     relay_consumer,
 )
@@ -103,6 +104,25 @@ def _flush_spans(buffers: Iterable[SegmentBuffer], started_ns: int, error: str =
         current.end(end_time=ended_ns)
 
 
+def _numbered(last: StoredMsg | None) -> bool:
+    """Whether the last published frame tells the relay's position in the run."""
+    return last is not None and HDR_GENERATION in last.headers
+
+
+def _cursor_from(last: StoredMsg | None, state: tuple[int, bool] | None) -> RunCursor:
+    """A run's cursor from the last frame published for it, or, when the stream no longer
+    holds any (purged after the run ended), from Postgres (last seq, frames closed)."""
+    if last is not None and _numbered(last):
+        return RunCursor(
+            generation=int(last.headers[HDR_GENERATION]),
+            raw_seq=int(last.headers[HDR_RAW_SEQ]),
+            seq=int(last.headers[HDR_FRAME_SEQ]),
+            closed=last.headers.get(HDR_FRAME_TYPE) == FrameType.DONE.value,
+        )
+    last_seq, closed = state or (0, False)
+    return RunCursor(seq=last_seq, closed=closed)
+
+
 class Pipeline:
     """Consumes the raw frames partitions this relay owns, one task per partition."""
 
@@ -148,14 +168,44 @@ class Pipeline:
         cursors = self.cursors.setdefault(partition, {})
         while (msgs := await frames_in.fetch(FETCH_BATCH, stop)) is not None:
             batch: list[Pending] = []
-            for msg in msgs:
-                await self._process(cursors, msg, batch)
+            parsed = [(msg, raw) for msg in msgs if (raw := await self._parse(msg)) is not None]
+            await self._preload(cursors, [raw for _, raw in parsed])
+            for msg, raw in parsed:
+                await self._process(cursors, raw, msg, batch)
             await self._settle(cursors, batch)
 
     async def _released(self, partition: int) -> None:
         # Another relay may advance these runs now: forget their cursors, write segments.
         self.cursors.pop(partition, None)
         await self.flush()
+
+    async def _preload(self, cursors: dict[str, RunCursor], raws: list[RawFrame]) -> None:
+        """Cursors of the batch's runs that have none yet, looked up together: the last
+        published frames at once, then Postgres in one query for runs with none. (On an
+        error each frame looks its run up by itself, and handles the error there.)"""
+        runs = {raw.run_id: raw.tenant for raw in raws if raw.run_id not in cursors}
+        if not runs:
+            return
+        subjects = self.broker.subjects
+        try:
+            lasts = await asyncio.gather(
+                *(
+                    self.broker.last_on_subject(
+                        subjects.run_frames_stream, subjects.run_frames(tenant, run_id)
+                    )
+                    for run_id, tenant in runs.items()
+                )
+            )
+            found = dict(zip(runs, lasts, strict=True))
+            states = await self.store.frame_states(
+                [run_id for run_id, last in found.items() if not _numbered(last)]
+            )
+        except RunwireError:
+            return
+        for run_id, last in found.items():
+            cursor = _cursor_from(last, states.get(run_id))
+            if not cursor.closed:
+                cursors[run_id] = cursor
 
     async def _cursor(self, cursors: dict[str, RunCursor], tenant: str, run_id: str) -> RunCursor:
         """The run's cursor, from memory or rebuilt from the last published frame."""
@@ -166,32 +216,25 @@ class Pipeline:
             self.broker.subjects.run_frames_stream,
             self.broker.subjects.run_frames(tenant, run_id),
         )
-        if last is not None and HDR_GENERATION in last.headers:
-            cursor = RunCursor(
-                generation=int(last.headers[HDR_GENERATION]),
-                raw_seq=int(last.headers[HDR_RAW_SEQ]),
-                seq=int(last.headers[HDR_FRAME_SEQ]),
-                closed=last.headers.get(HDR_FRAME_TYPE) == FrameType.DONE.value,
-            )
-        else:
-            run = await self.store.get_run_by_id(run_id)
-            # The stream no longer holds the run (purged after it ended): Postgres knows.
-            cursor = RunCursor(
-                seq=run.last_seq if run else 0, closed=bool(run and run.frames_closed)
-            )
+        state = None
+        if not _numbered(last):
+            state = (await self.store.frame_states([run_id])).get(run_id)
+        cursor = _cursor_from(last, state)
         if not cursor.closed:  # a closed run's late frames must not grow memory
             cursors[run_id] = cursor
         return cursor
 
-    async def _process(
-        self, cursors: dict[str, RunCursor], msg: Msg, batch: list["Pending"]
-    ) -> None:
+    async def _parse(self, msg: Msg) -> RawFrame | None:
         try:
-            raw = RawFrame.model_validate_json(msg.data)
+            return RawFrame.model_validate_json(msg.data)
         except ValidationError as exc:
             log.error("malformed raw frame dropped: %s", exc)
             await msg.term()
-            return
+            return None
+
+    async def _process(
+        self, cursors: dict[str, RunCursor], raw: RawFrame, msg: Msg, batch: list["Pending"]
+    ) -> None:
         with bind(run_id=raw.run_id, tenant=raw.tenant):
             try:
                 await self._relay(cursors, raw, msg, batch)

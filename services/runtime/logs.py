@@ -15,6 +15,7 @@ import logging
 import queue
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any, TextIO
@@ -26,6 +27,7 @@ _context: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar
 )
 _SERVICE = {"name": "runwire"}
 _WRITER: dict[str, "_LineWriter"] = {}
+WRITE_EVERY_S = 0.02
 
 
 @contextlib.contextmanager
@@ -98,6 +100,8 @@ class _LineWriter(logging.Handler):
     def _write(self) -> None:
         while True:
             line = self._lines.get()
+            # Let lines pile up a little: one wake-up and one write for many of them.
+            time.sleep(WRITE_EVERY_S)
             batch = []
             while line is not None:
                 batch.append(line)

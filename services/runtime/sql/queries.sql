@@ -25,6 +25,10 @@ WITH ins AS (
 )
 SELECT * FROM ins;
 
+-- name: frame_states
+-- The relay's starting point for runs it has no cursor for.
+SELECT run_id, last_seq, frames_closed FROM runs WHERE run_id = ANY($1::uuid[]);
+
 -- name: run_by_request
 SELECT * FROM runs WHERE tenant = $1 AND request_id = $2;
 

@@ -132,6 +132,13 @@ class Store:
         key = parse_run_id(run_id)
         return None if key is None else await self._run_or_none("get_run_by_id", key)
 
+    async def frame_states(self, run_ids: list[str]) -> dict[str, tuple[int, bool]]:
+        """For each run that exists: (last frame seq written, whether its frames are
+        closed), in one query."""
+        keys = [key for run_id in run_ids if (key := parse_run_id(run_id)) is not None]
+        rows = await self._fetch("frame_states", keys)
+        return {str(r["run_id"]): (r["last_seq"], r["frames_closed"]) for r in rows}
+
     async def run_by_request(self, tenant: str, request_id: str) -> Run | None:
         return await self._run_or_none("run_by_request", tenant, request_id)
 
