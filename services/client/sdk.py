@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 REQUEST_TIMEOUT_S = 10.0
 CONNECT_TIMEOUT_S = 5.0
 REJOIN_DELAY_S = 0.2
+JOIN_FIRST_TIMEOUT_S = 2.0
 # With no frame for this long, the client re-joins to check the run is still alive.
 LIVE_IDLE_S = 5.0
 # Frames held back waiting for an earlier one before the client joins again.
@@ -120,7 +121,9 @@ class Client:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _request(self, name: str, body: BaseModel, reply: type[Any]) -> Any:
+    async def _request(
+        self, name: str, body: BaseModel, reply: type[Any], *, timeout: float = REQUEST_TIMEOUT_S
+    ) -> Any:
         subject = self.subjects.command(self.tenant, name)
         # The caller's trace context, when it traces: a submitted run joins its trace.
         headers: dict[str, str] = {}
@@ -129,8 +132,8 @@ class Client:
             msg = await self.nc.request(
                 subject,
                 body.model_dump_json(exclude_unset=True).encode(),
-                timeout=REQUEST_TIMEOUT_S,
                 headers=headers or None,
+                timeout=timeout,
             )
         except nats.errors.NoRespondersError as exc:
             raise ClientError(
@@ -144,7 +147,7 @@ class Client:
             raise ClientError(
                 ErrorBody(
                     code=ErrorCode.UNAVAILABLE,
-                    message=f"no reply on {subject} within {REQUEST_TIMEOUT_S}s",
+                    message=f"no reply on {subject} within {timeout}s",
                     retryable=True,
                 )
             ) from exc
@@ -175,24 +178,33 @@ class Client:
         )
         return reply.canceled
 
-    async def join(self, run_id: str, after: int = 0) -> JoinReply:
+    async def join(
+        self, run_id: str, after: int = 0, *, timeout: float = REQUEST_TIMEOUT_S
+    ) -> JoinReply:
         reply: JoinReply = await self._request(
-            "join", JoinCommand(run_id=run_id, after=after), JoinReply
+            "join", JoinCommand(run_id=run_id, after=after), JoinReply, timeout=timeout
         )
         return reply
 
     async def stream(self, run_id: str, after: int = 0) -> AsyncIterator[Frame]:
         """Every frame with `seq > after`, once each, in order, ending with `done`."""
         cursor = after
+        failures = 0
         while True:
+            # Short at first, longer after each failure: a relay that stopped answering
+            # (frozen) still gets its share of joins until NATS drops it, and the next
+            # try most likely reaches another relay.
+            timeout = min(REQUEST_TIMEOUT_S, JOIN_FIRST_TIMEOUT_S * 2**failures)
             try:
-                reply = await self.join(run_id, cursor)
+                reply = await self.join(run_id, cursor, timeout=timeout)
             except ClientError as exc:
                 if not exc.retryable:
                     raise
+                failures += 1
                 log.info("join failed (%s); joining again", exc.message)
                 await asyncio.sleep(REJOIN_DELAY_S)
                 continue
+            failures = 0
             for frame in reply.replay:
                 if frame.seq > cursor:
                     cursor = frame.seq

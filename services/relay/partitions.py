@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from services.runtime.errors import RunwireError
+from services.runtime.settings import DEFAULT_PARTITION_TIMEOUT_MS
 from services.runtime.store import LockSession
 
 log = logging.getLogger(__name__)
@@ -31,14 +32,35 @@ Release = Callable[[int], Awaitable[None]]
 class PartitionOwner:
     """Holds partitions for this relay and runs one consumer task per partition."""
 
-    def __init__(self, dsn: str, partitions: int, consume: Consume, released: Release) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        partitions: int,
+        consume: Consume,
+        released: Release,
+        *,
+        timeout_ms: int = DEFAULT_PARTITION_TIMEOUT_MS,
+    ) -> None:
         self._dsn = dsn
         self._partitions = partitions
         self._consume = consume
         self._released = released
+        self._timeout_ms = timeout_ms
+        # Rebalancing also shows Postgres that this relay is alive: well inside the timeout.
+        self._every_s = min(REBALANCE_S, timeout_ms / 4000)
         self._locks: LockSession | None = None
         self._owned: dict[int, tuple[asyncio.Task[None], asyncio.Event]] = {}
         self._member = random.randrange(1, 2**31 - 1)
+        self._confirmed_at = float("-inf")
+
+    def current(self) -> bool:
+        """Whether this relay's locks were confirmed recently enough to act on them.
+
+        After a pause (a freeze, a stalled loop) past half the timeout, Postgres may have
+        ended the lock session and another relay may own the partitions: consumers wait
+        for the next confirmation before publishing anything more."""
+        age = asyncio.get_running_loop().time() - self._confirmed_at
+        return age < self._timeout_ms / 2000
 
     @property
     def owned(self) -> list[int]:
@@ -57,19 +79,20 @@ class PartitionOwner:
                     if task.done() and not task.cancelled() and task.exception() is not None:
                         log.error("partition consumer failed", exc_info=task.exception())
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), REBALANCE_S)
+                    await asyncio.wait_for(stop.wait(), self._every_s)
         finally:
             await self._drop_all()
 
     async def _rebalance(self) -> None:
         if self._locks is None:
-            self._locks = await LockSession.connect(self._dsn)
+            self._locks = await LockSession.connect(self._dsn, idle_timeout_ms=self._timeout_ms)
             if not await self._locks.try_lock(PRESENCE_LOCKS, self._member):
                 raise RunwireError("presence lock taken")
         for partition, (task, _) in list(self._owned.items()):
             if task.done():  # a consumer that died gives its partition back
                 await self._release(partition)
         relays = max(1, await self._locks.holders(PRESENCE_LOCKS))
+        self._confirmed_at = asyncio.get_running_loop().time()
         target = math.ceil(self._partitions / relays)
         while len(self._owned) > target:
             await self._release(max(self._owned))
@@ -99,6 +122,7 @@ class PartitionOwner:
         log.info("released raw-frames partition %d", partition)
 
     async def _drop_all(self) -> None:
+        self._confirmed_at = float("-inf")
         for partition in list(self._owned):
             task, stop = self._owned.pop(partition)
             stop.set()

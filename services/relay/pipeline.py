@@ -48,6 +48,7 @@ PUBLISH_TRIES = 4
 LEGACY_CONSUMER = "relay"
 RAW_FRAMES_IN_FLIGHT = 10_000
 GAP_RETRY_DELAY_S = 0.25
+OWNER_CHECK_S = 0.05
 # The generation of a run's first attempt (a run is created with generation 0, and each
 # claim, or closing by recovery, adds one): no raw frame of a run is older than it.
 FIRST_GENERATION = 1
@@ -133,6 +134,7 @@ class Pipeline:
         self.cursors: dict[int, dict[str, RunCursor]] = {}
         self.buffers: dict[str, SegmentBuffer] = {}
         self._flush_lock = asyncio.Lock()
+        self._owner: PartitionOwner | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         """Relay the partitions this relay owns until `stop`."""
@@ -140,8 +142,12 @@ class Pipeline:
         await self.broker.ensure_streams(StreamLimits.of(self.settings))
         if await self.broker.delete_consumer(stream, LEGACY_CONSUMER):
             log.info("removed the single raw-frames consumer of an earlier version")
-        owner = PartitionOwner(
-            self.settings.database_url, RELAY_PARTITIONS, self._consume, self._released
+        owner = self._owner = PartitionOwner(
+            self.settings.database_url,
+            RELAY_PARTITIONS,
+            self._consume,
+            self._released,
+            timeout_ms=self.settings.partition_timeout_ms,
         )
         flusher = asyncio.create_task(self._flush_every())
         try:
@@ -167,12 +173,24 @@ class Pipeline:
         await frames_in.open()
         cursors = self.cursors.setdefault(partition, {})
         while (msgs := await frames_in.fetch(FETCH_BATCH, stop)) is not None:
+            if not await self._still_owner(stop):
+                break  # the messages come back to the partition's next owner
             batch: list[Pending] = []
             parsed = [(msg, raw) for msg in msgs if (raw := await self._parse(msg)) is not None]
             await self._preload(cursors, [raw for _, raw in parsed])
             for msg, raw in parsed:
                 await self._process(cursors, raw, msg, batch)
             await self._settle(cursors, batch)
+
+    async def _still_owner(self, stop: asyncio.Event) -> bool:
+        """Wait until this relay's partition locks are confirmed (at once, normally);
+        False when the partition is being stopped meanwhile."""
+        while self._owner is not None and not self._owner.current():
+            if stop.is_set():
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), OWNER_CHECK_S)
+        return not stop.is_set()
 
     async def _released(self, partition: int) -> None:
         # Another relay may advance these runs now: forget their cursors, write segments.

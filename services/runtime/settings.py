@@ -31,6 +31,7 @@ DEFAULT_DRAIN_MS = 10_000
 DEFAULT_SEGMENT_FLUSH_MS = 50
 DEFAULT_SEGMENT_BYTES = 64 * 1024
 DEFAULT_REPLAY_MAX_BYTES = 4 * 1024 * 1024
+DEFAULT_PARTITION_TIMEOUT_MS = 10_000
 DEFAULT_RECOVERY_INTERVAL_MS = 1_000
 DEFAULT_RECOVERY_BACKOFF_MS = 200
 DEFAULT_MAX_RECOVERIES = 3
@@ -100,6 +101,9 @@ class RelaySettings(CommonSettings):
     segment_flush_ms: int = Field(default=DEFAULT_SEGMENT_FLUSH_MS, ge=1)
     segment_bytes: int = Field(default=DEFAULT_SEGMENT_BYTES, ge=1024)
     replay_max_bytes: int = Field(default=DEFAULT_REPLAY_MAX_BYTES, ge=1024)
+    # A relay that stops answering (frozen, or cut off from Postgres) loses its raw-frames
+    # partitions after this long, and the other relays take them over.
+    partition_timeout_ms: int = Field(default=DEFAULT_PARTITION_TIMEOUT_MS, ge=2_000)
 
 
 class RecoverySettings(CommonSettings):

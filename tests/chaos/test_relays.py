@@ -1,6 +1,8 @@
-"""One of two relays killed with -9 mid-stream: the other takes its partitions over."""
+"""One of two relays killed with -9, or frozen, mid-stream: the other takes its
+partitions over."""
 
 import asyncio
+import signal
 
 import pytest
 
@@ -39,3 +41,42 @@ async def test_killed_relay_partitions_move_to_the_survivor(processes: ProcessSt
 async def _stored(stack: ProcessStack, run_id: str, frames: int) -> bool:
     run = await stack.store.get_run_by_id(run_id)
     return bool(run and run.frames_closed and run.frame_count == run.last_seq == frames)
+
+
+async def test_a_frozen_relay_loses_its_partitions_and_does_nothing_when_it_wakes(
+    processes: ProcessStack,
+) -> None:
+    # The first relay already runs with the default timeout; this one may be frozen.
+    processes.start("relay-2", kind="relay", partition_timeout_ms=3000)
+    processes.start("executor")
+    scripts = [
+        {"tokens": [f"{i}~{t} " for t in range(80)], "token_delay_ms": 40} for i in range(12)
+    ]
+    ids = [(await processes.client.submit(s)).run.run_id for s in scripts]
+    streams = [asyncio.create_task(collect(processes.client, r, timeout=90)) for r in ids]
+    await eventually(lambda: _started(processes, ids), timeout=20)
+
+    # SIGSTOP: its process and its connections stay up, so Postgres would keep its locks.
+    frozen = processes.procs["relay-2"]
+    frozen.signal(signal.SIGSTOP)
+    try:
+        # Every run streams to its end while relay-2 is still frozen: its partitions moved.
+        results = await asyncio.wait_for(asyncio.gather(*streams), 60)
+    finally:
+        frozen.signal(signal.SIGCONT)
+
+    await eventually(lambda: "partition locks lost" in frozen.logs(), timeout=20)
+    for i, run_id in enumerate(ids):
+        frames, transcript = results[i]
+        assert_well_formed(frames)
+        assert transcript.text == "".join(scripts[i]["tokens"])  # type: ignore[arg-type]
+        # Nothing the woken relay did shows up: a fresh read of the run is the same.
+        again, _ = await collect(processes.client, run_id, timeout=30)
+        assert [f.seq for f in again] == [f.seq for f in frames]
+        count = len(frames)
+        await eventually(lambda r=run_id, n=count: _stored(processes, r, n), timeout=20)
+    # The woken relay takes a share of the partitions again, and runs still stream.
+    await eventually(lambda: "took raw-frames partition" in frozen.logs().split("locks lost")[-1])
+    reply = await processes.client.submit({"tokens": ["still ", "here"]})
+    _, transcript = await collect(processes.client, reply.run.run_id)
+    assert transcript.text == "still here"

@@ -391,6 +391,11 @@ SELECT pg_try_advisory_lock($1::integer, $2::integer) AS locked;
 -- name: lock_release
 SELECT pg_advisory_unlock($1::integer, $2::integer) AS released;
 
+-- name: lock_idle_timeout
+-- Postgres ends this session (and so frees its locks) once it has been idle this long
+-- (milliseconds): a relay that is frozen or cut off stops holding its partitions.
+SELECT set_config('idle_session_timeout', $1, false) AS timeout;
+
 -- name: lock_holders
 -- How many sessions of this database hold a lock of one class (live relays).
 SELECT count(DISTINCT pid) AS holders FROM pg_locks

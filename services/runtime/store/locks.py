@@ -21,11 +21,17 @@ class LockSession:
         self._conn = conn
 
     @classmethod
-    async def connect(cls, dsn: str) -> "LockSession":
+    async def connect(cls, dsn: str, *, idle_timeout_ms: int | None = None) -> "LockSession":
+        """A lock session; with `idle_timeout_ms`, Postgres ends it (freeing its locks)
+        when its holder has sent nothing for that long: frozen, or cut off from Postgres
+        by a network fault that TCP would take hours to notice."""
         try:
-            return cls(await asyncpg.connect(dsn))
+            session = cls(await asyncpg.connect(dsn))
         except (OSError, asyncpg.PostgresError) as exc:
             raise Unavailable(f"Postgres unreachable for locks: {exc}") from exc
+        if idle_timeout_ms is not None:
+            await session._value("lock_idle_timeout", str(idle_timeout_ms))
+        return session
 
     async def _value(self, name: str, *args: Any) -> Any:
         try:
