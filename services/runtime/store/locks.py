@@ -1,11 +1,14 @@
 """Session-level advisory locks on a connection of their own (relay partitions)."""
 
+import logging
 from typing import Any
 
 import asyncpg
 
 from services.runtime.errors import Unavailable
 from services.runtime.store.schema import QUERIES
+
+log = logging.getLogger(__name__)
 
 LOCK_TIMEOUT_S = 5.0
 
@@ -30,7 +33,16 @@ class LockSession:
         except (OSError, asyncpg.PostgresError) as exc:
             raise Unavailable(f"Postgres unreachable for locks: {exc}") from exc
         if idle_timeout_ms is not None:
-            await session._value("lock_idle_timeout", str(idle_timeout_ms))
+            try:
+                await session._conn.fetchval(
+                    QUERIES["lock_idle_timeout"], str(idle_timeout_ms), timeout=LOCK_TIMEOUT_S
+                )
+            except asyncpg.UndefinedObjectError:
+                # Postgres before 14: a stuck holder keeps its locks until TCP gives up.
+                log.warning("Postgres has no idle_session_timeout; a stuck relay keeps its locks")
+            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                await session.close()
+                raise Unavailable(f"lock connection failed during setup: {exc}") from exc
         return session
 
     async def _value(self, name: str, *args: Any) -> Any:
