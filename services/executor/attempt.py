@@ -7,6 +7,7 @@ lost to recovery) nothing it does takes effect.
 
 import asyncio
 import contextlib
+import io
 import logging
 from collections import deque
 from dataclasses import dataclass
@@ -78,8 +79,9 @@ class Attempt:
         self._owner = owner
         self._on_heartbeat = on_heartbeat
         self._seq = 0
-        # Text of this attempt's message frames known to be stored, in order.
-        self._parts: list[str] = []
+        # Text of this attempt's message frames known to be stored, in order (one buffer,
+        # not a string per token: a long run's memory stays about the size of its text).
+        self._text = io.StringIO()
         self._pending: deque[tuple[RawFrame, str | None, asyncio.Future[None]]] = deque()
         self._sync_lock = asyncio.Lock()
         self.continuation = run.partial_text
@@ -93,7 +95,7 @@ class Attempt:
     def partial_text(self) -> str:
         """The run's text so far: what earlier attempts delivered plus this one's frames
         that are stored (call `sync` first for all of them)."""
-        return self.continuation + "".join(self._parts)
+        return self.continuation + self._text.getvalue()
 
     def abort(self, reason: AbortReason) -> None:
         """Ask the runner to stop; the first reason that arrives is the one recorded."""
@@ -155,7 +157,7 @@ class Attempt:
                         await asyncio.sleep(0.2 * (attempt + 1))
                 self._pending.popleft()
                 if text is not None:
-                    self._parts.append(text)
+                    self._text.write(text)
 
     async def _emit(self, type: FrameType, data: dict[str, Any]) -> None:
         if self.closed or self.abort_reason == AbortReason.LOST:
