@@ -168,8 +168,11 @@ def main() -> None:
     full = os.environ.get("BENCH_FULL", "").strip() not in ("", "0", "false", "no")
     results = asyncio.run(run(FULL if full else QUICK))
     text = report.write(results)
+    if full:  # kept apart too, so that a later quick run does not replace it
+        report.write(results, "full")
     print(text)
-    progress(f"done in {results.meta['duration_s']} s; wrote bench/results/latest.{{md,json,png}}")
+    written = "latest and full" if full else "latest"
+    progress(f"done in {results.meta['duration_s']} s; wrote bench/results/{written}.{{md,json,png}}")
 
 
 if __name__ == "__main__":

@@ -166,11 +166,11 @@ def chart(results: Results, path: Path) -> None:
     plt.close(fig)
 
 
-def write(results: Results) -> str:
-    """Write latest.md, latest.json and latest.png; return the markdown."""
+def write(results: Results, name: str = "latest") -> str:
+    """Write <name>.md, <name>.json and <name>.png; return the markdown."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     text = markdown(results)
-    (RESULTS_DIR / "latest.md").write_text(text)
-    (RESULTS_DIR / "latest.json").write_text(json.dumps(results.as_json(), indent=2) + "\n")
-    chart(results, RESULTS_DIR / "latest.png")
+    (RESULTS_DIR / f"{name}.md").write_text(text)
+    (RESULTS_DIR / f"{name}.json").write_text(json.dumps(results.as_json(), indent=2) + "\n")
+    chart(results, RESULTS_DIR / f"{name}.png")
     return text

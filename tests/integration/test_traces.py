@@ -107,6 +107,32 @@ async def test_a_submit_inside_the_callers_span_joins_the_callers_trace(
     assert {s.trace_id for s in mine} == {caller_trace}
 
 
+@pytest.mark.parametrize(
+    "traceparent",
+    [
+        "garbage",
+        "00-" + "0" * 32 + "-" + "0" * 16 + "-01",  # all-zero ids
+        "ff-" + "a" * 32 + "-" + "b" * 16 + "-01",  # a version that does not exist
+    ],
+)
+async def test_a_malformed_traceparent_starts_a_new_trace_and_the_run_goes_on(
+    stack: InProcessStack, spans: InProcessSpans, traceparent: str
+) -> None:
+    msg = await stack.client.nc.request(
+        stack.client.subjects.command("default", "submit"),
+        b'{"request_id": "r-1", "input": {"tokens": ["x"]}}',
+        headers={TRACEPARENT: traceparent},
+        timeout=10,
+    )
+    run_id = SubmitReply.model_validate_json(msg.data).run.run_id
+    _, transcript = await collect(stack.client, run_id)
+    assert transcript.text == "x"
+    submit = await eventually(
+        lambda: [s for s in of_run(spans.spans, run_id) if s.name == "command submit"]
+    )
+    assert submit[0].parent_id is None  # a trace of its own, not the bad header's
+
+
 async def test_run_events_carry_the_runs_trace(
     stack: InProcessStack, spans: InProcessSpans
 ) -> None:

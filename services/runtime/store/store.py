@@ -136,6 +136,8 @@ class Store:
         """For each run that exists: (last frame seq written, whether its frames are
         closed), in one query."""
         keys = [key for run_id in run_ids if (key := parse_run_id(run_id)) is not None]
+        if not keys:
+            return {}
         rows = await self._fetch("frame_states", keys)
         return {str(r["run_id"]): (r["last_seq"], r["frames_closed"]) for r in rows}
 
