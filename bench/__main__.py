@@ -172,7 +172,8 @@ def main() -> None:
         report.write(results, "full")
     print(text)
     written = "latest and full" if full else "latest"
-    progress(f"done in {results.meta['duration_s']} s; wrote bench/results/{written}.{{md,json,png}}")
+    took = results.meta["duration_s"]
+    progress(f"done in {took} s; wrote bench/results/{written}.{{md,json,png}}")
 
 
 if __name__ == "__main__":
