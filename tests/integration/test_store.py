@@ -1,5 +1,6 @@
 """The Postgres schema: statuses agree with the contract; migrations are safe to re-run."""
 
+import json
 from pathlib import Path
 
 import asyncpg
@@ -8,6 +9,7 @@ import pytest
 import services.runtime
 from contracts.status import RunStatus
 from services.runtime.store import Store, migrate
+from services.runtime.store.schema import QUERIES
 from tests.conftest import TestInfra
 
 pytestmark = pytest.mark.integration
@@ -66,3 +68,36 @@ async def test_every_named_query_prepares(db_url: str) -> None:
                 pytest.fail(f"query {name} does not prepare: {exc}")
     finally:
         await conn.close()
+
+
+@pytest.mark.parametrize(
+    ("query", "args"),
+    [("unclosed_terminal", (10_000, 500)), ("purge_due", (600.0, 500))],
+)
+async def test_recovery_looks_do_not_grow_with_the_history_of_ended_runs(
+    db_url: str, query: str, args: tuple[object, ...]
+) -> None:
+    """Every recovery tick looks for unclosed and unpurged runs: with 20,000 runs ended,
+    closed and purged, that look reads a handful of pages, not the history."""
+    conn = await asyncpg.connect(db_url)
+    try:
+        await conn.execute(
+            """
+            INSERT INTO runs (run_id, tenant, request_id, multitask, runner, input,
+                              max_attempts, attempt_timeout_ms, status, ended_at,
+                              frames_closed, last_seq, frame_count, stream_purged_at)
+            SELECT gen_random_uuid(), 'default', 'old-' || g, 'interrupt', 'scripted',
+                   '{}'::jsonb, 3, 1000, 'finished', now() - make_interval(secs => g),
+                   true, 3, 3, now() - make_interval(secs => g) + interval '1 minute'
+              FROM generate_series(1, 20000) g
+            """
+        )
+        await conn.execute("ANALYZE runs")
+        plan = await conn.fetchval(
+            f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {QUERIES[query]}", *args
+        )
+    finally:
+        await conn.close()
+    root = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
+    pages = root["Shared Hit Blocks"] + root["Shared Read Blocks"]
+    assert pages < 50, f"{query} read {pages} pages"
