@@ -66,6 +66,13 @@ class Unavailable(RunwireError):
     retryable = True
 
 
+class MigrationFailed(Unavailable):
+    """A schema migration's SQL failed: the service cannot start, and trying again will
+    not help (unlike Postgres not being up yet)."""
+
+    retryable = False
+
+
 class LostRace(RunwireError):
     """A guarded write changed nothing: another writer (or a newer attempt) got there first."""
 

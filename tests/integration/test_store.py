@@ -8,6 +8,7 @@ import pytest
 
 import services.runtime
 from contracts.status import RunStatus
+from services.runtime.errors import MigrationFailed
 from services.runtime.store import Store, migrate
 from services.runtime.store.schema import QUERIES
 from tests.conftest import TestInfra
@@ -101,3 +102,14 @@ async def test_recovery_looks_do_not_grow_with_the_history_of_ended_runs(
     root = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
     pages = root["Shared Hit Blocks"] + root["Shared Read Blocks"]
     assert pages < 50, f"{query} read {pages} pages"
+
+
+async def test_a_migration_that_fails_stops_the_start_at_once_and_says_which(db_url: str) -> None:
+    # The record of migration 6 is lost: applying it again finds its column there.
+    conn = await asyncpg.connect(db_url)
+    try:
+        await conn.execute("DELETE FROM schema_migrations WHERE version = 6")
+    finally:
+        await conn.close()
+    with pytest.raises(MigrationFailed, match=r"0006_trace_parent\.sql failed.*trace_parent"):
+        await Store.connect(db_url, timeout=60)

@@ -8,6 +8,8 @@ from importlib import resources
 
 import asyncpg
 
+from services.runtime.errors import MigrationFailed
+
 log = logging.getLogger(__name__)
 
 MIGRATION_LOCK_KEY = 7_240_113_001
@@ -52,9 +54,16 @@ async def migrate(dsn: str) -> list[str]:
             for version, name, sql in _migrations():
                 if version in done:
                     continue
-                async with conn.transaction():
-                    await conn.execute(sql)
-                    await conn.execute(QUERIES["migration_done"], version, name)
+                try:
+                    async with conn.transaction():
+                        await conn.execute(sql)
+                        await conn.execute(QUERIES["migration_done"], version, name)
+                except (asyncpg.PostgresConnectionError, asyncpg.InterfaceError):
+                    raise  # Postgres went away: trying again may help
+                except asyncpg.PostgresError as exc:
+                    raise MigrationFailed(
+                        f"migration {name} failed, nothing of it applied: {exc}"
+                    ) from exc
                 applied.append(name)
                 log.info("applied migration %s", name)
         finally:

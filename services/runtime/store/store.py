@@ -61,7 +61,7 @@ class Store:
         delay = 0.1
         while True:
             try:
-                await migrate(dsn)
+                await migrate(dsn)  # MigrationFailed goes straight to the caller
                 pool = await asyncpg.create_pool(
                     dsn,
                     min_size=1,
