@@ -1,6 +1,7 @@
 """The Postgres schema: statuses agree with the contract; migrations are safe to re-run."""
 
 import json
+import uuid
 from pathlib import Path
 
 import asyncpg
@@ -113,3 +114,35 @@ async def test_a_migration_that_fails_stops_the_start_at_once_and_says_which(db_
         await conn.close()
     with pytest.raises(MigrationFailed, match=r"0006_trace_parent\.sql failed.*trace_parent"):
         await Store.connect(db_url, timeout=60)
+
+
+async def test_one_replica_at_a_time_publishes_run_events(db_url: str) -> None:
+    """Two recovery replicas publishing disjoint batches at once could put a run's later
+    event in the stream first: while one holds the outbox, the other gets nothing."""
+    store = await Store.connect(db_url, pool_size=3)
+    try:
+        for i in range(3):
+            await store.insert_run(
+                run_id=str(uuid.uuid4()),
+                tenant="default",
+                request_id=f"r-{i}",
+                session_id=None,
+                multitask="interrupt",
+                runner="scripted",
+                input={"tokens": ["x"]},
+                metadata={},
+                max_attempts=3,
+                attempt_timeout_ms=1000,
+                queue_timeout_ms=None,
+                actor="test",
+            )
+        async with store.unpublished_events(1) as first:
+            assert len(first.events) == 1
+            first.published.extend(e["id"] for e in first.events)
+            async with store.unpublished_events(10) as meanwhile:
+                assert meanwhile.events == []
+        async with store.unpublished_events(10) as rest:
+            assert len(rest.events) == 2  # in order, after the first one
+            assert rest.events[0]["id"] > first.events[0]["id"]
+    finally:
+        await store.close()

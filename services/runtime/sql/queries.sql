@@ -430,9 +430,14 @@ UPDATE runs r SET frames_expired_at = now()
   FROM due WHERE r.run_id = due.run_id
 RETURNING r.run_id, r.tenant;
 
+-- name: outbox_lock
+-- One publisher of run events at a time (for this transaction): two publishing disjoint
+-- batches at once could put a run's later event in the stream before an earlier one.
+SELECT pg_try_advisory_xact_lock($1) AS locked;
+
 -- name: unpublished_events
--- The oldest transitions not yet published as run events, locked so that two
--- publishers never take the same rows.
+-- The oldest transitions not yet published as run events (the caller holds outbox_lock;
+-- the row locks keep a publisher of an older version off these rows too).
 SELECT e.id, e.run_id, r.tenant, r.session_id, e.event, e.status, e.attempt, e.code, e.at,
        r.trace_parent
   FROM run_events e JOIN runs r USING (run_id)

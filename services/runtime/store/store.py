@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 60.0
 CANCELED_BODY = CANCELED_ERROR.model_dump(mode="json")
+OUTBOX_LOCK_KEY = 7_240_113_002
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:
@@ -157,11 +158,15 @@ class Store:
     @contextlib.asynccontextmanager
     async def unpublished_events(self, limit: int) -> AsyncIterator["EventBatch"]:
         """The oldest unpublished transitions, locked until the block ends; the ids the
-        block adds to `published` are marked published when it ends."""
+        block adds to `published` are marked published when it ends. One caller at a
+        time gets rows (in every replica); the others get an empty batch."""
         if not isinstance(self._pool, asyncpg.Pool):
             raise StoreError("the event outbox needs the pool, not a transaction")
         try:
             async with self._pool.acquire() as conn, conn.transaction():
+                if not await conn.fetchval(QUERIES["outbox_lock"], OUTBOX_LOCK_KEY):
+                    yield EventBatch([])  # another replica is publishing: in order, alone
+                    return
                 rows = await conn.fetch(QUERIES["unpublished_events"], limit)
                 batch = EventBatch([{**dict(r), "run_id": str(r["run_id"])} for r in rows])
                 yield batch
