@@ -1,8 +1,9 @@
 """Run events: every transition recorded in `run_events` is published after its commit.
 
-`run_events` is the outbox. Rows are taken oldest first with `FOR UPDATE SKIP LOCKED`
-(several recovery replicas never publish the same row), published with the row id as
-`Nats-Msg-Id` (a repeat after a crash is stored once), then marked published.
+`run_events` is the outbox. One recovery replica at a time takes the oldest rows (an
+advisory lock; the others skip their turn), so a run's events are published in the
+order of its transitions; each with the row id as `Nats-Msg-Id` (a repeat after a crash
+is stored once), then marked published.
 """
 
 import asyncio
