@@ -110,6 +110,14 @@ def _numbered(last: StoredMsg | None) -> bool:
     return last is not None and HDR_GENERATION in last.headers
 
 
+def _opens(raw: RawFrame, last: StoredMsg | None) -> bool:
+    """Whether `raw` is a run's very first frame and nothing is published for the run: a
+    new run, with no need to ask Postgres. (Its subject cannot have been purged: that
+    needs the run's `done` handled, which comes after this frame in the partition, and
+    the stream would then still hold the run or this frame would be long gone.)"""
+    return last is None and raw.generation == FIRST_GENERATION and raw.seq == 1
+
+
 def _cursor_from(last: StoredMsg | None, state: tuple[int, bool] | None) -> RunCursor:
     """A run's cursor from the last frame published for it, or, when the stream no longer
     holds any (purged after the run ended), from Postgres (last seq, frames closed)."""
@@ -201,7 +209,11 @@ class Pipeline:
         """Cursors of the batch's runs that have none yet, looked up together: the last
         published frames at once, then Postgres in one query for runs with none. (On an
         error each frame looks its run up by itself, and handles the error there.)"""
-        runs = {raw.run_id: raw.tenant for raw in raws if raw.run_id not in cursors}
+        first: dict[str, RawFrame] = {}
+        for raw in raws:
+            if raw.run_id not in cursors:
+                first.setdefault(raw.run_id, raw)
+        runs = {run_id: raw.tenant for run_id, raw in first.items()}
         if not runs:
             return
         subjects = self.broker.subjects
@@ -215,9 +227,12 @@ class Pipeline:
                 )
             )
             found = dict(zip(runs, lasts, strict=True))
-            states = await self.store.frame_states(
-                [run_id for run_id, last in found.items() if not _numbered(last)]
-            )
+            unknown = [
+                run_id
+                for run_id, last in found.items()
+                if not (_numbered(last) or _opens(first[run_id], last))
+            ]
+            states = await self.store.frame_states(unknown)
         except RunwireError:
             return
         for run_id, last in found.items():
@@ -225,17 +240,18 @@ class Pipeline:
             if not cursor.closed:
                 cursors[run_id] = cursor
 
-    async def _cursor(self, cursors: dict[str, RunCursor], tenant: str, run_id: str) -> RunCursor:
+    async def _cursor(self, cursors: dict[str, RunCursor], raw: RawFrame) -> RunCursor:
         """The run's cursor, from memory or rebuilt from the last published frame."""
+        run_id = raw.run_id
         cursor = cursors.get(run_id)
         if cursor is not None:
             return cursor
         last = await self.broker.last_on_subject(
             self.broker.subjects.run_frames_stream,
-            self.broker.subjects.run_frames(tenant, run_id),
+            self.broker.subjects.run_frames(raw.tenant, run_id),
         )
         state = None
-        if not _numbered(last):
+        if not _numbered(last) and not _opens(raw, last):
             state = (await self.store.frame_states([run_id])).get(run_id)
         cursor = _cursor_from(last, state)
         if not cursor.closed:  # a closed run's late frames must not grow memory
@@ -264,7 +280,7 @@ class Pipeline:
     async def _relay(
         self, cursors: dict[str, RunCursor], raw: RawFrame, msg: Msg, batch: list["Pending"]
     ) -> None:
-        cursor = await self._cursor(cursors, raw.tenant, raw.run_id)
+        cursor = await self._cursor(cursors, raw)
         verdict = cursor.judge(raw.generation, raw.seq)
         if verdict == Verdict.KEEP and raw.generation > max(cursor.generation, FIRST_GENERATION):
             await self._settle(cursors, batch)  # what came before is acknowledged first
