@@ -7,6 +7,8 @@ Older frames come from Postgres segments, the rest from the stream.
 
 import json
 
+from pydantic import TypeAdapter
+
 from contracts.commands import JoinCommand
 from contracts.frames import Frame, FrameType
 from contracts.replies import JoinReply, LiveCursor
@@ -15,6 +17,8 @@ from services.runtime.commands import parse
 from services.runtime.errors import NotFound
 from services.runtime.settings import RelaySettings
 from services.runtime.store import Store
+
+_FRAMES = TypeAdapter(list[Frame])
 
 
 def _frame(msg: StoredMsg) -> Frame:
@@ -57,16 +61,26 @@ class Joiner:
                 # A gap: frames a relay published but never wrote (it crashed before its
                 # flush). The stream has them; read it from the end of what is contiguous.
                 break
-            for body in segment.frames:
-                if body["seq"] <= cursor:
-                    continue
-                frame = Frame.model_validate(body)
-                replay.append(frame)
-                cursor = frame.seq
-                closed = closed or frame.type == FrameType.DONE
-                size += len(json.dumps(body))
+            bodies = [body for body in segment.frames if body["seq"] > cursor]
+            if size + segment.size >= limit:
+                # The segment may not fit whole: measure frame by frame up to the limit.
+                kept = []
+                for body in bodies:
+                    kept.append(body)
+                    size += len(json.dumps(body))
+                    if size >= limit:
+                        break
+                bodies = kept
+            else:
+                size += segment.size
+            kept_frames = _FRAMES.validate_python(bodies)  # one call for the segment
+            replay.extend(kept_frames)
+            if kept_frames:
+                cursor = kept_frames[-1].seq
+                closed = closed or kept_frames[-1].type == FrameType.DONE
             read_from = segment.last_stream_seq + 1
             if size >= limit:
+                # Cut inside a segment: the stream part must not be read from its end.
                 full = True
                 break
 

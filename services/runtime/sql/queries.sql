@@ -362,7 +362,9 @@ UPDATE runs r
 RETURNING r.run_id, r.tenant, r.last_seq, r.frame_count, p.closed AS done_written;
 
 -- name: segments_after
-SELECT first_seq, last_seq, last_stream_seq, frames FROM frame_segments
+-- `size`: the segment's frames as JSON text, in bytes (for the join's reply limit).
+SELECT first_seq, last_seq, last_stream_seq, frames, octet_length(frames::text) AS size
+  FROM frame_segments
  WHERE run_id = $1 AND last_seq > $2
  ORDER BY first_seq;
 

@@ -164,3 +164,5 @@ class StoredSegment:
     last_seq: int
     last_stream_seq: int
     frames: list[dict[str, Any]]
+    # Bytes of its frames as JSON text (about what they take in a reply).
+    size: int = 0

@@ -151,7 +151,9 @@ class Store:
     async def segments_after(self, run_id: str, after: int) -> list[StoredSegment]:
         rows = await self._fetch("segments_after", uuid.UUID(run_id), after)
         return [
-            StoredSegment(r["first_seq"], r["last_seq"], r["last_stream_seq"], r["frames"])
+            StoredSegment(
+                r["first_seq"], r["last_seq"], r["last_stream_seq"], r["frames"], r["size"]
+            )
             for r in rows
         ]
 
