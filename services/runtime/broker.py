@@ -6,6 +6,7 @@ is stored once. Errors are translated to runwire's own at this boundary.
 """
 
 import asyncio
+import itertools
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -55,6 +56,9 @@ def relay_consumer(partition: int) -> str:
     return f"relay-{partition}"
 
 
+HDR_MSG_ID = "Nats-Msg-Id"
+HDR_EXPECTED_STREAM = "Nats-Expected-Stream"
+NO_RESPONDERS = "503"
 HDR_GENERATION = "Rw-Generation"
 HDR_RAW_SEQ = "Rw-Raw-Seq"
 HDR_FRAME_SEQ = "Rw-Seq"
@@ -85,6 +89,28 @@ class StoredMsg:
     data: bytes
 
 
+def _stream_seq(reply: Msg, subject: str, stream: str) -> int:
+    """The stream sequence a publish acknowledgement gives, or the error it reports."""
+    if (reply.headers or {}).get("Status") == NO_RESPONDERS:
+        raise Unavailable(f"no stream stores {subject} (JetStream down, or {stream} missing)")
+    try:
+        answer = json.loads(reply.data)
+    except ValueError as exc:
+        raise Unavailable(f"unreadable acknowledgement of a publish to {subject}") from exc
+    error = answer.get("error")
+    if error is not None:
+        err_code = error.get("err_code")
+        if err_code == ERR_STREAM_FULL:
+            raise QueueFull(f"stream {stream} is full")
+        if err_code == ERR_MSG_TOO_LARGE:
+            raise PayloadTooLarge(f"message too large for {stream}")
+        raise Unavailable(
+            f"JetStream refused the publish to {subject}: {error.get('description')} "
+            f"(code {error.get('code')}, err_code {err_code})"
+        )
+    return int(answer["seq"])
+
+
 class Broker:
     """A NATS connection with runwire's streams, consumers and publishes."""
 
@@ -93,6 +119,13 @@ class Broker:
         self.js: JetStreamContext = nc.jetstream(timeout=PUBLISH_TIMEOUT_S)
         self.subjects = subjects
         self._state = {"closing": False}
+        # Publish acknowledgements: one reply subscription, a future per publish.
+        self._ack_prefix = nc.new_inbox()
+        self._awaiting_ack: dict[str, asyncio.Future[Msg]] = {}
+        self._tokens = itertools.count(1)
+
+    async def _listen_for_acks(self) -> None:
+        await self.nc.subscribe(f"{self._ack_prefix}.*", cb=self._on_ack)
 
     @classmethod
     async def connect(
@@ -128,6 +161,7 @@ class Broker:
                 )
                 broker = cls(nc, subjects)
                 broker._state = state
+                await broker._listen_for_acks()
                 return broker
             except (OSError, nats.errors.Error) as exc:
                 if loop.time() + delay > deadline:
@@ -278,26 +312,41 @@ class Broker:
         stream: str,
         headers: dict[str, str] | None = None,
     ) -> int:
-        """A JetStream publish with a message id; returns the stream sequence."""
+        """A JetStream publish with a message id; returns the stream sequence.
+
+        The message is sent with a reply subject under one inbox subscription of this
+        connection and its acknowledgement awaited: about twice the rate of nats-py's
+        `publish`, which makes a request each time, when callers send many before
+        awaiting them. (nats-py's `publish_async` does the same, but its reply handler
+        raises on an error reply instead of failing the publish, so a full stream would
+        look like a timeout.) Nothing yields between the call and the message reaching
+        the connection's buffer, so publishes made in a row are stored in that order.
+        """
+        token = str(next(self._tokens))
+        acked: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
+        self._awaiting_ack[token] = acked
         try:
-            ack = await self.js.publish(
+            await self.nc.publish(
                 subject,
                 body,
-                timeout=PUBLISH_TIMEOUT_S,
-                stream=stream,
-                headers={"Nats-Msg-Id": msg_id, **(headers or {})},
+                reply=f"{self._ack_prefix}.{token}",
+                headers={HDR_MSG_ID: msg_id, HDR_EXPECTED_STREAM: stream, **(headers or {})},
             )
-        except nats.js.errors.ServiceUnavailableError as exc:
-            if exc.err_code == ERR_STREAM_FULL:
-                raise QueueFull(f"stream {stream} is full") from exc
-            raise Unavailable(f"JetStream unavailable: {exc}") from exc
-        except nats.js.errors.BadRequestError as exc:
-            if exc.err_code == ERR_MSG_TOO_LARGE:
-                raise PayloadTooLarge(f"message too large for {stream}") from exc
-            raise Unavailable(f"JetStream refused the publish: {exc}") from exc
-        except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+            reply = await asyncio.wait_for(acked, PUBLISH_TIMEOUT_S)
+        except TimeoutError as exc:
+            raise Unavailable(f"no acknowledgement of a publish to {subject}") from exc
+        except nats.errors.MaxPayloadError as exc:
+            raise PayloadTooLarge(f"message too large for {stream}") from exc
+        except (nats.errors.Error, OSError) as exc:
             raise Unavailable(f"publish to {subject} failed: {exc}") from exc
-        return int(ack.seq)
+        finally:
+            self._awaiting_ack.pop(token, None)
+        return _stream_seq(reply, subject, stream)
+
+    async def _on_ack(self, msg: Msg) -> None:
+        acked = self._awaiting_ack.get(msg.subject.rsplit(".", 1)[-1])
+        if acked is not None and not acked.done():
+            acked.set_result(msg)
 
     async def publish_job(
         self, job: Job, *, traceparent: str | None = None, copy: str = ""
