@@ -95,8 +95,10 @@ def _stream_seq(reply: Msg, subject: str, stream: str) -> int:
         raise Unavailable(f"no stream stores {subject} (JetStream down, or {stream} missing)")
     try:
         answer = json.loads(reply.data)
-    except ValueError as exc:
-        raise Unavailable(f"unreadable acknowledgement of a publish to {subject}") from exc
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict) or not ("seq" in answer or "error" in answer):
+        raise Unavailable(f"unreadable acknowledgement of a publish to {subject}")
     error = answer.get("error")
     if error is not None:
         err_code = error.get("err_code")
