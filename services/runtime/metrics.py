@@ -121,13 +121,13 @@ _served: set[int] = set()
 _served_lock = threading.Lock()
 
 
-def serve_metrics(port: int) -> None:
-    """Serve `/metrics` on `port` in a daemon thread (once per port; 0 serves nothing)."""
+def serve_metrics(port: int, host: str = "0.0.0.0") -> None:
+    """Serve `/metrics` on `host:port` in a daemon thread (once per port; 0 serves nothing)."""
     if port == 0:
         return
     with _served_lock:
         if port in _served:
             return
-        start_http_server(port, registry=REGISTRY)
+        start_http_server(port, addr=host, registry=REGISTRY)
         _served.add(port)
-    log.info("metrics served on port %d", port)
+    log.info("metrics served on %s:%d", host, port)

@@ -59,6 +59,9 @@ class CommonSettings(BaseSettings):
     db_pool_size: int = Field(default=10, ge=1, le=100)
     # Port of the Prometheus `/metrics` endpoint; 0 serves none.
     metrics_port: int = Field(default=0, ge=0, le=65535)
+    # Address it listens on: every interface by default (a scraper on another host or
+    # pod); 127.0.0.1 keeps it to this host.
+    metrics_host: str = "0.0.0.0"
 
 
 class SubmitterSettings(CommonSettings):

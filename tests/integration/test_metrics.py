@@ -45,7 +45,7 @@ async def services(
     stack = ProcessStack(service_env, tmp_path)
     for name in MODULES:
         extra = {"max_in_flight": 1} if name == "executor" else {}
-        stack.start(name, metrics_port=ports[name], **extra)
+        stack.start(name, metrics_port=ports[name], metrics_host="127.0.0.1", **extra)
     try:
         await stack.open()
         yield ports, stack.client
