@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import threading
 from collections.abc import Iterator, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 
 EXPORTERS = ("otlp", "console", "none")
 OTLP_PROTOCOL = "http/protobuf"
+SHUTDOWN_WAIT_S = 2.0
 
 tracer = trace.get_tracer("runwire")
 # Always W3C trace context, whatever OTEL_PROPAGATORS says: it is what runwire stores
@@ -107,7 +109,8 @@ def setup(service: str, env: Mapping[str, str] | None = None) -> TracerProvider 
     attributes: dict[str, Any] = {"service.version": _version(), "service.namespace": "runwire"}
     if not env.get("OTEL_SERVICE_NAME"):
         attributes["service.name"] = f"runwire-{service}"
-    provider = TracerProvider(resource=Resource.create(attributes))
+    # Shut down by `shutdown` below, within a bound, not by the SDK's own exit hook.
+    provider = TracerProvider(resource=Resource.create(attributes), shutdown_on_exit=False)
     for name in names:
         if name == "otlp":
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -120,10 +123,17 @@ def setup(service: str, env: Mapping[str, str] | None = None) -> TracerProvider 
     return provider
 
 
-def shutdown(provider: TracerProvider | None) -> None:
-    """Export the spans still buffered, then stop."""
-    if provider is not None:
-        provider.shutdown()
+def shutdown(provider: TracerProvider | None, wait_s: float = SHUTDOWN_WAIT_S) -> None:
+    """Export the spans still buffered, then stop; give up after `wait_s` seconds, so
+    that a collector that does not answer never holds a stopping service past its
+    drain (the exporter's retries would take tens of seconds)."""
+    if provider is None:
+        return
+    stopping = threading.Thread(target=provider.shutdown, name="trace-shutdown", daemon=True)
+    stopping.start()
+    stopping.join(wait_s)
+    if stopping.is_alive():
+        log.warning("spans still buffered were not exported: the collector did not answer")
 
 
 # -- carrying a run's trace -------------------------------------------------------
