@@ -2,9 +2,13 @@
 
 import subprocess
 import sys
+import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from services.runtime import tracing
 from services.runtime.tracing import TracingConfigError, exporters_from_env
@@ -62,3 +66,32 @@ def test_a_service_with_an_unknown_exporter_stops_at_once_with_one_clear_line() 
     assert done.returncode == 2
     assert "unknown exporter 'zipkin'" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+class _Unanswered(SpanExporter):
+    """A collector that never answers: every export hangs until the test ends."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.started = threading.Event()
+        self.finished = threading.Event()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.started.set()
+        self.release.wait(10)
+        self.finished.set()
+        return SpanExportResult.FAILURE
+
+
+def test_a_collector_that_does_not_answer_does_not_hold_a_stopping_service() -> None:
+    exporter = _Unanswered()
+    provider = TracerProvider(shutdown_on_exit=False)
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    provider.get_tracer("test").start_span("a span").end()
+    try:
+        tracing.shutdown(provider, wait_s=0.2)
+        # It returned while the export was still hanging.
+        assert exporter.started.is_set()
+        assert not exporter.finished.is_set()
+    finally:
+        exporter.release.set()
