@@ -106,12 +106,14 @@ class Sweeper:
                 report.released += 1
                 log.info("the run's %s came", "retry" if run.attempts > 0 else "session turn")
                 await self._publish_job(run.run_id, run.tenant, run.generation)
-        for run_id, tenant, generation, traceparent in await self.store.stale_queued(
-            s.republish_after_ms, s.batch_size
-        ):
+        stale = await self.store.stale_queued(s.republish_after_ms, s.batch_size)
+        # One listing of the jobs stream for the whole batch (a long queue makes many
+        # runs stale at once), or, if it cannot be had, one look per run.
+        waiting = await self.broker.jobs_waiting() if stale else None
+        for run_id, tenant, generation, traceparent in stale:
             # A job still waiting in the stream (a long queue) needs no copy; a lost one
             # (stream deleted or purged, publish failed) is published again.
-            if await self.broker.job_queued(run_id):
+            if (run_id in waiting) if waiting is not None else await self.broker.job_queued(run_id):
                 continue
             report.republished += 1
             with tracing.span(

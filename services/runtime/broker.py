@@ -430,6 +430,22 @@ class Broker:
         headers = {k: str(v) for k, v in (raw.headers or {}).items()}
         return StoredMsg(int(raw.seq or 0), headers, raw.data or b"")
 
+    async def jobs_waiting(self) -> set[str] | None:
+        """Run ids with a job in the jobs stream, from one stream info request; None when
+        the answer is incomplete (more subjects than one reply holds) or unavailable,
+        and `job_queued` must be asked run by run."""
+        try:
+            info = await self.js.stream_info(
+                self.subjects.jobs_stream, subjects_filter=self.subjects.jobs_wildcard
+            )
+        except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+            log.warning("jobs stream not listed (%s); looking run by run", exc)
+            return None
+        subjects = info.state.subjects or {}
+        if sum(subjects.values()) < info.state.messages:
+            return None
+        return {subject.rsplit(".", 1)[-1] for subject in subjects}
+
     async def job_queued(self, run_id: str) -> bool:
         """Whether the jobs stream still holds a job of this run."""
         last = await self.last_on_subject(self.subjects.jobs_stream, self.subjects.job(run_id))

@@ -171,3 +171,34 @@ async def test_jobs_purged_from_the_stream_are_published_again(
             assert transcript.text == f"p{i}"
     finally:
         await stack.close()
+
+
+async def test_jobs_still_waiting_in_a_long_queue_are_not_copied(
+    infra: TestInfra, db_url: str, prefix: str
+) -> None:
+    stack = InProcessStack(infra.nats_url, db_url, prefix, overrides={"republish_after_ms": 300})
+    await stack.start(executors=0)  # nothing takes the jobs: they wait in the stream
+    try:
+        ids = [(await stack.client.submit({"tokens": [f"w{i}"]})).run.run_id for i in range(5)]
+        submitted = {r: (await stack.store.get_run_by_id(r)).created_at for r in ids}  # type: ignore[union-attr]
+
+        async def all_looked_at_twice() -> bool:
+            for run_id, created in submitted.items():
+                run = await stack.store.get_run_by_id(run_id)
+                assert run is not None
+                assert run.job_published_at is not None
+                if (run.job_published_at - created).total_seconds() < 0.6:
+                    return False
+            return True
+
+        await eventually(all_looked_at_twice, timeout=15)
+        js = stack.client.nc.jetstream()
+        info = await js.stream_info(stack.client.subjects.jobs_stream)
+        assert info.state.messages == len(ids)  # one job each, no copies
+
+        stack.start_executor()
+        for i, run_id in enumerate(ids):
+            _, transcript = await collect(stack.client, run_id, timeout=20)
+            assert transcript.text == f"w{i}"
+    finally:
+        await stack.close()
