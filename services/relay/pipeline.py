@@ -7,6 +7,7 @@ multi-row write per flush.
 """
 
 import asyncio
+import bisect
 import contextlib
 import logging
 import time
@@ -49,6 +50,9 @@ LEGACY_CONSUMER = "relay"
 RAW_FRAMES_IN_FLIGHT = 10_000
 GAP_RETRY_DELAY_S = 0.25
 OWNER_CHECK_S = 0.05
+# Stream messages read before the end of a run's gap-free segments when repairing (two
+# batches: retried publishes are stored at most that far out of order).
+REPAIR_MARGIN = 2 * FETCH_BATCH
 # The generation of a run's first attempt (a run is created with generation 0, and each
 # claim, or closing by recovery, adds one): no raw frame of a run is older than it.
 FIRST_GENERATION = 1
@@ -103,6 +107,24 @@ def _flush_spans(buffers: Iterable[SegmentBuffer], started_ns: int, error: str =
         if error:
             tracing.failed(current, error)
         current.end(end_time=ended_ns)
+
+
+class _Covered:
+    """Whether a seq is in one of a run's segments, from their (first, last) ranges."""
+
+    def __init__(self, ranges: list[tuple[int, int]]) -> None:
+        merged: list[list[int]] = []
+        for first, last in sorted(ranges):
+            if merged and first <= merged[-1][1] + 1:
+                merged[-1][1] = max(merged[-1][1], last)
+            else:
+                merged.append([first, last])
+        self._firsts = [first for first, _ in merged]
+        self._lasts = [last for _, last in merged]
+
+    def __call__(self, seq: int) -> bool:
+        i = bisect.bisect_right(self._firsts, seq) - 1
+        return i >= 0 and seq <= self._lasts[i]
 
 
 def _numbered(last: StoredMsg | None) -> bool:
@@ -309,7 +331,11 @@ class Pipeline:
             await msg.ack()
             if cursor.closed and raw.type == FrameType.DONE:
                 # Recovery sends closing frames again while Postgres lacks some of the
-                # run's frames (a relay died between its ack and its flush): repair.
+                # run's frames: the relay is behind (the frames before this one in the
+                # batch are not buffered yet), or a relay died between its ack and its
+                # flush. Settle and write what is pending first, then repair what is
+                # still missing.
+                await self._settle(cursors, batch)
                 await self._ensure_complete(raw.tenant, raw.run_id)
             return
         is_done = raw.type == FrameType.DONE
@@ -438,6 +464,9 @@ class Pipeline:
         if run is None or run.frames_closed:
             return
         await self.flush()
+        run = await self.store.get_run_by_id(run_id)
+        if run is None or run.frames_closed:
+            return  # what was buffered completed it
         await self._repair(SegmentCount(run_id, tenant, run.last_seq, run.frame_count, True))
         run = await self.store.get_run_by_id(run_id)
         if run is not None and not run.frames_closed:
@@ -446,46 +475,56 @@ class Pipeline:
 
     async def _repair(self, count: SegmentCount) -> None:
         """Copy frames that never reached a segment (a flush lost to a crash or a failed
-        write) from the stream, so the run stays replayable after the stream drops it."""
+        write) from the stream, so the run stays replayable after the stream drops it.
+
+        Only the stream after the last segment that has no gap before it is read, and
+        segments are looked at by their ranges: a long run costs what is missing, not
+        the whole run, in memory."""
         with bind(run_id=count.run_id, tenant=count.tenant):
             stream = self.broker.subjects.run_frames_stream
             subject = self.broker.subjects.run_frames(count.tenant, count.run_id)
-            have = {
-                body["seq"]
-                for segment in await self.store.segments_after(count.run_id, 0)
-                for body in segment.frames
-            }
+            ranges = await self.store.segment_ranges(count.run_id)
+            covered = _Covered([(first, last) for first, last, _ in ranges])
+            read_from, expected = 1, 1
+            for first, last_seq, last_stream_seq in ranges:
+                if first > expected:
+                    break  # the first gap: what is missing comes after this point
+                expected = max(expected, last_seq + 1)
+                read_from = max(read_from, last_stream_seq + 1)
+            # A publish the relay retried is stored after later frames, so a frame past
+            # the gap may sit a little before that point in the stream: read a margin.
+            read_from = max(1, read_from - REPAIR_MARGIN)
             last = await self.broker.last_on_subject(stream, subject)
-            if last is None:
+            if last is None or last.stream_seq < read_from:
                 log.error("frames missing from segments and gone from the stream")
                 return
-            stored = await self.broker.read_subject(stream, subject, 1, last.stream_seq)
+            stored = await self.broker.read_subject(stream, subject, read_from, last.stream_seq)
             # In seq order, each once (a retried publish may have been stored late).
-            by_seq = {
-                frame.seq: (frame, m)
-                for m in stored
-                if (frame := Frame.model_validate_json(m.data)).seq not in have
-            }
-            missing = [by_seq[k] for k in sorted(by_seq)]
+            by_seq: dict[int, StoredMsg] = {}
+            for m in stored:
+                seq = Frame.model_validate_json(m.data).seq
+                if not covered(seq):
+                    by_seq[seq] = m
             segments: list[Segment] = []
-            for frame, m in missing:
-                body, stream_seq = m.data.decode(), m.stream_seq
-                if segments and segments[-1].last_seq == frame.seq - 1:
-                    prev = segments[-1]
-                    segments[-1] = Segment(
-                        prev.run_id,
-                        prev.first_seq,
-                        frame.seq,
-                        stream_seq,
-                        [*prev.frames, body],
-                        True,
-                    )
-                else:
+            run_of: list[str] = []
+            first_seq = last_seq = last_stream = 0
+            for seq in sorted(by_seq):
+                m = by_seq[seq]
+                if run_of and seq != last_seq + 1:
                     segments.append(
-                        Segment(count.run_id, frame.seq, frame.seq, stream_seq, [body], True)
+                        Segment(count.run_id, first_seq, last_seq, last_stream, run_of, True)
                     )
+                    run_of = []
+                if not run_of:
+                    first_seq = seq
+                run_of.append(m.data.decode())
+                last_seq, last_stream = seq, m.stream_seq
+            if run_of:
+                segments.append(
+                    Segment(count.run_id, first_seq, last_seq, last_stream, run_of, True)
+                )
             await self.store.insert_segments(segments)
-            log.warning("repaired %d frames missing from the run's segments", len(missing))
+            log.warning("repaired %d frames missing from the run's segments", len(by_seq))
 
     async def _flush_every(self) -> None:
         while True:

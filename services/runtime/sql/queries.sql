@@ -368,6 +368,11 @@ SELECT first_seq, last_seq, last_stream_seq, frames, octet_length(frames::text) 
  WHERE run_id = $1 AND last_seq > $2
  ORDER BY first_seq;
 
+-- name: segment_ranges
+-- What a run's segments cover, without their frames (for finding missing ones).
+SELECT first_seq, last_seq, last_stream_seq FROM frame_segments
+ WHERE run_id = $1 ORDER BY first_seq;
+
 -- name: last_segment
 SELECT last_seq, last_stream_seq FROM frame_segments
  WHERE run_id = $1 ORDER BY first_seq DESC LIMIT 1;

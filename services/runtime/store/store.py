@@ -157,6 +157,11 @@ class Store:
             for r in rows
         ]
 
+    async def segment_ranges(self, run_id: str) -> list[tuple[int, int, int]]:
+        """(first_seq, last_seq, last_stream_seq) of each segment of a run, in order."""
+        rows = await self._fetch("segment_ranges", uuid.UUID(run_id))
+        return [(r["first_seq"], r["last_seq"], r["last_stream_seq"]) for r in rows]
+
     @contextlib.asynccontextmanager
     async def unpublished_events(self, limit: int) -> AsyncIterator["EventBatch"]:
         """The oldest unpublished transitions, locked until the block ends; the ids the
