@@ -67,6 +67,8 @@ class InProcessStack:
     db_url: str
     prefix: str
     overrides: dict[str, Any] = field(default_factory=dict)
+    # Executors started by `async with` (0: jobs stay queued until a test starts one).
+    executors: int = 1
     client: Client = field(init=False)
     store: Store = field(init=False)
     _services: dict[str, tuple[asyncio.Task[None], asyncio.Event]] = field(
@@ -101,6 +103,12 @@ class InProcessStack:
         self.client = await Client.connect(self.nats_url, prefix=self.prefix)
         await wait_ready(self.client)
         return self
+
+    async def __aenter__(self) -> InProcessStack:
+        return await self.start(executors=self.executors)
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
     def start_recovery(self, name: str) -> None:
         self._start(name, serve_recovery, self.settings(RecoverySettings))
@@ -169,6 +177,12 @@ async def collect(
 
     await asyncio.wait_for(read(), timeout)
     return frames, transcript
+
+
+async def all_frames_stored(store: Store, run_id: str, frames: int) -> bool:
+    """Postgres has every one of the run's `frames`, in segments, and knows it is done."""
+    run = await store.get_run_by_id(run_id)
+    return bool(run and run.frames_closed and run.frame_count == run.last_seq == frames)
 
 
 def assert_well_formed(frames: list[Frame], after: int = 0) -> None:

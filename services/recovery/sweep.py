@@ -52,6 +52,24 @@ class TickReport:
         return any(vars(self).values())
 
 
+def _decision_span(
+    run_id: str,
+    tenant: str,
+    traceparent: str | None,
+    decision: str,
+    *,
+    attempt: int | None = None,
+    generation: int | None = None,
+) -> AbstractContextManager[Span]:
+    """A span in the run's trace for what recovery decided about it."""
+    attributes = tracing.run_attributes(run_id, tenant, attempt=attempt, generation=generation)
+    return tracing.span(
+        "recovery decision",
+        tracing.context_of(traceparent),
+        attributes={**attributes, "decision": decision},
+    )
+
+
 class Sweeper:
     """Runs recovery ticks."""
 
@@ -116,13 +134,8 @@ class Sweeper:
             if (run_id in waiting) if waiting is not None else await self.broker.job_queued(run_id):
                 continue
             report.republished += 1
-            with tracing.span(
-                "recovery decision",
-                tracing.context_of(traceparent),
-                attributes={
-                    **tracing.run_attributes(run_id, tenant, generation=generation),
-                    "decision": "job lost; published again",
-                },
+            with _decision_span(
+                run_id, tenant, traceparent, "job lost; published again", generation=generation
             ):
                 await self._publish_job(run_id, tenant, generation, copy=f"r{time.time_ns()}")
         for run in await self.store.unclosed_terminal(s.close_grace_ms, s.batch_size):
@@ -150,16 +163,13 @@ class Sweeper:
 
     @staticmethod
     def _decision(run: Run, decision: str) -> AbstractContextManager[Span]:
-        """A span in the run's trace for what recovery decided about it."""
-        return tracing.span(
-            "recovery decision",
-            tracing.context_of(run.trace_parent),
-            attributes={
-                **tracing.run_attributes(
-                    run.run_id, run.tenant, attempt=run.attempts, generation=run.generation
-                ),
-                "decision": decision,
-            },
+        return _decision_span(
+            run.run_id,
+            run.tenant,
+            run.trace_parent,
+            decision,
+            attempt=run.attempts,
+            generation=run.generation,
         )
 
     async def _publish_job(

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TypeGuard
 
 from nats.aio.msg import Msg
 from pydantic import ValidationError
@@ -127,7 +128,7 @@ class _Covered:
         return i >= 0 and seq <= self._lasts[i]
 
 
-def _numbered(last: StoredMsg | None) -> bool:
+def _numbered(last: StoredMsg | None) -> TypeGuard[StoredMsg]:
     """Whether the last published frame tells the relay's position in the run."""
     return last is not None and HDR_GENERATION in last.headers
 
@@ -143,7 +144,7 @@ def _opens(raw: RawFrame, last: StoredMsg | None) -> bool:
 def _cursor_from(last: StoredMsg | None, state: tuple[int, bool] | None) -> RunCursor:
     """A run's cursor from the last frame published for it, or, when the stream no longer
     holds any (purged after the run ended), from Postgres (last seq, frames closed)."""
-    if last is not None and _numbered(last):
+    if _numbered(last):
         return RunCursor(
             generation=int(last.headers[HDR_GENERATION]),
             raw_seq=int(last.headers[HDR_RAW_SEQ]),
@@ -227,57 +228,54 @@ class Pipeline:
         self.cursors.pop(partition, None)
         await self.flush()
 
-    async def _preload(self, cursors: dict[str, RunCursor], raws: list[RawFrame]) -> None:
-        """Cursors of the batch's runs that have none yet, looked up together: the last
-        published frames at once, then Postgres in one query for runs with none. (On an
-        error each frame looks its run up by itself, and handles the error there.)"""
-        first: dict[str, RawFrame] = {}
+    async def _lookup(self, raws: list[RawFrame]) -> dict[str, RunCursor]:
+        """The cursors of the runs of `raws`, rebuilt together: their last published
+        frames at once, then Postgres in one query for the runs with none."""
+        first: dict[str, RawFrame] = {}  # each run's first frame here
         for raw in raws:
-            if raw.run_id not in cursors:
-                first.setdefault(raw.run_id, raw)
-        runs = {run_id: raw.tenant for run_id, raw in first.items()}
-        if not runs:
-            return
+            first.setdefault(raw.run_id, raw)
         subjects = self.broker.subjects
-        try:
-            lasts = await asyncio.gather(
-                *(
-                    self.broker.last_on_subject(
-                        subjects.run_frames_stream, subjects.run_frames(tenant, run_id)
-                    )
-                    for run_id, tenant in runs.items()
+        lasts = await asyncio.gather(
+            *(
+                self.broker.last_on_subject(
+                    subjects.run_frames_stream, subjects.run_frames(raw.tenant, run_id)
                 )
+                for run_id, raw in first.items()
             )
-            found = dict(zip(runs, lasts, strict=True))
-            unknown = [
-                run_id
-                for run_id, last in found.items()
-                if not (_numbered(last) or _opens(first[run_id], last))
-            ]
-            states = await self.store.frame_states(unknown)
+        )
+        found = dict(zip(first, lasts, strict=True))
+        unknown = [
+            run_id
+            for run_id, last in found.items()
+            if not (_numbered(last) or _opens(first[run_id], last))
+        ]
+        states = await self.store.frame_states(unknown)
+        return {run_id: _cursor_from(last, states.get(run_id)) for run_id, last in found.items()}
+
+    @staticmethod
+    def _remember(cursors: dict[str, RunCursor], run_id: str, cursor: RunCursor) -> None:
+        if not cursor.closed:  # a closed run's late frames must not grow memory
+            cursors[run_id] = cursor
+
+    async def _preload(self, cursors: dict[str, RunCursor], raws: list[RawFrame]) -> None:
+        """Cursors of the batch's runs that have none yet, looked up together. (On an
+        error each frame looks its run up by itself, and handles the error there.)"""
+        new = [raw for raw in raws if raw.run_id not in cursors]
+        if not new:
+            return
+        try:
+            found = await self._lookup(new)
         except RunwireError:
             return
-        for run_id, last in found.items():
-            cursor = _cursor_from(last, states.get(run_id))
-            if not cursor.closed:
-                cursors[run_id] = cursor
+        for run_id, cursor in found.items():
+            self._remember(cursors, run_id, cursor)
 
     async def _cursor(self, cursors: dict[str, RunCursor], raw: RawFrame) -> RunCursor:
         """The run's cursor, from memory or rebuilt from the last published frame."""
-        run_id = raw.run_id
-        cursor = cursors.get(run_id)
-        if cursor is not None:
-            return cursor
-        last = await self.broker.last_on_subject(
-            self.broker.subjects.run_frames_stream,
-            self.broker.subjects.run_frames(raw.tenant, run_id),
-        )
-        state = None
-        if not _numbered(last) and not _opens(raw, last):
-            state = (await self.store.frame_states([run_id])).get(run_id)
-        cursor = _cursor_from(last, state)
-        if not cursor.closed:  # a closed run's late frames must not grow memory
-            cursors[run_id] = cursor
+        cursor = cursors.get(raw.run_id)
+        if cursor is None:
+            cursor = (await self._lookup([raw]))[raw.run_id]
+            self._remember(cursors, raw.run_id, cursor)
         return cursor
 
     async def _parse(self, msg: Msg) -> RawFrame | None:

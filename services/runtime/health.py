@@ -4,11 +4,11 @@ import logging
 import os
 import socket
 import time
-from importlib import metadata
 
 from nats.aio.msg import Msg
 
 from contracts.health import HealthReply
+from services.runtime import package_version
 from services.runtime.broker import Broker
 from services.runtime.errors import RunwireError
 from services.runtime.store import Store
@@ -16,18 +16,11 @@ from services.runtime.store import Store
 log = logging.getLogger(__name__)
 
 
-def _version() -> str:
-    try:
-        return metadata.version("runwire")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
 async def serve_health(broker: Broker, store: Store, service: str) -> None:
     """Answer health requests for this replica (every replica answers; the first wins)."""
     started = time.monotonic()
     instance = f"{socket.gethostname()}:{os.getpid()}"
-    version = _version()
+    version = package_version()
 
     async def answer(msg: Msg) -> None:
         try:

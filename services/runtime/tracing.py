@@ -22,7 +22,6 @@ import logging
 import os
 import threading
 from collections.abc import Iterator, Mapping
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from opentelemetry import trace
@@ -38,6 +37,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from contracts.headers import TRACEPARENT
+from services.runtime import package_version
 
 log = logging.getLogger(__name__)
 
@@ -86,13 +86,6 @@ def exporters_from_env(env: Mapping[str, str]) -> list[str]:
     return [name for name in dict.fromkeys(names) if name != "none"]
 
 
-def _version() -> str:
-    try:
-        return version("runwire")
-    except PackageNotFoundError:
-        return "unknown"
-
-
 def setup(service: str, env: Mapping[str, str] | None = None) -> TracerProvider | None:
     """Install the process's tracer provider from the OTEL_* environment.
 
@@ -106,7 +99,10 @@ def setup(service: str, env: Mapping[str, str] | None = None) -> TracerProvider 
     names = exporters_from_env(env)
     if not names:
         return None
-    attributes: dict[str, Any] = {"service.version": _version(), "service.namespace": "runwire"}
+    attributes: dict[str, Any] = {
+        "service.version": package_version(),
+        "service.namespace": "runwire",
+    }
     if not env.get("OTEL_SERVICE_NAME"):
         attributes["service.name"] = f"runwire-{service}"
     # Shut down by `shutdown` below, within a bound, not by the SDK's own exit hook.
@@ -156,12 +152,6 @@ def current_traceparent() -> str | None:
     carrier: dict[str, str] = {}
     _w3c.inject(carrier)
     return carrier.get(TRACEPARENT)
-
-
-def trace_headers(traceparent: str | None = None) -> dict[str, str]:
-    """Message headers that carry `traceparent` (by default the current span's)."""
-    value = traceparent or current_traceparent()
-    return {TRACEPARENT: value} if value else {}
 
 
 def current_ids() -> tuple[str, str] | None:

@@ -2,11 +2,12 @@
 partitions over."""
 
 import asyncio
+import functools
 import signal
 
 import pytest
 
-from tests.services import ProcessStack, assert_well_formed, collect
+from tests.services import ProcessStack, all_frames_stored, assert_well_formed, collect
 from tests.support import eventually
 
 pytestmark = pytest.mark.chaos
@@ -34,13 +35,8 @@ async def test_killed_relay_partitions_move_to_the_survivor(processes: ProcessSt
         assert_well_formed(frames)
         assert transcript.text == "".join(scripts[i]["tokens"])  # type: ignore[arg-type]
         # Postgres catches up with the stream: every frame is in a segment.
-        count = len(frames)
-        await eventually(lambda r=ids[i], n=count: _stored(processes, r, n), timeout=20)
-
-
-async def _stored(stack: ProcessStack, run_id: str, frames: int) -> bool:
-    run = await stack.store.get_run_by_id(run_id)
-    return bool(run and run.frames_closed and run.frame_count == run.last_seq == frames)
+        stored = functools.partial(all_frames_stored, processes.store, ids[i], len(frames))
+        await eventually(stored, timeout=20)
 
 
 async def test_a_frozen_relay_loses_its_partitions_and_does_nothing_when_it_wakes(
@@ -73,8 +69,8 @@ async def test_a_frozen_relay_loses_its_partitions_and_does_nothing_when_it_wake
         # Nothing the woken relay did shows up: a fresh read of the run is the same.
         again, _ = await collect(processes.client, run_id, timeout=30)
         assert [f.seq for f in again] == [f.seq for f in frames]
-        count = len(frames)
-        await eventually(lambda r=run_id, n=count: _stored(processes, r, n), timeout=20)
+        stored = functools.partial(all_frames_stored, processes.store, run_id, len(frames))
+        await eventually(stored, timeout=20)
     # The woken relay takes a share of the partitions again, and runs still stream.
     await eventually(lambda: "took raw-frames partition" in frozen.logs().split("locks lost")[-1])
     reply = await processes.client.submit({"tokens": ["still ", "here"]})

@@ -11,8 +11,5 @@ from tests.services import InProcessStack
 @pytest.fixture
 async def stack(infra: TestInfra, db_url: str, prefix: str) -> AsyncIterator[InProcessStack]:
     """Submitter, executor, relay and recovery, wired to this test's database and prefix."""
-    running = await InProcessStack(infra.nats_url, db_url, prefix).start()
-    try:
+    async with InProcessStack(infra.nats_url, db_url, prefix) as running:
         yield running
-    finally:
-        await running.close()

@@ -6,7 +6,7 @@ import pytest
 
 from contracts.frames import Frame, FrameType
 from tests.conftest import TestInfra
-from tests.services import InProcessStack, assert_well_formed, collect
+from tests.services import InProcessStack, all_frames_stored, assert_well_formed, collect
 from tests.support import eventually
 
 pytestmark = pytest.mark.integration
@@ -116,15 +116,14 @@ async def _closed(stack: InProcessStack, run_id: str) -> bool:
 async def test_a_replay_over_its_size_limit_is_cut_and_the_rest_comes_by_joining_again(
     infra: TestInfra, db_url: str, prefix: str
 ) -> None:
-    small = await InProcessStack(
+    async with InProcessStack(
         infra.nats_url, db_url, prefix, overrides={"replay_max_bytes": 4096}
-    ).start()
-    try:
+    ) as small:
         tokens = [f"token-{i:04d} " for i in range(300)]
         reply = await small.client.submit({"tokens": tokens})
         frames, transcript = await collect(small.client, reply.run.run_id)
         assert transcript.text == "".join(tokens)
-        await eventually(lambda: _in_postgres(small, reply.run.run_id, len(frames)))
+        await eventually(lambda: all_frames_stored(small.store, reply.run.run_id, len(frames)))
 
         first = await small.client.join(reply.run.run_id, 0)
         assert first.live is None  # cut: join again from the cursor
@@ -136,10 +135,3 @@ async def test_a_replay_over_its_size_limit_is_cut_and_the_rest_comes_by_joining
         # The SDK does the joining again by itself: every frame once, in order.
         streamed, _ = await collect(small.client, reply.run.run_id)
         assert [f.seq for f in streamed] == [f.seq for f in frames]
-    finally:
-        await small.close()
-
-
-async def _in_postgres(stack: InProcessStack, run_id: str, frames: int) -> bool:
-    run = await stack.store.get_run_by_id(run_id)
-    return bool(run and run.frames_closed and run.frame_count == frames)

@@ -158,27 +158,18 @@ async def test_jobs_purged_from_the_stream_are_published_again(
 ) -> None:
     # Re-published within the stream's duplicate window, where a plain repeat of the
     # message id would be dropped as a duplicate.
-    stack = InProcessStack(infra.nats_url, db_url, prefix, overrides={"republish_after_ms": 300})
-    await stack.start(executors=0)
-    try:
+    async with _queued_only(infra, db_url, prefix) as stack:
         ids = [(await stack.client.submit({"tokens": [f"p{i}"]})).run.run_id for i in range(3)]
         js = stack.client.nc.jetstream()
         await js.purge_stream(stack.client.subjects.jobs_stream)
 
-        stack.start_executor()
-        for i, run_id in enumerate(ids):
-            _, transcript = await collect(stack.client, run_id, timeout=20)
-            assert transcript.text == f"p{i}"
-    finally:
-        await stack.close()
+        await _each_finishes(stack, ids, "p")
 
 
 async def test_jobs_still_waiting_in_a_long_queue_are_not_copied(
     infra: TestInfra, db_url: str, prefix: str
 ) -> None:
-    stack = InProcessStack(infra.nats_url, db_url, prefix, overrides={"republish_after_ms": 300})
-    await stack.start(executors=0)  # nothing takes the jobs: they wait in the stream
-    try:
+    async with _queued_only(infra, db_url, prefix) as stack:  # the jobs wait in the stream
         ids = [(await stack.client.submit({"tokens": [f"w{i}"]})).run.run_id for i in range(5)]
         submitted = {r: (await stack.store.get_run_by_id(r)).created_at for r in ids}  # type: ignore[union-attr]
 
@@ -196,9 +187,19 @@ async def test_jobs_still_waiting_in_a_long_queue_are_not_copied(
         info = await js.stream_info(stack.client.subjects.jobs_stream)
         assert info.state.messages == len(ids)  # one job each, no copies
 
-        stack.start_executor()
-        for i, run_id in enumerate(ids):
-            _, transcript = await collect(stack.client, run_id, timeout=20)
-            assert transcript.text == f"w{i}"
-    finally:
-        await stack.close()
+        await _each_finishes(stack, ids, "w")
+
+
+def _queued_only(infra: TestInfra, db_url: str, prefix: str) -> InProcessStack:
+    """A stack with no executor (jobs stay queued) and a short republish delay."""
+    return InProcessStack(
+        infra.nats_url, db_url, prefix, overrides={"republish_after_ms": 300}, executors=0
+    )
+
+
+async def _each_finishes(stack: InProcessStack, ids: list[str], token: str) -> None:
+    """Once an executor starts, run i finishes with the text `<token><i>`, once."""
+    stack.start_executor()
+    for i, run_id in enumerate(ids):
+        _, transcript = await collect(stack.client, run_id, timeout=20)
+        assert transcript.text == f"{token}{i}"

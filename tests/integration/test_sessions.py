@@ -71,12 +71,10 @@ def _one_after_another(runs: list[Run]) -> None:
 @pytest.fixture
 async def no_executor(infra: TestInfra, db_url: str, prefix: str) -> AsyncIterator[InProcessStack]:
     """The services without an executor: a test claims runs itself, as a dying executor."""
-    stack = InProcessStack(infra.nats_url, db_url, prefix, overrides={"supersede_grace_ms": 1000})
-    await stack.start(executors=0)
-    try:
+    async with InProcessStack(
+        infra.nats_url, db_url, prefix, overrides={"supersede_grace_ms": 1000}, executors=0
+    ) as stack:
         yield stack
-    finally:
-        await stack.close()
 
 
 # -- interrupt ---------------------------------------------------------------------------
