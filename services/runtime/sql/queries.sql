@@ -342,6 +342,14 @@ WITH ins AS (
     SELECT s.run_id, s.first_seq, s.last_seq, s.last_stream_seq, s.frames::jsonb
       FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::bigint[], $5::text[])
            AS s(run_id, first_seq, last_seq, last_stream_seq, frames)
+     -- Segments never overlap, so that frame_count counts each frame once: a segment
+     -- that overlaps one already written (a relay that lost its partition flushing
+     -- frames the new owner repaired) is left out; what it alone held is repaired
+     -- from the stream. Segments are disjoint, so the one starting last at or before
+     -- this one's end is the only one that can overlap it.
+     WHERE coalesce((SELECT f.last_seq FROM frame_segments f
+                      WHERE f.run_id = s.run_id AND f.first_seq <= s.last_seq
+                      ORDER BY f.first_seq DESC LIMIT 1), 0) < s.first_seq
     ON CONFLICT (run_id, first_seq) DO NOTHING
     RETURNING run_id, last_seq, jsonb_array_length(frames) AS n
 ), per_run AS (
