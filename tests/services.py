@@ -49,7 +49,8 @@ FAST = {
     "recovery_interval_ms": 100,
     "recovery_backoff_ms": 50,
     "republish_after_ms": 2000,
-    "close_grace_ms": 2000,
+    "outbox_grace_ms": 1000,
+    "outbox_interval_ms": 50,
     "db_pool_size": 4,
     "log_level": "INFO",
 }

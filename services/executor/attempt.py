@@ -97,6 +97,11 @@ class Attempt:
         that are stored (call `sync` first for all of them)."""
         return self.continuation + self._text.getvalue()
 
+    @property
+    def next_seq(self) -> int:
+        """The seq of this attempt's next frame: where the frames that close it start."""
+        return self._seq + 1
+
     def abort(self, reason: AbortReason) -> None:
         """Ask the runner to stop; the first reason that arrives is the one recorded."""
         if self.abort_reason is None:

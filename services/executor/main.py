@@ -29,6 +29,7 @@ from services.runtime.health import serve_health
 from services.runtime.lifecycle import run_service
 from services.runtime.logs import bind, fields
 from services.runtime.metrics import ATTEMPT_DURATION, ATTEMPTS_IN_FLIGHT
+from services.runtime.outbox import Outbox
 from services.runtime.settings import ExecutorSettings
 from services.runtime.store import Run, Store
 
@@ -65,7 +66,8 @@ class Executor:
         self._tasks: set[asyncio.Task[None]] = set()
         self._slot_freed = asyncio.Event()
         self._draining = False
-        self._settler = Settler(store, broker, settings, self.owner, random.Random())
+        self.outbox = Outbox(store, broker)
+        self._settler = Settler(store, self.outbox, settings, self.owner, random.Random())
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fetch and run jobs until `stop`, then drain."""
@@ -116,6 +118,7 @@ class Executor:
             attempt.abort(AbortReason.SHUTDOWN)
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=self.settings.drain_ms / 1000)
+        await self.outbox.close()
 
     async def _on_cancel_notice(self, msg: Msg) -> None:
         run_id = msg.subject.rsplit(".", 1)[-1]

@@ -3,7 +3,10 @@
 Each kept frame is published at once on the run's client subject (low latency) and
 buffered for Postgres; buffers are flushed every `segment_flush_ms`, when they pass
 `segment_bytes`, and at once for `run`, tool, `error` and `done` frames, as one
-multi-row write per flush.
+multi-row write per flush. A raw frame is acknowledged only once its segment is written:
+frames a crashed relay had published but not written come back to the partition's next
+owner, which finds them published already and repairs the run's segments from the
+stream when the run's `done` shows frames missing.
 """
 
 import asyncio
@@ -88,6 +91,8 @@ class SegmentBuffer:
     size: int = 0
     last_stream_seq: int = 0
     closed: bool = False
+    # The raw frames of these frames, acknowledged once the segment is written.
+    acks: list[Msg] = field(default_factory=list)
 
 
 def _flush_spans(buffers: Iterable[SegmentBuffer], started_ns: int, error: str = "") -> None:
@@ -328,11 +333,10 @@ class Pipeline:
         if verdict == Verdict.DROP:
             await msg.ack()
             if cursor.closed and raw.type == FrameType.DONE:
-                # Recovery sends closing frames again while Postgres lacks some of the
-                # run's frames: the relay is behind (the frames before this one in the
-                # batch are not buffered yet), or a relay died between its ack and its
-                # flush. Settle and write what is pending first, then repair what is
-                # still missing.
+                # A `done` published already comes again: a relay died before writing
+                # the run's last frames (their raw frames came back here), or the sweep
+                # published the closing frames a second time. Settle and write what is
+                # pending first, then repair what is still missing.
                 await self._settle(cursors, batch)
                 await self._ensure_complete(raw.tenant, raw.run_id)
             return
@@ -373,7 +377,6 @@ class Pipeline:
                 FRAMES_RELAYED.inc()
                 RELAY_LAG.observe(max(0.0, (datetime.now(UTC) - pending.frame.at).total_seconds()))
                 self._buffer(pending, stream_seq, is_done)
-                await pending.msg.ack()
                 urgent = urgent or pending.raw.type in URGENT_FRAME_TYPES
                 if is_done:
                     # Keep memory flat: a closed run's cursor is rebuilt if ever needed.
@@ -408,6 +411,7 @@ class Pipeline:
             buffer.generation = raw.generation
             buffer.traceparent = (pending.msg.headers or {}).get(TRACEPARENT)
         buffer.frames.append(body)
+        buffer.acks.append(pending.msg)
         buffer.last_seq = frame.seq
         buffer.size += len(body)
         buffer.last_stream_seq = stream_seq
@@ -445,16 +449,20 @@ class Pipeline:
                         old.size += newer.size
                         old.last_stream_seq = newer.last_stream_seq
                         old.closed = old.closed or newer.closed
+                        old.acks.extend(newer.acks)
                     self.buffers[run_id] = old
                 return
             _flush_spans(pending.values(), started)
+            for b in pending.values():
+                for msg in b.acks:
+                    await msg.ack()
             for count in counts:
                 if count.closed and count.frame_count < count.last_seq:
                     try:
                         await self._repair(count)
                     except RunwireError as exc:
-                        # Recovery asks again later (unclosed_terminal): the run's frames
-                        # are still in the stream meanwhile.
+                        # The run's frames are still in the stream; the next `done` this
+                        # relay drops for the run (a redelivery) tries again.
                         log.warning("segments of run %s not repaired: %s", count.run_id, exc)
 
     async def _ensure_complete(self, tenant: str, run_id: str) -> None:

@@ -28,8 +28,7 @@ from nats.js.api import (
     SubjectTransform,
 )
 
-from contracts.events import RunEvent
-from contracts.frames import Frame, Job, RawFrame
+from contracts.frames import Frame, RawFrame
 from contracts.headers import TRACEPARENT
 from contracts.subjects import Subjects
 from services.runtime.errors import PayloadTooLarge, QueueFull, Unavailable
@@ -350,20 +349,23 @@ class Broker:
         if acked is not None and not acked.done():
             acked.set_result(msg)
 
-    async def publish_job(
-        self, job: Job, *, traceparent: str | None = None, copy: str = ""
+    async def publish_message(
+        self,
+        subject: str,
+        stream: str,
+        body: bytes,
+        msg_id: str,
+        *,
+        traceparent: str | None = None,
     ) -> None:
-        """Queue an attempt; QueueFull when the jobs stream is at capacity.
-
-        `traceparent` puts the job in its run's trace. `copy` tells a re-publication of a
-        job known to be gone from its first one, which the stream would otherwise take
-        for a repeat within its duplicate window."""
-        suffix = f":{copy}" if copy else ""
+        """Publish an outbox message (a job, a closing frame, a run event) to `stream`;
+        QueueFull when the stream is at capacity. `traceparent` puts it in its run's
+        trace."""
         await self._publish(
-            self.subjects.job(job.run_id),
-            job.model_dump_json().encode(),
-            f"run:{job.run_id}:{job.generation}{suffix}",
-            self.subjects.jobs_stream,
+            subject,
+            body,
+            msg_id,
+            stream,
             headers={TRACEPARENT: traceparent} if traceparent else None,
         )
 
@@ -396,19 +398,6 @@ class Broker:
                 HDR_FRAME_SEQ: str(frame.seq),
                 HDR_FRAME_TYPE: frame.type.value,
             },
-        )
-
-    async def publish_event(
-        self, tenant: str, event: RunEvent, event_id: int, *, traceparent: str | None = None
-    ) -> None:
-        """Publish a run event (its outbox row id de-duplicates a repeat; `traceparent`:
-        the run's trace, for a consumer that traces its handling of the event)."""
-        await self._publish(
-            self.subjects.events(tenant, event.run_id),
-            event.model_dump_json().encode(),
-            f"event:{event_id}",
-            self.subjects.events_stream,
-            headers={TRACEPARENT: traceparent} if traceparent else None,
         )
 
     async def notify(self, subject: str, body: bytes = b"") -> None:

@@ -5,7 +5,7 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable
 
-from services.runtime import logs, tracing
+from services.runtime import faults, logs, tracing
 from services.runtime.errors import Unavailable
 from services.runtime.metrics import serve_metrics
 from services.runtime.settings import CommonSettings
@@ -22,7 +22,8 @@ def run_service(
     logs.setup(name, settings.log_level, settings.log_format)
     try:
         provider = tracing.setup(name)
-    except tracing.TracingConfigError as exc:
+        faults.arm(settings.fault_points)
+    except (tracing.TracingConfigError, faults.FaultSpecError) as exc:
         log.error("%s cannot start: %s", name, exc)
         raise SystemExit(2) from exc
     serve_metrics(settings.metrics_port, settings.metrics_host)

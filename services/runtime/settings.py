@@ -36,8 +36,8 @@ DEFAULT_RECOVERY_INTERVAL_MS = 1_000
 DEFAULT_RECOVERY_BACKOFF_MS = 200
 DEFAULT_MAX_RECOVERIES = 3
 DEFAULT_REPUBLISH_AFTER_MS = 30_000
-DEFAULT_CLOSE_GRACE_MS = 10_000
-DEFAULT_EVENTS_INTERVAL_MS = 100
+DEFAULT_OUTBOX_INTERVAL_MS = 100
+DEFAULT_OUTBOX_GRACE_MS = 2_000
 DEFAULT_FRAME_RETENTION = timedelta(hours=24)
 DEFAULT_STREAM_PURGE_GRACE = timedelta(minutes=10)
 
@@ -62,6 +62,8 @@ class CommonSettings(BaseSettings):
     # Address it listens on: every interface by default (a scraper on another host or
     # pod); 127.0.0.1 keeps it to this host.
     metrics_host: str = "0.0.0.0"
+    # Test only: fault points to arm (`outbox.committed=kill`; see services/runtime/faults.py).
+    fault_points: str = ""
 
 
 class SubmitterSettings(CommonSettings):
@@ -112,8 +114,12 @@ class RelaySettings(CommonSettings):
 class RecoverySettings(CommonSettings):
     """The recovery service: its tick, what it re-drives, how long frames are kept."""
 
-    # How often transitions are published as run events (the outbox in run_events).
-    events_interval_ms: int = Field(default=DEFAULT_EVENTS_INTERVAL_MS, ge=10)
+    # How often the outbox is swept: run events, jobs that became due (a retry after its
+    # backoff), and what a crashed service left.
+    outbox_interval_ms: int = Field(default=DEFAULT_OUTBOX_INTERVAL_MS, ge=10)
+    # How long the service that committed a transition has to publish what it implies
+    # before the sweep publishes it instead (a repeat is stored once either way).
+    outbox_grace_ms: int = Field(default=DEFAULT_OUTBOX_GRACE_MS, ge=100)
     # Segments of an ended run are removed after this (seconds, or ISO 8601 like PT24H).
     frame_retention: timedelta = DEFAULT_FRAME_RETENTION
     # The run's subject leaves the stream this long after it ended (Postgres has it all).
@@ -123,7 +129,6 @@ class RecoverySettings(CommonSettings):
     recovery_backoff_ms: int = Field(default=DEFAULT_RECOVERY_BACKOFF_MS, ge=0)
     max_recoveries: int = Field(default=DEFAULT_MAX_RECOVERIES, ge=1)
     republish_after_ms: int = Field(default=DEFAULT_REPUBLISH_AFTER_MS, ge=100)
-    close_grace_ms: int = Field(default=DEFAULT_CLOSE_GRACE_MS, ge=100)
     batch_size: int = Field(default=500, ge=1)
 
     @field_validator("frame_retention", "stream_purge_grace", mode="before")

@@ -2,8 +2,9 @@
 
 Runs that share a `session_id` are submitted under the session's lock in Postgres, so
 the `multitask` rule of a submit (interrupt, enqueue, reject) sees every earlier submit
-of the session. A run whose session is busy is stored without a job; it gets one when
-the runs before it have ended (`release_session`, also done by executors and recovery).
+of the session. A run whose session is busy is stored without a job; it gets one in the
+transaction that ends the run before it. Whatever a write implies (the job, closing
+frames, run events) leaves through the outbox.
 """
 
 import json
@@ -21,13 +22,11 @@ from contracts.commands import (
     SubmitCommand,
 )
 from contracts.errors import ErrorCode
-from contracts.frames import Job
 from contracts.replies import AbortSessionReply, RunReply, SubmitReply
 from contracts.scripted import ScriptedInput
 from contracts.status import RunStatus
 from services.runtime import tracing
 from services.runtime.broker import Broker
-from services.runtime.closing import publish_closing
 from services.runtime.commands import describe, parse
 from services.runtime.errors import (
     CANCELED_ERROR,
@@ -41,6 +40,7 @@ from services.runtime.errors import (
     Unavailable,
 )
 from services.runtime.logs import bind, fields
+from services.runtime.outbox import Outbox
 from services.runtime.settings import SubmitterSettings
 from services.runtime.store import Run, Store
 
@@ -70,10 +70,13 @@ class _Duplicate(RunwireError):
 class Submitter:
     """The submitter's command handlers."""
 
-    def __init__(self, settings: SubmitterSettings, store: Store, broker: Broker) -> None:
+    def __init__(
+        self, settings: SubmitterSettings, store: Store, broker: Broker, outbox: Outbox
+    ) -> None:
         self.settings = settings
         self.store = store
         self.broker = broker
+        self.outbox = outbox
 
     def _check_input(self, cmd: SubmitCommand) -> None:
         size = len(json.dumps(cmd.input).encode())
@@ -112,14 +115,13 @@ class Submitter:
         await self._after_cancel(canceled)
         trace.get_current_span().set_attributes(tracing.run_attributes(run.run_id, tenant))
         with bind(run_id=run.run_id, tenant=tenant):
-            if run.job_published_at is not None or cmd.session_id is None:
-                await self._queue(run)
+            dispatched = await self.outbox.dispatch(run)
+            if run.run_id in dispatched.queue_full:
+                await self._queue_full(run)
+            if run.job_published_at is not None:
                 log.info("run submitted")
             else:
                 log.info("run submitted; it waits for the earlier runs of its session")
-                # The run that held the session may have ended between our insert and
-                # its executor's release, which then did not see us yet: look again.
-                await self._release(tenant, cmd.session_id)
         return SubmitReply(run=run.summary(), duplicate=False)
 
     async def _make_room(
@@ -160,28 +162,12 @@ class Submitter:
             raise _Duplicate("request_id already used")
         return run
 
-    async def _queue(self, run: Run) -> None:
-        try:
-            await self.broker.publish_job(
-                Job(run_id=run.run_id, tenant=run.tenant, generation=run.generation),
-                traceparent=run.trace_parent,
-            )
-        except QueueFull:
-            failed = await self.store.fail_queued(run.run_id, QUEUE_FULL, ACTOR)
-            if failed is not None:
-                await self._close_quietly(failed)
-                if failed.session_id is not None:
-                    await self._release(failed.tenant, failed.session_id)
-            raise
-        except Unavailable as exc:
-            # The run is safe in Postgres; recovery publishes its job once NATS answers.
-            log.warning("job not published yet, recovery will: %s", exc.message)
-
-    async def _close_quietly(self, run: Run) -> None:
-        try:
-            await publish_closing(self.broker, run)
-        except RunwireError as exc:
-            log.warning("closing frames not published yet, recovery will: %s", exc.message)
+    async def _queue_full(self, run: Run) -> None:
+        """The jobs stream refused the run's job: the run fails with QUEUE_FULL (its
+        closing frames and the next run of its session follow from that write)."""
+        failed = await self.store.fail_queued(run.run_id, QUEUE_FULL, ACTOR)
+        await self.outbox.dispatch(failed)
+        raise QueueFull("the queue is full; submit again later with a new request_id")
 
     async def get(self, tenant: str, data: bytes) -> RunReply:
         cmd = parse(GetCommand, data, max_bytes=self.settings.max_input_bytes)
@@ -204,32 +190,18 @@ class Submitter:
                 raise NotFound(f"no run {run_id!r}")
             return current  # terminal already: unchanged
         await self._after_cancel([run])
-        if run.session_id is not None and run.status == RunStatus.CANCELED:
-            await self._release(tenant, run.session_id)  # it may have been next in line
         return run
 
     async def _after_cancel(self, runs: list[Run]) -> None:
-        """Close the runs a cancel ended at once; tell executors to stop the running ones."""
+        """Publish what the cancel implied (closing frames of the runs it ended); tell
+        executors to stop the running ones."""
+        await self.outbox.dispatch(*runs)
         for run in runs:
             with bind(run_id=run.run_id, tenant=run.tenant):
-                if run.status == RunStatus.CANCELED:
-                    await self._close_quietly(run)
-                else:
+                if run.status != RunStatus.CANCELED:
                     await self.broker.notify(self.broker.subjects.cancel_notice(run.run_id))
                 code = (run.cancel_error or {}).get("code")
                 log.info("cancel requested", extra=fields(code=code))
-
-    async def _release(self, tenant: str, session_id: str) -> None:
-        """Publish the jobs of the session's runs whose turn has come."""
-        for run in await self.store.release_session(tenant, session_id, ACTOR):
-            with bind(run_id=run.run_id, tenant=tenant):
-                try:
-                    await self.broker.publish_job(
-                        Job(run_id=run.run_id, tenant=run.tenant, generation=run.generation),
-                        traceparent=run.trace_parent,
-                    )
-                except RunwireError as exc:
-                    log.warning("job not published yet, recovery will: %s", exc.message)
 
     async def abort_session(self, tenant: str, data: bytes) -> AbortSessionReply:
         cmd = parse(AbortSessionCommand, data, max_bytes=self.settings.max_input_bytes)

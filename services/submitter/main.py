@@ -7,6 +7,7 @@ from services.runtime.broker import Broker, StreamLimits
 from services.runtime.commands import CommandServer
 from services.runtime.health import serve_health
 from services.runtime.lifecycle import run_service
+from services.runtime.outbox import Outbox
 from services.runtime.settings import SubmitterSettings
 from services.runtime.store import Store
 from services.submitter.commands import Submitter
@@ -22,7 +23,8 @@ async def serve(settings: SubmitterSettings, stop: asyncio.Event) -> None:
     )
     try:
         await broker.ensure_streams(StreamLimits.of(settings))
-        submitter = Submitter(settings, store, broker)
+        outbox = Outbox(store, broker)
+        submitter = Submitter(settings, store, broker, outbox)
         server = CommandServer(broker, QUEUE_GROUP)
         await server.serve("submit", submitter.submit)
         await server.serve("get", submitter.get)
@@ -31,6 +33,7 @@ async def serve(settings: SubmitterSettings, stop: asyncio.Event) -> None:
         await serve_health(broker, store, "submitter")
         await stop.wait()
         await server.drain()
+        await outbox.close()
     finally:
         await broker.close()
         await store.close()

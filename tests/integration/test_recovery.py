@@ -141,14 +141,15 @@ async def test_a_cancel_that_lands_while_an_attempt_ends_closes_the_run(
     # The attempt ends right after (it had failed, or its executor is shutting down).
     error = ErrorBody(code=ErrorCode.RUNNER_ERROR, message="boom", retryable=True)
     if ending == "retry":
-        ended = await stack.store.requeue(run_id, claimed.generation, error, "", 10, "test")
+        ended = await stack.store.requeue(run_id, claimed.generation, error, "", 10, "test", 1)
     else:
-        ended = await stack.store.release(run_id, claimed.generation, "", "test")
+        ended = await stack.store.release(run_id, claimed.generation, "", "test", 1)
 
     assert ended.status == RunStatus.CANCELED
     assert ended.error is not None
     assert ended.error["code"] == "CANCELED"
-    # Recovery closes it for clients too (the executor would have sent `done` itself).
+    # Its closing frames reach clients too: written with the transition, published by
+    # the outbox sweep here (an executor would have published them right after).
     frames, _ = await collect(stack.client, run_id)
     assert frames[-1].data == {"status": "canceled", "code": "CANCELED"}
 
@@ -177,8 +178,9 @@ async def test_jobs_still_waiting_in_a_long_queue_are_not_copied(
             for run_id, created in submitted.items():
                 run = await stack.store.get_run_by_id(run_id)
                 assert run is not None
-                assert run.job_published_at is not None
-                if (run.job_published_at - created).total_seconds() < 0.6:
+                if run.job_checked_at is None:
+                    return False
+                if (run.job_checked_at - created).total_seconds() < 0.6:
                     return False
             return True
 

@@ -74,7 +74,7 @@ async def test_every_named_query_prepares(db_url: str) -> None:
 
 @pytest.mark.parametrize(
     ("query", "args"),
-    [("unclosed_terminal", (10_000, 500)), ("purge_due", (600.0, 500))],
+    [("purge_due", (600.0, 500)), ("outbox_due", (2000, 500))],
 )
 async def test_recovery_looks_do_not_grow_with_the_history_of_ended_runs(
     db_url: str, query: str, args: tuple[object, ...]
@@ -116,7 +116,7 @@ async def test_a_migration_that_fails_stops_the_start_at_once_and_says_which(db_
         await Store.connect(db_url, timeout=60)
 
 
-async def test_one_replica_at_a_time_publishes_run_events(db_url: str) -> None:
+async def test_one_replica_at_a_time_sweeps_the_outbox(db_url: str) -> None:
     """Two recovery replicas publishing disjoint batches at once could put a run's later
     event in the stream first: while one holds the outbox, the other gets nothing."""
     store = await Store.connect(db_url, pool_size=3)
@@ -136,13 +136,16 @@ async def test_one_replica_at_a_time_publishes_run_events(db_url: str) -> None:
                 queue_timeout_ms=None,
                 actor="test",
             )
-        async with store.unpublished_events(1) as first:
-            assert len(first.events) == 1
-            first.published.extend(e["id"] for e in first.events)
-            async with store.unpublished_events(10) as meanwhile:
-                assert meanwhile.events == []
-        async with store.unpublished_events(10) as rest:
-            assert len(rest.events) == 2  # in order, after the first one
-            assert rest.events[0]["id"] > first.events[0]["id"]
+        async with store.outbox_due(0, 1) as first:
+            assert len(first.messages) == 1
+            first.published.extend(m.id for m in first.messages)
+            async with store.outbox_due(0, 10) as meanwhile:
+                assert meanwhile.messages == []
+        async with store.outbox_due(0, 10) as rest:
+            # Each run's job and event, in order, after the first one (published: gone).
+            assert sorted(m.kind for m in rest.messages) == ["event"] * 3 + ["job"] * 2
+            ids = [m.id for m in rest.messages]
+            assert ids == sorted(ids)
+            assert ids[0] > first.messages[0].id
     finally:
         await store.close()

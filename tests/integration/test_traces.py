@@ -68,8 +68,8 @@ async def test_a_retried_run_is_one_trace_from_submit_to_its_last_flush(
     retry = next(s for s in mine if s.name == "retry decision")
     assert (retry.attributes["decision"], retry.attributes["code"]) == ("retry", "RUNNER_ERROR")
     assert retry.attributes["attempt"] == 1
-    due = next(s for s in mine if s.attributes.get("decision") == "retry due")
-    assert due.name == "recovery decision"
+    # The retry's job waited in the outbox until due; the sweep published it.
+    due = next(s for s in mine if s.name == "outbox publish")
 
     attempts = sorted(
         (s for s in mine if s.name == "attempt"), key=lambda s: int(s.attributes["attempt"])
@@ -78,14 +78,19 @@ async def test_a_retried_run_is_one_trace_from_submit_to_its_last_flush(
         (1, 1),
         (2, 2),
     ]
-    # Attempt 1 came from the submit's job; attempt 2 from the job recovery published
-    # when the retry was due: the context went through each job's NATS headers.
+    # Attempt 1 came from the submit's job; attempt 2 from the job its retry decision
+    # queued, published by the sweep once due: the context went through the outbox row
+    # and each job's NATS headers.
     assert attempts[0].parent_id == submit.span_id
     assert attempts[1].parent_id == due.span_id
-    assert due.parent_id == submit.span_id
-    # Each flush descends from the attempt whose raw frames it wrote (their headers).
+    assert due.parent_id == retry.span_id
+    assert retry.parent_id == attempts[0].span_id
+    # Each flush descends from the attempt whose raw frames it wrote (their headers): the
+    # runner's frames from the attempt, its closing frames from the attempt's outcome.
     for flush in (s for s in mine if s.name == "relay flush"):
         parent = spans_by_id[flush.parent_id or ""]
+        if parent.name in ("outcome", "retry decision"):
+            parent = spans_by_id[parent.parent_id or ""]
         assert parent.name == "attempt"
         assert parent.attributes["generation"] == flush.attributes["generation"]
 

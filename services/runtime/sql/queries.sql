@@ -3,8 +3,8 @@
 
 -- name: insert_run
 WITH ins AS (
-    -- A run whose session is busy gets no job yet (job_published_at NULL): release_session
-    -- gives it one when its turn comes. clock_timestamp(), not now() (the transaction's
+    -- A run whose session is busy gets no job yet (job_published_at NULL): it gets one
+    -- when its turn comes (release_session_turn). clock_timestamp(), not now() (the transaction's
     -- start, before a wait for the session's lock): runs of a session are created in
     -- the order they were accepted.
     INSERT INTO runs (run_id, tenant, request_id, session_id, multitask, runner, input,
@@ -23,7 +23,7 @@ WITH ins AS (
            created_at
       FROM ins
 )
-SELECT * FROM ins;
+SELECT *, pg_current_xact_id()::text AS xact FROM ins;
 
 -- name: frame_states
 -- The relay's starting point for runs it has no cursor for.
@@ -45,7 +45,8 @@ WITH upd AS (
     UPDATE runs
        SET status = 'running', attempts = attempts + 1, generation = generation + 1,
            lease_owner = $3, lease_expires_at = now() + make_interval(secs => $4 / 1000.0),
-           job_ack = $5, started_at = coalesce(started_at, now()), updated_at = now()
+           job_ack = $5, close_seq = NULL, started_at = coalesce(started_at, now()),
+           updated_at = now()
      WHERE run_id = $1 AND generation = $2 AND status IN ('queued', 'recovering')
        AND NOT cancel_requested AND not_before <= now()
        AND (attempts > 0 OR queue_timeout_ms IS NULL
@@ -75,48 +76,48 @@ RETURNING checkpoint_version;
 -- name: finish_run
 WITH upd AS (
     UPDATE runs
-       SET status = 'finished', result = $3, partial_text = $4, error = NULL,
-           lease_owner = NULL, lease_expires_at = NULL, ended_at = now(), updated_at = now()
+       SET status = 'finished', result = $3, partial_text = $4, error = NULL, close_seq = $6,
+           implied_trace_parent = $7, lease_owner = NULL, lease_expires_at = NULL, ended_at = now(), updated_at = now()
      WHERE run_id = $1 AND generation = $2 AND status = 'running'
     RETURNING *
 ), ev AS (
     INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
     SELECT run_id, 'finished', status, attempts, $5, 'runner returned' FROM upd
 )
-SELECT * FROM upd;
+SELECT *, pg_current_xact_id()::text AS xact FROM upd;
 
 -- name: close_attempt
 -- Ends a running attempt in a terminal status ('failed' or 'canceled') with an error.
 WITH upd AS (
     UPDATE runs
-       SET status = $3::run_status, error = $4, partial_text = $5,
-           lease_owner = NULL, lease_expires_at = NULL, ended_at = now(), updated_at = now()
+       SET status = $3::run_status, error = $4, partial_text = $5, close_seq = $7,
+           implied_trace_parent = $8, lease_owner = NULL, lease_expires_at = NULL, ended_at = now(), updated_at = now()
      WHERE run_id = $1 AND generation = $2 AND status = 'running'
     RETURNING *
 ), ev AS (
     INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)
     SELECT run_id, $3, status, attempts, $6, $4->>'code', $4->>'message' FROM upd
 )
-SELECT * FROM upd;
+SELECT *, pg_current_xact_id()::text AS xact FROM upd;
 
 -- name: cancel_attempt
 -- A running attempt stopped for a cancel: closed with the error its canceller chose.
 WITH upd AS (
     UPDATE runs
        SET status = 'canceled', error = coalesce(cancel_error, $3), partial_text = $4,
-           lease_owner = NULL, lease_expires_at = NULL, ended_at = now(), updated_at = now()
+           close_seq = $6, implied_trace_parent = $7, lease_owner = NULL, lease_expires_at = NULL, ended_at = now(), updated_at = now()
      WHERE run_id = $1 AND generation = $2 AND status = 'running'
     RETURNING *
 ), ev AS (
     INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)
     SELECT run_id, 'canceled', status, attempts, $5, error->>'code', error->>'message' FROM upd
 )
-SELECT * FROM upd;
+SELECT *, pg_current_xact_id()::text AS xact FROM upd;
 
 -- name: requeue_run
--- A retryable failure with attempts left: back to the queue after a delay. Its job is
--- published by recovery once due (a job that waits in an executor would hold a slot of
--- the global in-flight limit). A cancel that arrived meanwhile closes the run instead.
+-- A retryable failure with attempts left: back to the queue after a delay. Its job waits
+-- in the outbox until due (a job that waits in an executor would hold a slot of the
+-- global in-flight limit). A cancel that arrived meanwhile closes the run instead.
 WITH upd AS (
     UPDATE runs
        SET status = CASE WHEN cancel_requested THEN 'canceled'::run_status
@@ -125,8 +126,8 @@ WITH upd AS (
            ended_at = CASE WHEN cancel_requested THEN now() END,
            partial_text = $4,
            not_before = now() + make_interval(secs => $5 / 1000.0),
-           lease_owner = NULL, lease_expires_at = NULL,
-           job_published_at = NULL, updated_at = now()
+           lease_owner = NULL, lease_expires_at = NULL, close_seq = $8,
+           implied_trace_parent = $9, job_published_at = now(), updated_at = now()
      WHERE run_id = $1 AND generation = $2 AND status = 'running'
     RETURNING *
 ), ev AS (
@@ -134,7 +135,7 @@ WITH upd AS (
     SELECT run_id, CASE WHEN status = 'canceled' THEN 'canceled' ELSE 'retry' END, status,
            attempts, $6, error->>'code', error->>'message' FROM upd
 )
-SELECT * FROM upd;
+SELECT *, pg_current_xact_id()::text AS xact FROM upd;
 -- name: release_run
 -- Shutdown: the attempt goes back to the queue and is not counted (or, when a cancel
 -- arrived meanwhile, the run is closed as canceled).
@@ -146,7 +147,8 @@ WITH upd AS (
            ended_at = CASE WHEN cancel_requested THEN now() END,
            attempts = attempts - 1, partial_text = $3,
            not_before = now(), lease_owner = NULL, lease_expires_at = NULL,
-           job_published_at = now(), updated_at = now()
+           close_seq = CASE WHEN cancel_requested THEN $6::integer END,
+           implied_trace_parent = $7, job_published_at = now(), updated_at = now()
      WHERE run_id = $1 AND generation = $2 AND status = 'running'
     RETURNING *
 ), ev AS (
@@ -154,7 +156,7 @@ WITH upd AS (
     SELECT run_id, CASE WHEN status = 'canceled' THEN 'canceled' ELSE 'released' END, status,
            attempts, $4, error->>'code', 'executor shutting down' FROM upd
 )
-SELECT * FROM upd;
+SELECT *, pg_current_xact_id()::text AS xact FROM upd;
 
 -- name: request_cancel
 -- A queued run is canceled at once; a running one is flagged for its executor, which
@@ -168,7 +170,7 @@ WITH upd AS (
            status = CASE WHEN status = 'running' THEN status ELSE 'canceled'::run_status END,
            error = CASE WHEN status = 'running' THEN error ELSE coalesce(cancel_error, $3) END,
            ended_at = CASE WHEN status = 'running' THEN ended_at ELSE now() END,
-           updated_at = now()
+           close_seq = NULL, updated_at = now()
      WHERE tenant = $1 AND run_id = $2 AND status IN ('queued', 'running', 'recovering')
     RETURNING *
 ), ev AS (
@@ -177,7 +179,7 @@ WITH upd AS (
            cancel_error->>'message'
       FROM upd
 )
-SELECT * FROM upd;
+SELECT *, pg_current_xact_id()::text AS xact FROM upd;
 
 -- name: cancel_session
 -- request_cancel for every queued, running or recovering run of a session at once (an
@@ -190,7 +192,7 @@ WITH upd AS (
            status = CASE WHEN status = 'running' THEN status ELSE 'canceled'::run_status END,
            error = CASE WHEN status = 'running' THEN error ELSE coalesce(cancel_error, $3) END,
            ended_at = CASE WHEN status = 'running' THEN ended_at ELSE now() END,
-           updated_at = now()
+           close_seq = NULL, updated_at = now()
      WHERE tenant = $1 AND session_id = $2 AND status IN ('queued', 'running', 'recovering')
     RETURNING *
 ), ev AS (
@@ -199,46 +201,30 @@ WITH upd AS (
            cancel_error->>'message'
       FROM upd
 )
-SELECT * FROM upd ORDER BY submit_seq;
+SELECT *, pg_current_xact_id()::text AS xact FROM upd ORDER BY submit_seq;
 
--- name: release_session
--- Queued runs without a job whose turn has come (a retry that is due, a run whose
--- session is free): mark their job published, for the caller to publish.
--- $1/$2 narrow it to one session; NULL, NULL looks at every session (recovery).
-WITH due AS (
-    SELECT run_id FROM runs
-     WHERE status = 'queued' AND job_published_at IS NULL AND not_before <= now()
-       AND ($1::text IS NULL OR (tenant = $1 AND session_id = $2::text))
-       AND NOT session_blocked(tenant, session_id, submit_seq)
-     ORDER BY submit_seq
-     LIMIT $3
-     FOR UPDATE SKIP LOCKED
-), upd AS (
-    UPDATE runs r
-       SET job_published_at = now(), updated_at = now()
-      FROM due
-     WHERE r.run_id = due.run_id AND r.status = 'queued' AND r.job_published_at IS NULL
-    RETURNING r.*
-), ev AS (
-    INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
-    SELECT run_id, CASE WHEN session_id IS NULL THEN 'due' ELSE 'session_turn' END, status,
-           attempts, $4, 'its retry is due, and no earlier run of its session is active'
-      FROM upd
-)
-SELECT * FROM upd ORDER BY submit_seq;
+-- name: release_sessions
+-- Sessions whose next run may start although no run of theirs ended: a canceled run
+-- still running past its grace no longer holds its session. Their runs get their job.
+SELECT coalesce(sum(release_session_turn(s.tenant, s.session_id, $2)), 0)::integer AS released
+  FROM (SELECT DISTINCT tenant, session_id FROM runs
+         WHERE status = 'queued' AND job_published_at IS NULL
+           AND NOT session_blocked(tenant, session_id, submit_seq)
+         LIMIT $1) s;
 
 -- name: fail_queued
 -- A run that never reached an attempt fails (queue full or queue timeout).
 WITH upd AS (
     UPDATE runs
-       SET status = 'failed', error = $2, ended_at = now(), updated_at = now()
+       SET status = 'failed', error = $2, close_seq = NULL, ended_at = now(),
+           updated_at = now()
      WHERE run_id = $1 AND status = 'queued' AND attempts = 0
     RETURNING *
 ), ev AS (
     INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)
     SELECT run_id, 'failed', status, attempts, $3, $2->>'code', $2->>'message' FROM upd
 )
-SELECT * FROM upd;
+SELECT *, pg_current_xact_id()::text AS xact FROM upd;
 
 -- name: expire_leases
 -- Running runs whose executor stopped renewing its lease: recover them, or close them
@@ -264,8 +250,8 @@ WITH due AS (
                         WHEN due.stalled THEN $4 ELSE r.error END,
            ended_at = CASE WHEN due.canceled OR due.stalled THEN now() END,
            not_before = now() + make_interval(secs => $3 / 1000.0),
-           lease_owner = NULL, lease_expires_at = NULL,
-           job_published_at = now(), updated_at = now()
+           lease_owner = NULL, lease_expires_at = NULL, close_seq = NULL,
+           implied_trace_parent = NULL, job_published_at = now(), updated_at = now()
       FROM due
      WHERE r.run_id = due.run_id
     RETURNING r.*
@@ -274,21 +260,30 @@ WITH due AS (
     SELECT run_id, status::text, status, attempts, $5, error->>'code', 'lease expired'
       FROM upd
 )
-SELECT * FROM upd;
+SELECT *, pg_current_xact_id()::text AS xact FROM upd;
 
--- name: stale_queued
--- Runs waiting in Postgres whose job may be missing from the stream: publish again.
--- (A run with no job yet waits for its session: release_session publishes it.)
+-- name: stale_jobs
+-- Runs that have waited for an attempt longer than $1 ms since their job was issued or
+-- last checked: the caller checks the stream for their job. Marked as checked.
 UPDATE runs r
-   SET job_published_at = now()
+   SET job_checked_at = now()
  WHERE r.run_id IN (
         SELECT run_id FROM runs
          WHERE status IN ('queued', 'recovering') AND NOT cancel_requested
-           AND not_before <= now()
-           AND job_published_at < now() - make_interval(secs => $1 / 1000.0)
+           AND job_published_at IS NOT NULL AND not_before <= now()
+           AND greatest(job_published_at, job_checked_at)
+               < now() - make_interval(secs => $1 / 1000.0)
          LIMIT $2
          FOR UPDATE SKIP LOCKED)
-RETURNING r.run_id, r.tenant, r.generation, r.trace_parent;
+RETURNING r.run_id;
+
+-- name: reissue_jobs
+-- Runs whose job is gone from the stream (deleted or purged): each gets a new job.
+UPDATE runs
+   SET job_published_at = now(), implied_trace_parent = NULL, updated_at = now()
+ WHERE run_id = ANY($1::uuid[]) AND status IN ('queued', 'recovering')
+   AND NOT cancel_requested AND job_published_at IS NOT NULL
+RETURNING run_id, pg_current_xact_id()::text AS xact;
 
 -- name: expire_queue
 WITH due AS (
@@ -299,22 +294,15 @@ WITH due AS (
      FOR UPDATE SKIP LOCKED
 ), upd AS (
     UPDATE runs r
-       SET status = 'failed', error = $2, ended_at = now(), updated_at = now()
+       SET status = 'failed', error = $2, close_seq = NULL, ended_at = now(),
+           updated_at = now()
       FROM due WHERE r.run_id = due.run_id
     RETURNING r.*
 ), ev AS (
     INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)
     SELECT run_id, 'failed', status, attempts, $3, 'QUEUE_TIMEOUT', 'queue timeout' FROM upd
 )
-SELECT * FROM upd;
-
--- name: unclosed_terminal
--- Terminal runs whose `done` frame the relay has not seen after a grace period.
-SELECT * FROM runs
- WHERE status IN ('finished', 'failed', 'canceled', 'interrupted') AND NOT frames_closed
-   AND ended_at < now() - make_interval(secs => $1 / 1000.0)
- ORDER BY ended_at
- LIMIT $2;
+SELECT *, pg_current_xact_id()::text AS xact FROM upd;
 
 -- name: queue_stats
 -- Per tenant: runs waiting for an attempt, and the age of the oldest (since its submit).
@@ -446,23 +434,41 @@ UPDATE runs r SET frames_expired_at = now()
 RETURNING r.run_id, r.tenant;
 
 -- name: outbox_lock
--- One publisher of run events at a time (for this transaction): two publishing disjoint
+-- One sweep of the outbox at a time (for this transaction): two publishing disjoint
 -- batches at once could put a run's later event in the stream before an earlier one.
 SELECT pg_try_advisory_xact_lock($1) AS locked;
 
--- name: unpublished_events
--- The oldest transitions not yet published as run events (the caller holds outbox_lock;
--- the row locks keep a publisher of an older version off these rows too).
-SELECT e.id, e.run_id, r.tenant, r.session_id, e.event, e.status, e.attempt, e.code, e.at,
-       r.trace_parent
-  FROM run_events e JOIN runs r USING (run_id)
- WHERE e.published_at IS NULL
- ORDER BY e.id
- LIMIT $1
- FOR UPDATE OF e SKIP LOCKED;
+-- name: outbox_of_xact
+-- What a committed transaction implies that its service publishes at once: its jobs and
+-- frames that were due when written (run events and later jobs are the sweep's).
+SELECT id, kind, tenant, run_id, msg_id, body::text AS body, trace_parent
+  FROM outbox
+ WHERE xact = $1::text::xid8 AND kind <> 'event' AND due_at <= created_at
+ ORDER BY id;
 
--- name: mark_events_published
-UPDATE run_events SET published_at = now() WHERE id = ANY($1::bigint[]);
+-- name: outbox_due
+-- The sweep's rows, oldest first (the caller holds outbox_lock): run events, rows that
+-- became due after they were written, and rows their service left (after $1 ms).
+SELECT id, kind, tenant, run_id, msg_id, body::text AS body, trace_parent
+  FROM outbox
+ WHERE due_at <= now()
+   AND (kind = 'event' OR due_at > created_at
+        OR created_at < now() - make_interval(secs => $1 / 1000.0))
+ ORDER BY id
+ LIMIT $2
+   FOR UPDATE SKIP LOCKED;
+
+-- name: outbox_delete
+-- Published: the rows are done.
+DELETE FROM outbox WHERE id = ANY($1::bigint[]);
+
+-- name: retrace_job
+-- The span that decided a run's recovery becomes the parent of the attempt it queued.
+UPDATE outbox SET trace_parent = $2 WHERE run_id = $1 AND kind = 'job';
+
+-- name: outbox_pending
+-- Rows waiting to be published, by kind (for tests and the queue gauges).
+SELECT kind::text AS kind, count(*) AS n FROM outbox GROUP BY kind;
 
 -- name: ping
 SELECT 1 AS ok;

@@ -8,7 +8,9 @@ guard did not hold (another writer or a newer attempt got there first).
 
 from services.runtime.store.locks import LockSession
 from services.runtime.store.rows import (
-    EventBatch,
+    OutboxBatch,
+    OutboxKind,
+    OutboxMessage,
     Run,
     Segment,
     SegmentCount,
@@ -20,8 +22,10 @@ from services.runtime.store.store import Store
 
 __all__ = [
     "QUERIES",
-    "EventBatch",
     "LockSession",
+    "OutboxBatch",
+    "OutboxKind",
+    "OutboxMessage",
     "Run",
     "Segment",
     "SegmentCount",

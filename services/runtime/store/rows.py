@@ -1,8 +1,9 @@
-"""Rows as the services use them: a run, frame segments, run events to publish."""
+"""Rows as the services use them: a run, frame segments, outbox messages to publish."""
 
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 import asyncpg
@@ -63,6 +64,11 @@ class Run:
     cancel_error: dict[str, Any] | None
     # The run's trace (W3C traceparent), set at submit.
     trace_parent: str | None = None
+    # When recovery last checked that the run's job is still in the stream.
+    job_checked_at: datetime | None = None
+    # The transaction of the transition that returned this row: what it implies waits in
+    # the outbox under this id, for the service to publish (None for a plain read).
+    xact: str | None = None
 
     @classmethod
     def from_record(cls, rec: asyncpg.Record) -> "Run":
@@ -102,6 +108,8 @@ class Run:
             submit_seq=rec["submit_seq"],
             cancel_error=rec["cancel_error"],
             trace_parent=rec["trace_parent"],
+            job_checked_at=rec["job_checked_at"],
+            xact=rec.get("xact"),
         )
 
     def summary(self) -> RunSummary:
@@ -137,11 +145,46 @@ class Segment:
     closed: bool
 
 
-@dataclass
-class EventBatch:
-    """Transitions to publish as run events, and the ids that were published."""
+class OutboxKind(StrEnum):
+    """Where an outbox message goes; the Postgres enum `outbox_kind` mirrors it."""
 
-    events: list[dict[str, Any]]
+    JOB = "job"
+    FRAME = "frame"
+    EVENT = "event"
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxMessage:
+    """A message a committed transition implies: `kind` says where it goes, `msg_id` is
+    its `Nats-Msg-Id`, `body` its JSON text."""
+
+    id: int
+    kind: OutboxKind
+    tenant: str
+    run_id: str
+    msg_id: str
+    body: str
+    trace_parent: str | None
+
+    @classmethod
+    def from_record(cls, rec: asyncpg.Record) -> "OutboxMessage":
+        return cls(
+            rec["id"],
+            OutboxKind(rec["kind"]),
+            rec["tenant"],
+            str(rec["run_id"]),
+            rec["msg_id"],
+            rec["body"],
+            rec["trace_parent"],
+        )
+
+
+@dataclass
+class OutboxBatch:
+    """Outbox rows taken by the sweep, and the ids of those published (deleted when the
+    sweep's transaction commits)."""
+
+    messages: list[OutboxMessage]
     published: list[int] = field(default_factory=list)
 
 

@@ -21,7 +21,8 @@ from contracts.status import RunStatus
 from services.runtime.errors import CANCELED_ERROR, LostRace, StoreError, Unavailable
 from services.runtime.settings import DEFAULT_SUPERSEDE_GRACE_MS
 from services.runtime.store.rows import (
-    EventBatch,
+    OutboxBatch,
+    OutboxMessage,
     Run,
     Segment,
     SegmentCount,
@@ -162,27 +163,40 @@ class Store:
         rows = await self._fetch("segment_ranges", uuid.UUID(run_id))
         return [(r["first_seq"], r["last_seq"], r["last_stream_seq"]) for r in rows]
 
+    # -- the outbox ----------------------------------------------------------------
+    async def outbox_of(self, xact: str) -> list[OutboxMessage]:
+        """What a committed transaction implies that its service publishes at once."""
+        return [OutboxMessage.from_record(r) for r in await self._fetch("outbox_of_xact", xact)]
+
+    async def outbox_delete(self, ids: Sequence[int]) -> None:
+        """Published messages are done."""
+        await self._fetch("outbox_delete", list(ids))
+
+    async def outbox_pending(self) -> dict[str, int]:
+        """Messages waiting in the outbox, by kind."""
+        return {r["kind"]: r["n"] for r in await self._fetch("outbox_pending")}
+
     @contextlib.asynccontextmanager
-    async def unpublished_events(self, limit: int) -> AsyncIterator["EventBatch"]:
-        """The oldest unpublished transitions, locked until the block ends; the ids the
-        block adds to `published` are marked published when it ends. One caller at a
-        time gets rows (in every replica); the others get an empty batch."""
+    async def outbox_due(self, grace_ms: int, limit: int) -> AsyncIterator[OutboxBatch]:
+        """The sweep's oldest due messages, locked until the block ends; the ids the block
+        adds to `published` are deleted when it ends. One caller at a time gets rows (in
+        every replica; the others get an empty batch), so run events stay in order."""
         if not isinstance(self._pool, asyncpg.Pool):
-            raise StoreError("the event outbox needs the pool, not a transaction")
+            raise StoreError("the outbox sweep needs the pool, not a transaction")
         try:
             async with self._pool.acquire() as conn, conn.transaction():
                 if not await conn.fetchval(QUERIES["outbox_lock"], OUTBOX_LOCK_KEY):
-                    yield EventBatch([])  # another replica is publishing: in order, alone
+                    yield OutboxBatch([])  # another replica is sweeping: in order, alone
                     return
-                rows = await conn.fetch(QUERIES["unpublished_events"], limit)
-                batch = EventBatch([{**dict(r), "run_id": str(r["run_id"])} for r in rows])
+                rows = await conn.fetch(QUERIES["outbox_due"], grace_ms, limit)
+                batch = OutboxBatch([OutboxMessage.from_record(r) for r in rows])
                 yield batch
                 if batch.published:
-                    await conn.execute(QUERIES["mark_events_published"], batch.published)
+                    await conn.execute(QUERIES["outbox_delete"], batch.published)
         except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
-            raise Unavailable(f"Postgres unavailable during the event outbox: {exc}") from exc
+            raise Unavailable(f"Postgres unavailable during the outbox sweep: {exc}") from exc
         except asyncpg.PostgresError as exc:
-            raise StoreError(f"event outbox failed: {exc}") from exc
+            raise StoreError(f"outbox sweep failed: {exc}") from exc
 
     async def mark_frames_closed(self, run_id: str) -> None:
         await self._fetch("mark_frames_closed", uuid.UUID(run_id))
@@ -262,15 +276,11 @@ class Store:
         )
         return [Run.from_record(r) for r in rows]
 
-    async def release_session(
-        self, tenant: str | None, session_id: str | None, actor: str, *, limit: int = 100
-    ) -> list[Run]:
-        """Runs that waited for their session and may start now: their job is due.
-
-        The caller publishes their jobs. `None, None` looks at every session.
-        """
-        rows = await self._fetch("release_session", tenant, session_id, limit, actor)
-        return [Run.from_record(r) for r in rows]
+    async def release_sessions(self, limit: int, actor: str) -> int:
+        """Give their job to the waiting runs of sessions whose turn came without a run
+        of theirs ending (a canceled run's grace passed); returns how many."""
+        rec = await self._fetchrow("release_sessions", limit, actor)
+        return int(rec["released"]) if rec else 0
 
     async def fail_queued(self, run_id: str, error: ErrorBody, actor: str) -> Run | None:
         return await self._run_or_none(
@@ -317,6 +327,10 @@ class Store:
             raise LostRace(f"attempt {generation} of run {run_id} lost its lease", run_id=run_id)
         return int(rec["checkpoint_version"])
 
+    # An attempt's closing transitions take `close_seq`, the attempt's next frame seq: the
+    # frames the transition implies (`error`, `done`) follow the attempt's own. And
+    # `trace_parent_of_implied`: the span that decided the transition, parent of what it
+    # implies in the run's trace.
     async def finish(
         self,
         run_id: str,
@@ -324,8 +338,19 @@ class Store:
         result: dict[str, Any],
         partial_text: str,
         actor: str,
+        close_seq: int,
+        trace_parent_of_implied: str | None = None,
     ) -> Run:
-        return await self._transition("finish_run", run_id, generation, result, partial_text, actor)
+        return await self._transition(
+            "finish_run",
+            run_id,
+            generation,
+            result,
+            partial_text,
+            actor,
+            close_seq,
+            trace_parent_of_implied,
+        )
 
     async def close_attempt(
         self,
@@ -335,6 +360,8 @@ class Store:
         error: ErrorBody,
         partial_text: str,
         actor: str,
+        close_seq: int,
+        trace_parent_of_implied: str | None = None,
     ) -> Run:
         return await self._transition(
             "close_attempt",
@@ -344,10 +371,19 @@ class Store:
             error.model_dump(mode="json"),
             partial_text,
             actor,
+            close_seq,
+            trace_parent_of_implied,
         )
 
     async def cancel_attempt(
-        self, run_id: str, generation: int, error: ErrorBody, partial_text: str, actor: str
+        self,
+        run_id: str,
+        generation: int,
+        error: ErrorBody,
+        partial_text: str,
+        actor: str,
+        close_seq: int,
+        trace_parent_of_implied: str | None = None,
     ) -> Run:
         """Close a running attempt as canceled, with the error its canceller chose
         (`error` when none was recorded)."""
@@ -358,6 +394,8 @@ class Store:
             error.model_dump(mode="json"),
             partial_text,
             actor,
+            close_seq,
+            trace_parent_of_implied,
         )
 
     async def requeue(
@@ -368,9 +406,12 @@ class Store:
         partial_text: str,
         delay_ms: int,
         actor: str,
+        close_seq: int,
+        trace_parent_of_implied: str | None = None,
     ) -> Run:
         """Back to the queue after `delay_ms` (its job is published once due), or
-        canceled if a cancel arrived while the attempt was ending."""
+        canceled if a cancel arrived while the attempt was ending. `trace_parent_of_implied`:
+        the span that decided the retry, parent of the next attempt."""
         return await self._transition(
             "requeue_run",
             run_id,
@@ -380,12 +421,29 @@ class Store:
             delay_ms,
             actor,
             CANCELED_BODY,
+            close_seq,
+            trace_parent_of_implied,
         )
 
-    async def release(self, run_id: str, generation: int, partial_text: str, actor: str) -> Run:
+    async def release(
+        self,
+        run_id: str,
+        generation: int,
+        partial_text: str,
+        actor: str,
+        close_seq: int,
+        trace_parent_of_implied: str | None = None,
+    ) -> Run:
         """Back to the queue, not counted (shutdown), or canceled if one was asked."""
         return await self._transition(
-            "release_run", run_id, generation, partial_text, actor, CANCELED_BODY
+            "release_run",
+            run_id,
+            generation,
+            partial_text,
+            actor,
+            CANCELED_BODY,
+            close_seq,
+            trace_parent_of_implied,
         )
 
     # -- recovery ----------------------------------------------------------------
@@ -411,12 +469,20 @@ class Store:
         )
         return [Run.from_record(r) for r in rows]
 
-    async def stale_queued(
-        self, after_ms: int, limit: int
-    ) -> list[tuple[str, str, int, str | None]]:
-        """Queued runs whose job may be lost: (run_id, tenant, generation, trace_parent)."""
-        rows = await self._fetch("stale_queued", after_ms, limit)
-        return [(str(r["run_id"]), r["tenant"], r["generation"], r["trace_parent"]) for r in rows]
+    async def stale_jobs(self, after_ms: int, limit: int) -> list[str]:
+        """Runs waiting for an attempt whose job was issued or checked more than
+        `after_ms` ago (marked checked now): the caller looks for their job."""
+        return [str(r["run_id"]) for r in await self._fetch("stale_jobs", after_ms, limit)]
+
+    async def retrace_job(self, run_id: str, traceparent: str) -> None:
+        """Make `traceparent` the parent of the attempt the run's pending job starts."""
+        await self._fetch("retrace_job", uuid.UUID(run_id), traceparent)
+
+    async def reissue_jobs(self, run_ids: Sequence[str]) -> str | None:
+        """A new job for each of these runs still waiting (theirs is gone from the
+        stream); returns the transaction whose outbox holds them, if any."""
+        rows = await self._fetch("reissue_jobs", [uuid.UUID(r) for r in run_ids])
+        return rows[0]["xact"] if rows else None
 
     async def queue_stats(self) -> list[tuple[str, int, float]]:
         """Per tenant: (tenant, runs waiting for an attempt, oldest one's age in seconds)."""
@@ -436,9 +502,6 @@ class Store:
         """Delete the segments of runs ended more than `retention_s` ago."""
         rows = await self._fetch("expire_frames", retention_s, limit)
         return [(str(r["run_id"]), r["tenant"]) for r in rows]
-
-    async def unclosed_terminal(self, grace_ms: int, limit: int) -> list[Run]:
-        return [Run.from_record(r) for r in await self._fetch("unclosed_terminal", grace_ms, limit)]
 
     # -- relay -------------------------------------------------------------------
     async def insert_segments(self, segments: Sequence[Segment]) -> list[SegmentCount]:

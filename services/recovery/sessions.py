@@ -1,0 +1,23 @@
+"""Session turns that come with time: a canceled run that is still running stops holding
+its session once its grace has passed, and the next run of the session gets its job.
+(When a run of a session ends, the same write gives the next run its job; this duty is
+only for the grace.)"""
+
+from services.recovery.decisions import ACTOR
+from services.runtime.settings import RecoverySettings
+from services.runtime.store import Store
+
+
+class SessionTurns:
+    """The duty that releases sessions held past a cancel's grace."""
+
+    name = "session turns"
+
+    def __init__(self, settings: RecoverySettings, store: Store) -> None:
+        self.settings = settings
+        self.store = store
+
+    async def run(self) -> dict[str, int]:
+        # Their jobs are the outbox's (due at once, written by this statement): the sweep
+        # publishes them on its next pass.
+        return {"released": await self.store.release_sessions(self.settings.batch_size, ACTOR)}

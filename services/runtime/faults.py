@@ -1,0 +1,56 @@
+"""Named fault points for crash tests.
+
+The code calls `point(name)` at a boundary where a crash must lose nothing (after a
+commit, before its messages are published; after a sweep published, before it
+recorded so). A test arms points with the setting `RUNWIRE_FAULT_POINTS`
+(`name=kill,other=kill`): the process then kills itself there with SIGKILL, as a
+crash would, leaving no clean-up of any kind. Unarmed, a point costs a dict lookup.
+"""
+
+import logging
+import os
+import signal
+
+log = logging.getLogger(__name__)
+
+# After a transition committed, before its service publishes what it implies.
+OUTBOX_COMMITTED = "outbox.committed"
+# After the sweep published its batch, before it deleted the rows it published.
+OUTBOX_SWEPT = "outbox.swept"
+
+KNOWN = frozenset({OUTBOX_COMMITTED, OUTBOX_SWEPT})
+ACTIONS = frozenset({"kill"})
+
+_armed: dict[str, str] = {}
+
+
+class FaultSpecError(ValueError):
+    """A fault point setting that names an unknown point or action."""
+
+
+def parse(spec: str) -> dict[str, str]:
+    """`name=action,...` as a dict; raises FaultSpecError for anything unknown."""
+    armed: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, _, action = part.partition("=")
+        if name not in KNOWN:
+            raise FaultSpecError(f"unknown fault point {name!r}; known: {', '.join(sorted(KNOWN))}")
+        if action not in ACTIONS:
+            raise FaultSpecError(f"unknown fault action {action!r} for {name}; known: kill")
+        armed[name] = action
+    return armed
+
+
+def arm(spec: str) -> None:
+    """Arm the points of `spec` for this process (an empty spec disarms all)."""
+    _armed.clear()
+    _armed.update(parse(spec))
+    if _armed:
+        log.warning("fault points armed: %s", spec)
+
+
+def point(name: str) -> None:
+    """A boundary: does nothing unless a test armed it."""
+    if _armed.get(name) == "kill":
+        log.warning("fault point %s: killing this process", name)
+        os.kill(os.getpid(), signal.SIGKILL)

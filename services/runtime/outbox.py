@@ -1,0 +1,191 @@
+"""The one way out of a transaction: publishing what committed transitions imply.
+
+A guarded transition writes, in its own transaction, the messages it implies to the
+`outbox` table (Postgres triggers do it, so no transition can forget one): the job of
+the run's next attempt with the time it is due, the closing frames of a run that ended
+(an `error` frame, `done`), its run event, and the job of the next run of its session.
+Two things publish those rows, each with the row's stable `Nats-Msg-Id`, so a repeat
+is stored once:
+
+- `Outbox.dispatch`, in the service that committed, right after the commit: the jobs
+  and frames of its transaction that were due at once (the fast path: a submit's job, an
+  attempt's `done`). Published rows are deleted in batches in the background.
+- `Outbox.sweep`, in recovery, one replica at a time: run events (one publisher keeps a
+  run's events in the order of its transitions), jobs that became due later (a retry
+  after its backoff, a recovered run), and whatever a crashed or cut-off service left
+  (rows older than the grace).
+
+A dispatch that fails is not retried here: the sweep publishes the rows after the grace.
+Frames a runner emits do not come this way; they go straight to JetStream (the hot path).
+"""
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from opentelemetry.trace import SpanKind
+
+from services.runtime import faults, tracing
+from services.runtime.broker import Broker
+from services.runtime.errors import QueueFull, RunwireError
+from services.runtime.store import OutboxKind, OutboxMessage, Run, Store
+
+log = logging.getLogger(__name__)
+
+# How often published rows are deleted (one statement for all of them).
+DELETE_EVERY_S = 0.05
+SWEEP_BATCH = 500
+
+
+@dataclass
+class Dispatched:
+    """What a dispatch did: the runs whose job a full queue refused (the submitter fails
+    such a new run with QUEUE_FULL; any other caller leaves the job to the sweep)."""
+
+    published: int = 0
+    queue_full: list[str] = field(default_factory=list)
+
+
+class Outbox:
+    """Publishes outbox rows for one service process."""
+
+    def __init__(self, store: Store, broker: Broker) -> None:
+        self.store = store
+        self.broker = broker
+        self._published: list[int] = []
+        self._deleter: asyncio.Task[None] | None = None
+
+    def _subject(self, message: OutboxMessage) -> tuple[str, str]:
+        """The subject and the stream of a message, by its kind."""
+        s = self.broker.subjects
+        if message.kind == OutboxKind.JOB:
+            return s.job(message.run_id), s.jobs_stream
+        if message.kind == OutboxKind.FRAME:
+            return s.frames_in(message.tenant, message.run_id), s.frames_in_stream
+        return s.events(message.tenant, message.run_id), s.events_stream
+
+    async def _publish(self, message: OutboxMessage) -> None:
+        subject, stream = self._subject(message)
+        await self.broker.publish_message(
+            subject,
+            stream,
+            message.body.encode(),
+            message.msg_id,
+            traceparent=message.trace_parent,
+        )
+
+    async def _publish_all(
+        self, messages: Sequence[OutboxMessage]
+    ) -> list[tuple[OutboxMessage, RunwireError | None]]:
+        """Publish in order, pipelined (one connection keeps them in order); each
+        message with what went wrong, if anything."""
+        sends = [asyncio.ensure_future(self._publish(m)) for m in messages]
+        results: list[tuple[OutboxMessage, RunwireError | None]] = []
+        for message, sent in zip(messages, sends, strict=True):
+            try:
+                await sent
+                results.append((message, None))
+            except RunwireError as exc:
+                results.append((message, exc))
+        return results
+
+    async def dispatch(self, *runs: Run | None) -> Dispatched:
+        """Publish what the transitions that returned `runs` implied and was due at once.
+
+        Nothing is raised for a message that could not be published: the sweep publishes
+        it after the grace (a full queue is reported in the result).
+        """
+        xacts = {run.xact for run in runs if run is not None and run.xact is not None}
+        report = Dispatched()
+        for xact in xacts:
+            await self._dispatch_xact(xact, report)
+        return report
+
+    async def dispatch_xact(self, xact: str | None) -> Dispatched:
+        """`dispatch` for a transaction known by its id."""
+        report = Dispatched()
+        if xact is not None:
+            await self._dispatch_xact(xact, report)
+        return report
+
+    async def _dispatch_xact(self, xact: str, report: Dispatched) -> None:
+        faults.point(faults.OUTBOX_COMMITTED)
+        try:
+            messages = await self.store.outbox_of(xact)
+        except RunwireError as exc:
+            log.warning("messages of a transition left for the sweep: %s", exc.message)
+            return
+        failed: RunwireError | None = None
+        for message, error in await self._publish_all(messages):
+            if error is None:
+                report.published += 1
+                self._published.append(message.id)
+            elif isinstance(error, QueueFull) and message.kind == OutboxKind.JOB:
+                report.queue_full.append(message.run_id)
+            else:
+                failed = failed or error
+        if failed is not None:
+            log.warning("messages of a transition left for the sweep: %s", failed.message)
+        self._schedule_delete()
+
+    def _schedule_delete(self) -> None:
+        if self._published and (self._deleter is None or self._deleter.done()):
+            self._deleter = asyncio.create_task(self._delete_published())
+
+    async def _delete_published(self) -> None:
+        """Delete published rows in one statement every DELETE_EVERY_S while there are
+        any. A row not deleted (a crash) is published again by the sweep: stored once."""
+        while self._published:
+            await asyncio.sleep(DELETE_EVERY_S)
+            ids, self._published = self._published, []
+            try:
+                await self.store.outbox_delete(ids)
+            except RunwireError as exc:
+                log.warning("published outbox rows not deleted yet: %s", exc.message)
+                self._published.extend(ids)
+
+    async def close(self) -> None:
+        """Delete what was published before the process goes."""
+        if self._deleter is not None:
+            with contextlib.suppress(RunwireError):
+                await self._deleter
+        if self._published:
+            with contextlib.suppress(RunwireError):
+                await self.store.outbox_delete(self._published)
+            self._published = []
+
+    def _traced(self, message: OutboxMessage) -> OutboxMessage:
+        """A job the sweep publishes gets an "outbox publish" span in its run's trace (the
+        attempt it starts descends from it), so a trace shows how long the job waited."""
+        if message.kind != OutboxKind.JOB:
+            return message
+        with tracing.span(
+            "outbox publish",
+            tracing.context_of(message.trace_parent),
+            kind=SpanKind.PRODUCER,
+            attributes=tracing.run_attributes(message.run_id, message.tenant),
+        ):
+            traceparent = tracing.current_traceparent()
+        return dataclasses.replace(message, trace_parent=traceparent or message.trace_parent)
+
+    async def sweep(self, grace_ms: int, limit: int = SWEEP_BATCH) -> int:
+        """Publish the sweep's due rows, oldest first; returns how many were published.
+
+        A row that fails stays for the next sweep (a job refused by a full queue waits
+        for room: back-pressure, not a failure of the run)."""
+        async with self.store.outbox_due(grace_ms, limit) as batch:
+            failed: RunwireError | None = None
+            messages = [self._traced(m) for m in batch.messages]
+            for message, error in await self._publish_all(messages):
+                if error is None:
+                    batch.published.append(message.id)
+                else:
+                    failed = failed or error
+            if failed is not None:
+                log.warning("outbox rows not published yet: %s", failed.message)
+            if batch.published:
+                faults.point(faults.OUTBOX_SWEPT)
+        return len(batch.published)
