@@ -13,10 +13,11 @@ from contracts.commands import (
     SubmitCommand,
 )
 from contracts.errors import ErrorBody, ErrorCode, ErrorReply
-from contracts.events import RunEvent
+from contracts.events import RunEvent, RunEventName
 from contracts.frames import Frame, FrameType, Job, RawFrame
 from contracts.replies import (
     AbortSessionReply,
+    FrameChannel,
     JoinReply,
     LiveCursor,
     RunReply,
@@ -38,6 +39,7 @@ __all__ = [
     "ErrorCode",
     "ErrorReply",
     "Frame",
+    "FrameChannel",
     "FrameType",
     "GetCommand",
     "Job",
@@ -47,6 +49,7 @@ __all__ = [
     "Multitask",
     "RawFrame",
     "RunEvent",
+    "RunEventName",
     "RunReply",
     "RunStatus",
     "RunSummary",

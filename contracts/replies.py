@@ -24,17 +24,31 @@ class RunSummary(WireModel):
     started_at: AwareDatetime | None
     ended_at: AwareDatetime | None
     updated_at: AwareDatetime
+    # The seq of the last frame stored in Postgres. The relay writes frames there a few
+    # milliseconds after it publishes them, so a client reading the run's stream may see
+    # later frames than this; once `frames_complete` is true, `last_seq` is final: the
+    # seq of the run's `done` frame, with every frame before it stored.
     last_seq: int
+    frames_complete: bool = False
     result: dict[str, Any] | None = None
     error: ErrorBody | None = None
 
 
+class FrameChannel(WireModel):
+    """Where a run's frames are published: the JetStream stream and the run's subject."""
+
+    stream: str
+    subject: str
+
+
 class SubmitReply(Versioned):
-    """The run a submit created, or the first run of that `request_id`."""
+    """The run a submit created, or the first run of that `request_id`, and where its
+    frames are published (read them with `join`, or from the stream directly)."""
 
     ok: Literal[True] = True
     run: RunSummary
     duplicate: bool
+    frames: FrameChannel
 
 
 class RunReply(Versioned):

@@ -28,7 +28,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from contracts.events import RunEvent
+from contracts.events import RunEvent, RunEventName
 from contracts.health import HealthReply
 from contracts.status import RunStatus
 from contracts.subjects import Subjects
@@ -151,9 +151,9 @@ class TopCollector:
             if len(self._runs) >= TRACKED_RUNS:
                 del self._runs[next(iter(self._runs))]
         self._runs[event.run_id] = run
-        if event.event == "submitted":
+        if event.event == RunEventName.SUBMITTED:
             run.submitted_at = event.at
-        elif event.event == "claimed" and run.claimed_at is None:
+        elif event.event == RunEventName.CLAIMED and run.claimed_at is None:
             run.claimed_at = event.at
         if event.at >= run.latest.at:
             run.latest = event

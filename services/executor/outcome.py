@@ -156,4 +156,5 @@ CODED = frozenset({"canceled", "retry", "failed"})
 
 
 def _code(run: Run | None) -> str:
-    return str(((run.error if run else None) or {}).get("code", ErrorCode.CANCELED.value))
+    error = run.error if run is not None else None
+    return (error.code if error is not None else ErrorCode.CANCELED).value

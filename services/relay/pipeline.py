@@ -26,7 +26,7 @@ from contracts.frames import URGENT_FRAME_TYPES, Frame, FrameType, RawFrame
 from contracts.headers import TRACEPARENT
 from services.relay.partitions import PartitionOwner
 from services.relay.sequencer import RunCursor, Verdict
-from services.runtime import tracing
+from services.runtime import faults, tracing
 from services.runtime.broker import (
     HDR_FRAME_SEQ,
     HDR_FRAME_TYPE,
@@ -435,6 +435,8 @@ class Pipeline:
                 )
                 for b in pending.values()
             ]
+            if any(s.closed for s in segments):
+                await faults.point(faults.RELAY_UNWRITTEN)
             started = time.time_ns()
             try:
                 counts = await self.store.insert_segments(segments)

@@ -1,12 +1,15 @@
 """Named fault points for crash tests.
 
-The code calls `point(name)` at a boundary where a crash must lose nothing (after a
+The code awaits `point(name)` at a boundary where a crash must lose nothing (after a
 commit, before its messages are published; after a sweep published, before it
 recorded so). A test arms points with the setting `RUNWIRE_FAULT_POINTS`
-(`name=kill,other=kill`): the process then kills itself there with SIGKILL, as a
-crash would, leaving no clean-up of any kind. Unarmed, a point costs a dict lookup.
+(`name=kill,other=kill`): the task that reaches the point goes no further, and the
+process kills itself with SIGKILL a moment later, once what it had already sent has
+left its connections, as a crash just after the boundary would, with no clean-up of
+any kind. Unarmed, a point costs a dict lookup.
 """
 
+import asyncio
 import logging
 import os
 import signal
@@ -18,8 +21,14 @@ OUTBOX_COMMITTED = "outbox.committed"
 # After the sweep published its batch, before it deleted the rows it published.
 OUTBOX_SWEPT = "outbox.swept"
 
-KNOWN = frozenset({OUTBOX_COMMITTED, OUTBOX_SWEPT})
+# A relay published a run's last frames to clients and has not written their segment.
+RELAY_UNWRITTEN = "relay.unwritten"
+
+KNOWN = frozenset({OUTBOX_COMMITTED, OUTBOX_SWEPT, RELAY_UNWRITTEN})
 ACTIONS = frozenset({"kill"})
+
+# Time for writes already buffered (a publish, an acknowledgement) to leave the process.
+KILL_AFTER_S = 0.3
 
 _armed: dict[str, str] = {}
 
@@ -49,8 +58,9 @@ def arm(spec: str) -> None:
         log.warning("fault points armed: %s", spec)
 
 
-def point(name: str) -> None:
+async def point(name: str) -> None:
     """A boundary: does nothing unless a test armed it."""
     if _armed.get(name) == "kill":
         log.warning("fault point %s: killing this process", name)
+        await asyncio.sleep(KILL_AFTER_S)
         os.kill(os.getpid(), signal.SIGKILL)

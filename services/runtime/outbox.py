@@ -112,7 +112,7 @@ class Outbox:
         return report
 
     async def _dispatch_xact(self, xact: str, report: Dispatched) -> None:
-        faults.point(faults.OUTBOX_COMMITTED)
+        await faults.point(faults.OUTBOX_COMMITTED)
         try:
             messages = await self.store.outbox_of(xact)
         except RunwireError as exc:
@@ -187,5 +187,5 @@ class Outbox:
             if failed is not None:
                 log.warning("outbox rows not published yet: %s", failed.message)
             if batch.published:
-                faults.point(faults.OUTBOX_SWEPT)
+                await faults.point(faults.OUTBOX_SWEPT)
         return len(batch.published)

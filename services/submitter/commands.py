@@ -22,7 +22,7 @@ from contracts.commands import (
     SubmitCommand,
 )
 from contracts.errors import ErrorCode
-from contracts.replies import AbortSessionReply, RunReply, SubmitReply
+from contracts.replies import AbortSessionReply, FrameChannel, RunReply, SubmitReply
 from contracts.scripted import ScriptedInput
 from contracts.status import RunStatus
 from services.runtime import tracing
@@ -111,7 +111,7 @@ class Submitter:
             first = await self.store.run_by_request(tenant, cmd.request_id)
             if first is None:
                 raise Unavailable("run vanished after a conflicting insert") from None
-            return SubmitReply(run=first.summary(), duplicate=True)
+            return self._reply(first, duplicate=True)
         await self._after_cancel(canceled)
         trace.get_current_span().set_attributes(tracing.run_attributes(run.run_id, tenant))
         with bind(run_id=run.run_id, tenant=tenant):
@@ -122,7 +122,18 @@ class Submitter:
                 log.info("run submitted")
             else:
                 log.info("run submitted; it waits for the earlier runs of its session")
-        return SubmitReply(run=run.summary(), duplicate=False)
+        return self._reply(run, duplicate=False)
+
+    def _reply(self, run: Run, *, duplicate: bool) -> SubmitReply:
+        subjects = self.broker.subjects
+        return SubmitReply(
+            run=run.summary(),
+            duplicate=duplicate,
+            frames=FrameChannel(
+                stream=subjects.run_frames_stream,
+                subject=subjects.run_frames(run.tenant, run.run_id),
+            ),
+        )
 
     async def _make_room(
         self, tx: Store, tenant: str, session_id: str, cmd: SubmitCommand
@@ -200,7 +211,7 @@ class Submitter:
             with bind(run_id=run.run_id, tenant=run.tenant):
                 if run.status != RunStatus.CANCELED:
                     await self.broker.notify(self.broker.subjects.cancel_notice(run.run_id))
-                code = (run.cancel_error or {}).get("code")
+                code = run.cancel_error.code if run.cancel_error else None
                 log.info("cancel requested", extra=fields(code=code))
 
     async def abort_session(self, tenant: str, data: bytes) -> AbortSessionReply:

@@ -4,9 +4,11 @@ partitions over."""
 import asyncio
 import functools
 import signal
+from pathlib import Path
 
 import pytest
 
+from services.runtime.faults import RELAY_UNWRITTEN
 from tests.services import ProcessStack, all_frames_stored, assert_well_formed, collect
 from tests.support import eventually
 
@@ -76,3 +78,34 @@ async def test_a_frozen_relay_loses_its_partitions_and_does_nothing_when_it_wake
     reply = await processes.client.submit({"tokens": ["still ", "here"]})
     _, transcript = await collect(processes.client, reply.run.run_id)
     assert transcript.text == "still here"
+
+
+async def test_frames_a_killed_relay_published_but_never_wrote_reach_postgres(
+    service_env: dict[str, str], tmp_path: Path
+) -> None:
+    # No recovery here: nothing but the relays can get the run's frames into Postgres.
+    stack = ProcessStack(service_env, tmp_path)
+    stack.start("submitter")
+    stack.start("relay-a", kind="relay", fault_points=f"{RELAY_UNWRITTEN}=kill")
+    stack.start("executor")
+    try:
+        await stack.open()
+        tokens = [f"t{i} " for i in range(20)]
+        run_id = (await stack.client.submit({"tokens": tokens})).run.run_id
+        # Every frame, `done` included, reached clients; the relay died before writing the
+        # run's last segment (it had acknowledged none of those raw frames).
+        frames, transcript = await collect(stack.client, run_id)
+        assert_well_formed(frames)
+        assert transcript.text == "".join(tokens)
+        await eventually(lambda: stack.procs["relay-a"].proc.poll() == -signal.SIGKILL)  # type: ignore[union-attr]
+        run = await stack.store.get_run_by_id(run_id)
+        assert run is not None
+        assert not run.frames_closed
+
+        stack.start("relay-b", kind="relay")
+        stored = functools.partial(all_frames_stored, stack.store, run_id, len(frames))
+        await eventually(stored, timeout=30)
+        replay = await stack.client.join(run_id, 0)
+        assert [f.seq for f in replay.replay] == [f.seq for f in frames]
+    finally:
+        await stack.close()

@@ -42,7 +42,7 @@ async def test_a_full_queue_answers_queue_full_and_records_the_run(
     assert run is not None
     assert run.status == RunStatus.FAILED
     assert run.error is not None
-    assert run.error["code"] == "QUEUE_FULL"
+    assert run.error.code == ErrorCode.QUEUE_FULL
     frames, _ = await collect(stack.client, run.run_id)
     assert frames[-1].data == {"status": "failed", "code": "QUEUE_FULL"}
 

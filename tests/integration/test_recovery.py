@@ -147,7 +147,7 @@ async def test_a_cancel_that_lands_while_an_attempt_ends_closes_the_run(
 
     assert ended.status == RunStatus.CANCELED
     assert ended.error is not None
-    assert ended.error["code"] == "CANCELED"
+    assert ended.error.code == ErrorCode.CANCELED
     # Its closing frames reach clients too: written with the transition, published by
     # the outbox sweep here (an executor would have published them right after).
     frames, _ = await collect(stack.client, run_id)

@@ -1,6 +1,7 @@
 """The Postgres schema: statuses agree with the contract; migrations are safe to re-run."""
 
 import json
+import re
 import uuid
 from pathlib import Path
 
@@ -8,9 +9,10 @@ import asyncpg
 import pytest
 
 import services.runtime
+from contracts.events import RunEventName
 from contracts.status import RunStatus
 from services.runtime.errors import MigrationFailed
-from services.runtime.store import Store, migrate
+from services.runtime.store import OutboxKind, Store, migrate
 from services.runtime.store.schema import QUERIES
 from tests.conftest import TestInfra
 
@@ -23,6 +25,38 @@ async def test_run_status_enum_matches_the_contract(db_url: str) -> None:
         assert await store.run_status_values() == [s.value for s in RunStatus]
     finally:
         await store.close()
+
+
+async def test_event_names_and_outbox_kinds_match_their_definitions(db_url: str) -> None:
+    """The CHECK on run_events.event lists the contract's event names, and the
+    `outbox_kind` enum the kinds the outbox publishes; an unknown event is refused."""
+    conn = await asyncpg.connect(db_url)
+    try:
+        check = await conn.fetchval(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint"
+            " WHERE conname = 'run_events_event_known'"
+        )
+        kinds = await conn.fetch(
+            "SELECT enumlabel FROM pg_enum e JOIN pg_type t ON t.oid = e.enumtypid"
+            " WHERE t.typname = 'outbox_kind' ORDER BY e.enumsortorder"
+        )
+        run_id = uuid.uuid4()
+        await conn.execute(
+            "INSERT INTO runs (run_id, tenant, request_id, multitask, runner, input,"
+            " max_attempts, attempt_timeout_ms) VALUES ($1, 't', 'r', 'interrupt',"
+            " 'scripted', '{}', 1, 1000)",
+            run_id,
+        )
+        with pytest.raises(asyncpg.CheckViolationError):
+            await conn.execute(
+                "INSERT INTO run_events (run_id, event, status, attempt, actor)"
+                " VALUES ($1, 'due', 'queued', 0, 'test')",
+                run_id,
+            )
+    finally:
+        await conn.close()
+    assert sorted(re.findall(r"'(\w+)'", check)) == sorted(e.value for e in RunEventName)
+    assert [r["enumlabel"] for r in kinds] == [k.value for k in OutboxKind]
 
 
 async def _schema(url: str) -> list[tuple[str, str, str, str]]:

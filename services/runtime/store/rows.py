@@ -21,6 +21,11 @@ def parse_run_id(run_id: str) -> uuid.UUID | None:
         return None
 
 
+def _error(stored: dict[str, Any] | None) -> ErrorBody | None:
+    """An error column (`{code, message, retryable}` as JSON) as the wire's model."""
+    return ErrorBody.model_validate(stored) if stored else None
+
+
 @dataclass(frozen=True, slots=True)
 class Run:
     """A row of `runs`, as the services use it."""
@@ -51,7 +56,7 @@ class Run:
     frames_expired: bool
     job_ack: str | None
     result: dict[str, Any] | None
-    error: dict[str, Any] | None
+    error: ErrorBody | None
     created_at: datetime
     started_at: datetime | None
     ended_at: datetime | None
@@ -61,7 +66,7 @@ class Run:
     # Order of acceptance: within a session, the order in which its runs start.
     submit_seq: int
     # The error a requested cancel closes the run with (CANCELED, SUPERSEDED).
-    cancel_error: dict[str, Any] | None
+    cancel_error: ErrorBody | None
     # The run's trace (W3C traceparent), set at submit.
     trace_parent: str | None = None
     # When recovery last checked that the run's job is still in the stream.
@@ -99,14 +104,14 @@ class Run:
             frames_expired=rec["frames_expired_at"] is not None,
             job_ack=rec["job_ack"],
             result=rec["result"],
-            error=rec["error"],
+            error=_error(rec["error"]),
             created_at=rec["created_at"],
             started_at=rec["started_at"],
             ended_at=rec["ended_at"],
             updated_at=rec["updated_at"],
             job_published_at=rec["job_published_at"],
             submit_seq=rec["submit_seq"],
-            cancel_error=rec["cancel_error"],
+            cancel_error=_error(rec["cancel_error"]),
             trace_parent=rec["trace_parent"],
             job_checked_at=rec["job_checked_at"],
             xact=rec.get("xact"),
@@ -127,8 +132,9 @@ class Run:
             ended_at=self.ended_at,
             updated_at=self.updated_at,
             last_seq=self.last_seq,
+            frames_complete=self.frames_closed,
             result=self.result,
-            error=ErrorBody.model_validate(self.error) if self.error else None,
+            error=self.error,
         )
 
 
