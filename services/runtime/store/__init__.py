@@ -1,9 +1,10 @@
 """The Postgres store: the only package that talks to asyncpg.
 
-Queries are named and live in `sql/queries.sql`; migrations are numbered files in
-`migrations/`, applied at start-up under an advisory lock. Every transition is one
-guarded statement: a method returns the changed run, or None / LostRace when the
-guard did not hold (another writer or a newer attempt got there first).
+Queries are named and live in `sql/*.sql`, a file per service that uses them, as do the
+query sets over them (submits, attempts, upkeep, segments, outbox); migrations are
+numbered files in `migrations/`, applied at start-up under an advisory lock. Every
+transition is one guarded statement: a method returns the changed run, or None /
+LostRace when the guard did not hold (another writer or a newer attempt got there first).
 """
 
 from services.runtime.store.locks import LockSession

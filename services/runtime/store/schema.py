@@ -1,4 +1,4 @@
-"""The schema and its queries: named SQL loaded from `sql/queries.sql`, and numbered
+"""The schema and its queries: named SQL loaded from `sql/*.sql`, and numbered
 migrations from `migrations/`, applied at start-up under an advisory lock."""
 
 import json
@@ -22,7 +22,22 @@ def load_queries(text: str) -> dict[str, str]:
     return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
 
 
-QUERIES = load_queries(resources.files("services.runtime").joinpath("sql/queries.sql").read_text())
+def load_all() -> dict[str, str]:
+    """Every named query of `sql/*.sql` (one file per service that uses them); a name
+    defined twice is an error."""
+    queries: dict[str, str] = {}
+    folder = resources.files("services.runtime").joinpath("sql")
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(".sql"):
+            continue
+        for name, sql in load_queries(entry.read_text()).items():
+            if name in queries:
+                raise ValueError(f"query {name} is defined twice (again in {entry.name})")
+            queries[name] = sql
+    return queries
+
+
+QUERIES = load_all()
 
 
 async def init_connection(conn: asyncpg.Connection) -> None:

@@ -1,0 +1,130 @@
+-- The executor's queries: claim a run, keep its lease, close its attempt. Every write
+-- is fenced by the attempt's generation.
+-- Named queries: `-- name: <name>` starts one. Every transition is one guarded
+-- statement that also appends its run_events row.
+
+-- name: claim_run
+-- Starts an attempt: a new generation fences every write of earlier attempts. A run never
+-- starts while an earlier run of its session holds the session.
+WITH upd AS (
+    UPDATE runs
+       SET status = 'running', attempts = attempts + 1, generation = generation + 1,
+           lease_owner = $3, lease_expires_at = now() + make_interval(secs => $4 / 1000.0),
+           job_ack = $5, close_seq = NULL, started_at = coalesce(started_at, now()),
+           updated_at = now()
+     WHERE run_id = $1 AND generation = $2 AND status IN ('queued', 'recovering')
+       AND NOT cancel_requested AND not_before <= now()
+       AND (attempts > 0 OR queue_timeout_ms IS NULL
+            OR created_at + make_interval(secs => queue_timeout_ms / 1000.0) > now())
+       AND NOT session_blocked(tenant, session_id, submit_seq)
+    RETURNING *
+), ev AS (
+    INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
+    SELECT run_id, 'claimed', status, attempts, $3, 'attempt started' FROM upd
+)
+SELECT * FROM upd;
+
+-- name: heartbeat
+UPDATE runs
+   SET lease_expires_at = now() + make_interval(secs => $3 / 1000.0),
+       partial_text = $4, updated_at = now()
+ WHERE run_id = $1 AND generation = $2 AND status = 'running'
+RETURNING cancel_requested;
+
+-- name: cancel_requested
+-- The cheap poll between heartbeats: no row means the attempt was fenced out.
+SELECT cancel_requested FROM runs
+ WHERE run_id = $1 AND generation = $2 AND status = 'running';
+
+-- name: save_checkpoint
+UPDATE runs
+   SET checkpoint = $3, checkpoint_version = checkpoint_version + 1,
+       partial_text = $4, updated_at = now()
+ WHERE run_id = $1 AND generation = $2 AND status = 'running'
+RETURNING checkpoint_version;
+
+-- name: finish_run
+WITH upd AS (
+    UPDATE runs
+       SET status = 'finished', result = $3, partial_text = $4, error = NULL, close_seq = $6,
+           implied_trace_parent = $7, lease_owner = NULL, lease_expires_at = NULL, ended_at = now(), updated_at = now()
+     WHERE run_id = $1 AND generation = $2 AND status = 'running'
+    RETURNING *
+), ev AS (
+    INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
+    SELECT run_id, 'finished', status, attempts, $5, 'runner returned' FROM upd
+)
+SELECT *, pg_current_xact_id()::text AS xact FROM upd;
+
+-- name: close_attempt
+-- Ends a running attempt in a terminal status ('failed' or 'canceled') with an error.
+WITH upd AS (
+    UPDATE runs
+       SET status = $3::run_status, error = $4, partial_text = $5, close_seq = $7,
+           implied_trace_parent = $8, lease_owner = NULL, lease_expires_at = NULL, ended_at = now(), updated_at = now()
+     WHERE run_id = $1 AND generation = $2 AND status = 'running'
+    RETURNING *
+), ev AS (
+    INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)
+    SELECT run_id, $3, status, attempts, $6, $4->>'code', $4->>'message' FROM upd
+)
+SELECT *, pg_current_xact_id()::text AS xact FROM upd;
+
+-- name: cancel_attempt
+-- A running attempt stopped for a cancel: closed with the error its canceller chose.
+WITH upd AS (
+    UPDATE runs
+       SET status = 'canceled', error = coalesce(cancel_error, $3), partial_text = $4,
+           close_seq = $6, implied_trace_parent = $7, lease_owner = NULL, lease_expires_at = NULL, ended_at = now(), updated_at = now()
+     WHERE run_id = $1 AND generation = $2 AND status = 'running'
+    RETURNING *
+), ev AS (
+    INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)
+    SELECT run_id, 'canceled', status, attempts, $5, error->>'code', error->>'message' FROM upd
+)
+SELECT *, pg_current_xact_id()::text AS xact FROM upd;
+
+-- name: requeue_run
+-- A retryable failure with attempts left: back to the queue after a delay. Its job waits
+-- in the outbox until due (a job that waits in an executor would hold a slot of the
+-- global in-flight limit). A cancel that arrived meanwhile closes the run instead.
+WITH upd AS (
+    UPDATE runs
+       SET status = CASE WHEN cancel_requested THEN 'canceled'::run_status
+                         ELSE 'queued'::run_status END,
+           error = CASE WHEN cancel_requested THEN coalesce(cancel_error, $7) ELSE $3 END,
+           ended_at = CASE WHEN cancel_requested THEN now() END,
+           partial_text = $4,
+           not_before = now() + make_interval(secs => $5 / 1000.0),
+           lease_owner = NULL, lease_expires_at = NULL, close_seq = $8,
+           implied_trace_parent = $9, job_published_at = now(), updated_at = now()
+     WHERE run_id = $1 AND generation = $2 AND status = 'running'
+    RETURNING *
+), ev AS (
+    INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)
+    SELECT run_id, CASE WHEN status = 'canceled' THEN 'canceled' ELSE 'retry' END, status,
+           attempts, $6, error->>'code', error->>'message' FROM upd
+)
+SELECT *, pg_current_xact_id()::text AS xact FROM upd;
+
+-- name: release_run
+-- Shutdown: the attempt goes back to the queue and is not counted (or, when a cancel
+-- arrived meanwhile, the run is closed as canceled).
+WITH upd AS (
+    UPDATE runs
+       SET status = CASE WHEN cancel_requested THEN 'canceled'::run_status
+                         ELSE 'queued'::run_status END,
+           error = CASE WHEN cancel_requested THEN coalesce(cancel_error, $5) ELSE error END,
+           ended_at = CASE WHEN cancel_requested THEN now() END,
+           attempts = attempts - 1, partial_text = $3,
+           not_before = now(), lease_owner = NULL, lease_expires_at = NULL,
+           close_seq = CASE WHEN cancel_requested THEN $6::integer END,
+           implied_trace_parent = $7, job_published_at = now(), updated_at = now()
+     WHERE run_id = $1 AND generation = $2 AND status = 'running'
+    RETURNING *
+), ev AS (
+    INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)
+    SELECT run_id, CASE WHEN status = 'canceled' THEN 'canceled' ELSE 'released' END, status,
+           attempts, $4, error->>'code', 'executor shutting down' FROM upd
+)
+SELECT *, pg_current_xact_id()::text AS xact FROM upd;

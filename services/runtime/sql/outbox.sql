@@ -1,0 +1,36 @@
+-- The outbox's queries: what a committed transaction implies, the sweep, deleting what
+-- was published. (The rows themselves are written by the triggers of migration 0008.)
+-- Named queries: `-- name: <name>` starts one.
+
+-- name: outbox_lock
+-- One sweep of the outbox at a time (for this transaction): two publishing disjoint
+-- batches at once could put a run's later event in the stream before an earlier one.
+SELECT pg_try_advisory_xact_lock($1) AS locked;
+
+-- name: outbox_of_xact
+-- What a committed transaction implies that its service publishes at once: its jobs and
+-- frames that were due when written (run events and later jobs are the sweep's).
+SELECT id, kind, tenant, run_id, msg_id, body::text AS body, trace_parent
+  FROM outbox
+ WHERE xact = $1::text::xid8 AND kind <> 'event' AND due_at <= created_at
+ ORDER BY id;
+
+-- name: outbox_due
+-- The sweep's rows, oldest first (the caller holds outbox_lock): run events, rows that
+-- became due after they were written, and rows their service left (after $1 ms).
+SELECT id, kind, tenant, run_id, msg_id, body::text AS body, trace_parent
+  FROM outbox
+ WHERE due_at <= now()
+   AND (kind = 'event' OR due_at > created_at
+        OR created_at < now() - make_interval(secs => $1 / 1000.0))
+ ORDER BY id
+ LIMIT $2
+   FOR UPDATE SKIP LOCKED;
+
+-- name: outbox_delete
+-- Published: the rows are done.
+DELETE FROM outbox WHERE id = ANY($1::bigint[]);
+
+-- name: outbox_pending
+-- Rows waiting to be published, by kind (for tests and the queue gauges).
+SELECT kind::text AS kind, count(*) AS n FROM outbox GROUP BY kind;

@@ -1,0 +1,131 @@
+-- Recovery's queries: expired leases, queue timeouts, session turns after a grace, lost
+-- jobs, retention and the queue gauges.
+-- Named queries: `-- name: <name>` starts one. Every transition is one guarded
+-- statement that also appends its run_events row.
+
+-- name: expire_leases
+-- Running runs whose executor stopped renewing its lease: recover them, or close them
+-- as interrupted after too many recoveries without checkpoint progress.
+WITH due AS (
+    SELECT run_id, cancel_requested AS canceled,
+           (checkpoint_version = recovery_checkpoint AND recoveries + 1 > $2) AS stalled
+      FROM runs
+     WHERE status = 'running' AND lease_expires_at < now()
+     ORDER BY lease_expires_at
+     LIMIT $1
+     FOR UPDATE SKIP LOCKED
+), upd AS (
+    UPDATE runs r
+       SET recoveries = CASE WHEN r.checkpoint_version > r.recovery_checkpoint
+                             THEN 1 ELSE r.recoveries + 1 END,
+           recovery_checkpoint = r.checkpoint_version,
+           -- A run whose cancel was asked before its executor died is closed, not resumed.
+           status = CASE WHEN due.canceled THEN 'canceled'::run_status
+                         WHEN due.stalled THEN 'interrupted'::run_status
+                         ELSE 'recovering'::run_status END,
+           error = CASE WHEN due.canceled THEN coalesce(r.cancel_error, $6)
+                        WHEN due.stalled THEN $4 ELSE r.error END,
+           ended_at = CASE WHEN due.canceled OR due.stalled THEN now() END,
+           not_before = now() + make_interval(secs => $3 / 1000.0),
+           lease_owner = NULL, lease_expires_at = NULL, close_seq = NULL,
+           implied_trace_parent = NULL, job_published_at = now(), updated_at = now()
+      FROM due
+     WHERE r.run_id = due.run_id
+    RETURNING r.*
+), ev AS (
+    INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)
+    SELECT run_id, status::text, status, attempts, $5, error->>'code', 'lease expired'
+      FROM upd
+)
+SELECT *, pg_current_xact_id()::text AS xact FROM upd;
+
+-- name: release_sessions
+-- Sessions whose next run may start although no run of theirs ended: a canceled run
+-- still running past its grace no longer holds its session. Their runs get their job.
+SELECT coalesce(sum(release_session_turn(s.tenant, s.session_id, $2)), 0)::integer AS released
+  FROM (SELECT DISTINCT tenant, session_id FROM runs
+         WHERE status = 'queued' AND job_published_at IS NULL
+           AND NOT session_blocked(tenant, session_id, submit_seq)
+         LIMIT $1) s;
+
+-- name: stale_jobs
+-- Runs that have waited for an attempt longer than $1 ms since their job was issued or
+-- last checked: the caller checks the stream for their job. Marked as checked.
+UPDATE runs r
+   SET job_checked_at = now()
+ WHERE r.run_id IN (
+        SELECT run_id FROM runs
+         WHERE status IN ('queued', 'recovering') AND NOT cancel_requested
+           AND job_published_at IS NOT NULL AND not_before <= now()
+           AND greatest(job_published_at, job_checked_at)
+               < now() - make_interval(secs => $1 / 1000.0)
+         LIMIT $2
+         FOR UPDATE SKIP LOCKED)
+RETURNING r.run_id;
+
+-- name: reissue_jobs
+-- Runs whose job is gone from the stream (deleted or purged): each gets a new job.
+UPDATE runs
+   SET job_published_at = now(), implied_trace_parent = NULL, updated_at = now()
+ WHERE run_id = ANY($1::uuid[]) AND status IN ('queued', 'recovering')
+   AND NOT cancel_requested AND job_published_at IS NOT NULL
+RETURNING run_id, pg_current_xact_id()::text AS xact;
+
+-- name: retrace_job
+-- The span that decided a run's recovery becomes the parent of the attempt it queued.
+UPDATE outbox SET trace_parent = $2 WHERE run_id = $1 AND kind = 'job';
+
+-- name: expire_queue
+WITH due AS (
+    SELECT run_id FROM runs
+     WHERE status = 'queued' AND attempts = 0 AND queue_timeout_ms IS NOT NULL
+       AND created_at + make_interval(secs => queue_timeout_ms / 1000.0) <= now()
+     LIMIT $1
+     FOR UPDATE SKIP LOCKED
+), upd AS (
+    UPDATE runs r
+       SET status = 'failed', error = $2, close_seq = NULL, ended_at = now(),
+           updated_at = now()
+      FROM due WHERE r.run_id = due.run_id
+    RETURNING r.*
+), ev AS (
+    INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)
+    SELECT run_id, 'failed', status, attempts, $3, 'QUEUE_TIMEOUT', 'queue timeout' FROM upd
+)
+SELECT *, pg_current_xact_id()::text AS xact FROM upd;
+
+-- name: queue_stats
+-- Per tenant: runs waiting for an attempt, and the age of the oldest (since its submit).
+SELECT tenant, count(*) AS depth,
+       extract(epoch FROM now() - min(created_at))::float8 AS oldest_age_s
+  FROM runs
+ WHERE status IN ('queued', 'recovering')
+ GROUP BY tenant;
+
+-- name: purge_due
+-- Ended runs whose frames are all in Postgres and whose stream grace is over.
+UPDATE runs r
+   SET stream_purged_at = now()
+ WHERE r.run_id IN (
+        SELECT run_id FROM runs
+         WHERE ended_at IS NOT NULL AND frames_closed AND frame_count = last_seq
+           AND stream_purged_at IS NULL
+           AND ended_at < now() - make_interval(secs => $1)
+         LIMIT $2
+         FOR UPDATE SKIP LOCKED)
+RETURNING r.run_id, r.tenant;
+
+-- name: expire_frames
+-- Ended runs past the frame retention: their segments go, their row (result) stays.
+WITH due AS (
+    SELECT run_id FROM runs
+     WHERE ended_at IS NOT NULL AND frames_expired_at IS NULL AND frames_closed
+       AND ended_at < now() - make_interval(secs => $1)
+     LIMIT $2
+     FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM frame_segments s USING due WHERE s.run_id = due.run_id
+)
+UPDATE runs r SET frames_expired_at = now()
+  FROM due WHERE r.run_id = due.run_id
+RETURNING r.run_id, r.tenant;

@@ -1,0 +1,38 @@
+-- Reads every service shares, and the schema's own upkeep (migrations, checks).
+-- Named queries: `-- name: <name>` starts one.
+
+-- name: get_run
+SELECT * FROM runs WHERE tenant = $1 AND run_id = $2;
+
+-- name: get_run_by_id
+SELECT * FROM runs WHERE run_id = $1;
+
+-- name: ping
+SELECT 1 AS ok;
+
+-- name: events_timeline
+-- Every recorded transition, oldest first (for audits and tests).
+SELECT run_id, event, status, attempt, actor, code, at FROM run_events ORDER BY at, id;
+
+-- name: run_status_values
+SELECT enumlabel FROM pg_enum e JOIN pg_type t ON t.oid = e.enumtypid
+ WHERE t.typname = 'run_status' ORDER BY e.enumsortorder;
+
+-- name: migration_lock
+SELECT pg_advisory_lock($1);
+
+-- name: migration_unlock
+SELECT pg_advisory_unlock($1);
+
+-- name: migrations_table
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version     integer PRIMARY KEY,
+    name        text NOT NULL,
+    applied_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: migrations_applied
+SELECT version FROM schema_migrations;
+
+-- name: migration_done
+INSERT INTO schema_migrations (version, name) VALUES ($1, $2);

@@ -1,0 +1,99 @@
+-- The submitter's queries: accept a run, cancel runs, fail a run the queue refused.
+-- Named queries: `-- name: <name>` starts one. Every transition is one guarded
+-- statement that also appends its run_events row.
+
+-- name: insert_run
+WITH ins AS (
+    -- A run whose session is busy gets no job yet (job_published_at NULL): it gets one
+    -- when its turn comes (release_session_turn). clock_timestamp(), not now() (the transaction's
+    -- start, before a wait for the session's lock): runs of a session are created in
+    -- the order they were accepted.
+    INSERT INTO runs (run_id, tenant, request_id, session_id, multitask, runner, input,
+                      metadata, max_attempts, attempt_timeout_ms, queue_timeout_ms,
+                      job_published_at, created_at, updated_at, trace_parent)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,
+            CASE WHEN session_blocked($2, $4, NULL) THEN NULL ELSE now() END,
+            clock_timestamp(), clock_timestamp(), $13)
+    ON CONFLICT (tenant, request_id) DO NOTHING
+    RETURNING *
+), ev AS (
+    INSERT INTO run_events (run_id, event, status, attempt, actor, reason, at)
+    SELECT run_id, 'submitted', status, attempts, $12,
+           CASE WHEN job_published_at IS NULL THEN 'submit; waits for its session'
+                ELSE 'submit' END,
+           created_at
+      FROM ins
+)
+SELECT *, pg_current_xact_id()::text AS xact FROM ins;
+
+-- name: run_by_request
+SELECT * FROM runs WHERE tenant = $1 AND request_id = $2;
+
+-- name: session_active
+SELECT run_id FROM runs
+ WHERE tenant = $1 AND session_id = $2 AND status IN ('queued', 'running', 'recovering')
+ ORDER BY submit_seq;
+
+-- name: lock_session
+-- Serializes the submits (and aborts) of one session until the transaction ends. The
+-- one-bigint key form never meets the two-integer keys of the relay's locks.
+SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 0));
+
+-- name: request_cancel
+-- A queued run is canceled at once; a running one is flagged for its executor, which
+-- closes it with the error chosen here (the first cancel's), and stops holding its
+-- session after $5 ms even if its executor never answers.
+WITH upd AS (
+    UPDATE runs
+       SET cancel_requested = true,
+           cancel_error = coalesce(cancel_error, $3),
+           cancel_deadline = coalesce(cancel_deadline, now() + make_interval(secs => $5 / 1000.0)),
+           status = CASE WHEN status = 'running' THEN status ELSE 'canceled'::run_status END,
+           error = CASE WHEN status = 'running' THEN error ELSE coalesce(cancel_error, $3) END,
+           ended_at = CASE WHEN status = 'running' THEN ended_at ELSE now() END,
+           close_seq = NULL, updated_at = now()
+     WHERE tenant = $1 AND run_id = $2 AND status IN ('queued', 'running', 'recovering')
+    RETURNING *
+), ev AS (
+    INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)
+    SELECT run_id, 'cancel_requested', status, attempts, $4, cancel_error->>'code',
+           cancel_error->>'message'
+      FROM upd
+)
+SELECT *, pg_current_xact_id()::text AS xact FROM upd;
+
+-- name: cancel_session
+-- request_cancel for every queued, running or recovering run of a session at once (an
+-- interrupt or abort_session, under the session's lock), oldest first.
+WITH upd AS (
+    UPDATE runs
+       SET cancel_requested = true,
+           cancel_error = coalesce(cancel_error, $3),
+           cancel_deadline = coalesce(cancel_deadline, now() + make_interval(secs => $4 / 1000.0)),
+           status = CASE WHEN status = 'running' THEN status ELSE 'canceled'::run_status END,
+           error = CASE WHEN status = 'running' THEN error ELSE coalesce(cancel_error, $3) END,
+           ended_at = CASE WHEN status = 'running' THEN ended_at ELSE now() END,
+           close_seq = NULL, updated_at = now()
+     WHERE tenant = $1 AND session_id = $2 AND status IN ('queued', 'running', 'recovering')
+    RETURNING *
+), ev AS (
+    INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)
+    SELECT run_id, 'cancel_requested', status, attempts, $5, cancel_error->>'code',
+           cancel_error->>'message'
+      FROM upd
+)
+SELECT *, pg_current_xact_id()::text AS xact FROM upd ORDER BY submit_seq;
+
+-- name: fail_queued
+-- A run that never reached an attempt fails (queue full or queue timeout).
+WITH upd AS (
+    UPDATE runs
+       SET status = 'failed', error = $2, close_seq = NULL, ended_at = now(),
+           updated_at = now()
+     WHERE run_id = $1 AND status = 'queued' AND attempts = 0
+    RETURNING *
+), ev AS (
+    INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)
+    SELECT run_id, 'failed', status, attempts, $3, $2->>'code', $2->>'message' FROM upd
+)
+SELECT *, pg_current_xact_id()::text AS xact FROM upd;

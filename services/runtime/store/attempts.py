@@ -1,0 +1,181 @@
+"""The executor's queries: claim a run, keep its lease, close its attempt.
+
+Every write is fenced by the attempt's generation: an attempt that lost its lease can
+change nothing. An attempt's closing transitions take `close_seq`, the attempt's next
+frame seq (the frames the transition implies, `error` and `done`, follow the attempt's
+own), and `trace_parent_of_implied`, the span that decided the transition (the parent of
+what it implies in the run's trace).
+"""
+
+import uuid
+from typing import Any
+
+from contracts.errors import ErrorBody
+from contracts.status import RunStatus
+from services.runtime.errors import CANCELED_ERROR, LostRace
+from services.runtime.store.queries import Queries
+from services.runtime.store.rows import Run
+
+CANCELED_BODY = CANCELED_ERROR.model_dump(mode="json")
+
+
+class ExecutorQueries(Queries):
+    """Attempts as the executor runs them."""
+
+    async def claim(
+        self, run_id: str, generation: int, owner: str, lease_ms: int, job_ack: str | None = None
+    ) -> Run | None:
+        """Start an attempt; None when this job is stale, not due, canceled or timed out.
+
+        `job_ack` is the job message's acknowledgement subject, kept so that recovery can
+        release the job at once if this executor dies."""
+        return await self._run_or_none(
+            "claim_run", uuid.UUID(run_id), generation, owner, lease_ms, job_ack
+        )
+
+    async def heartbeat(
+        self, run_id: str, generation: int, lease_ms: int, partial_text: str
+    ) -> bool:
+        """Renew the lease; returns whether a cancel was requested. LostRace if fenced out."""
+        rec = await self._fetchrow(
+            "heartbeat", uuid.UUID(run_id), generation, lease_ms, partial_text
+        )
+        if rec is None:
+            raise LostRace(f"attempt {generation} of run {run_id} lost its lease", run_id=run_id)
+        return bool(rec["cancel_requested"])
+
+    async def cancel_requested(self, run_id: str, generation: int) -> bool:
+        """Whether a cancel was requested; LostRace if the attempt was fenced out."""
+        rec = await self._fetchrow("cancel_requested", uuid.UUID(run_id), generation)
+        if rec is None:
+            raise LostRace(f"attempt {generation} of run {run_id} lost its lease", run_id=run_id)
+        return bool(rec["cancel_requested"])
+
+    async def save_checkpoint(
+        self, run_id: str, generation: int, state: Any, partial_text: str
+    ) -> int:
+        rec = await self._fetchrow(
+            "save_checkpoint", uuid.UUID(run_id), generation, state, partial_text
+        )
+        if rec is None:
+            raise LostRace(f"attempt {generation} of run {run_id} lost its lease", run_id=run_id)
+        return int(rec["checkpoint_version"])
+
+    # An attempt's closing transitions take `close_seq`, the attempt's next frame seq: the
+    # frames the transition implies (`error`, `done`) follow the attempt's own. And
+    # `trace_parent_of_implied`: the span that decided the transition, parent of what it
+    # implies in the run's trace.
+    async def finish(
+        self,
+        run_id: str,
+        generation: int,
+        result: dict[str, Any],
+        partial_text: str,
+        actor: str,
+        close_seq: int,
+        trace_parent_of_implied: str | None = None,
+    ) -> Run:
+        return await self._transition(
+            "finish_run",
+            run_id,
+            generation,
+            result,
+            partial_text,
+            actor,
+            close_seq,
+            trace_parent_of_implied,
+        )
+
+    async def close_attempt(
+        self,
+        run_id: str,
+        generation: int,
+        status: RunStatus,
+        error: ErrorBody,
+        partial_text: str,
+        actor: str,
+        close_seq: int,
+        trace_parent_of_implied: str | None = None,
+    ) -> Run:
+        return await self._transition(
+            "close_attempt",
+            run_id,
+            generation,
+            status.value,
+            error.model_dump(mode="json"),
+            partial_text,
+            actor,
+            close_seq,
+            trace_parent_of_implied,
+        )
+
+    async def cancel_attempt(
+        self,
+        run_id: str,
+        generation: int,
+        error: ErrorBody,
+        partial_text: str,
+        actor: str,
+        close_seq: int,
+        trace_parent_of_implied: str | None = None,
+    ) -> Run:
+        """Close a running attempt as canceled, with the error its canceller chose
+        (`error` when none was recorded)."""
+        return await self._transition(
+            "cancel_attempt",
+            run_id,
+            generation,
+            error.model_dump(mode="json"),
+            partial_text,
+            actor,
+            close_seq,
+            trace_parent_of_implied,
+        )
+
+    async def requeue(
+        self,
+        run_id: str,
+        generation: int,
+        error: ErrorBody,
+        partial_text: str,
+        delay_ms: int,
+        actor: str,
+        close_seq: int,
+        trace_parent_of_implied: str | None = None,
+    ) -> Run:
+        """Back to the queue after `delay_ms` (its job is published once due), or
+        canceled if a cancel arrived while the attempt was ending. `trace_parent_of_implied`:
+        the span that decided the retry, parent of the next attempt."""
+        return await self._transition(
+            "requeue_run",
+            run_id,
+            generation,
+            error.model_dump(mode="json"),
+            partial_text,
+            delay_ms,
+            actor,
+            CANCELED_BODY,
+            close_seq,
+            trace_parent_of_implied,
+        )
+
+    async def release(
+        self,
+        run_id: str,
+        generation: int,
+        partial_text: str,
+        actor: str,
+        close_seq: int,
+        trace_parent_of_implied: str | None = None,
+    ) -> Run:
+        """Back to the queue, not counted (shutdown), or canceled if one was asked."""
+        return await self._transition(
+            "release_run",
+            run_id,
+            generation,
+            partial_text,
+            actor,
+            CANCELED_BODY,
+            close_seq,
+            trace_parent_of_implied,
+        )

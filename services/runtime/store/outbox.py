@@ -1,0 +1,52 @@
+"""The outbox's queries: what a committed transaction implies, the sweep's rows, and
+deleting what was published."""
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+
+import asyncpg
+
+from services.runtime.errors import StoreError, Unavailable
+from services.runtime.store.queries import Queries
+from services.runtime.store.rows import OutboxBatch, OutboxMessage
+from services.runtime.store.schema import QUERIES
+
+OUTBOX_LOCK_KEY = 7_240_113_002
+
+
+class OutboxQueries(Queries):
+    """Outbox rows as the dispatcher and the sweep publish them."""
+
+    async def outbox_of(self, xact: str) -> list[OutboxMessage]:
+        """What a committed transaction implies that its service publishes at once."""
+        return [OutboxMessage.from_record(r) for r in await self._fetch("outbox_of_xact", xact)]
+
+    async def outbox_delete(self, ids: Sequence[int]) -> None:
+        """Published messages are done."""
+        await self._fetch("outbox_delete", list(ids))
+
+    async def outbox_pending(self) -> dict[str, int]:
+        """Messages waiting in the outbox, by kind."""
+        return {r["kind"]: r["n"] for r in await self._fetch("outbox_pending")}
+
+    @contextlib.asynccontextmanager
+    async def outbox_due(self, grace_ms: int, limit: int) -> AsyncIterator[OutboxBatch]:
+        """The sweep's oldest due messages, locked until the block ends; the ids the block
+        adds to `published` are deleted when it ends. One caller at a time gets rows (in
+        every replica; the others get an empty batch), so run events stay in order."""
+        if not isinstance(self._pool, asyncpg.Pool):
+            raise StoreError("the outbox sweep needs the pool, not a transaction")
+        try:
+            async with self._pool.acquire() as conn, conn.transaction():
+                if not await conn.fetchval(QUERIES["outbox_lock"], OUTBOX_LOCK_KEY):
+                    yield OutboxBatch([])  # another replica is sweeping: in order, alone
+                    return
+                rows = await conn.fetch(QUERIES["outbox_due"], grace_ms, limit)
+                batch = OutboxBatch([OutboxMessage.from_record(r) for r in rows])
+                yield batch
+                if batch.published:
+                    await conn.execute(QUERIES["outbox_delete"], batch.published)
+        except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
+            raise Unavailable(f"Postgres unavailable during the outbox sweep: {exc}") from exc
+        except asyncpg.PostgresError as exc:
+            raise StoreError(f"outbox sweep failed: {exc}") from exc

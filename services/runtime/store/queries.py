@@ -1,0 +1,45 @@
+"""The store's plumbing: running a named query on a pool (or on one connection inside a
+transaction) and translating driver errors at this boundary."""
+
+import uuid
+from typing import Any
+
+import asyncpg
+
+from services.runtime.errors import LostRace, StoreError, Unavailable
+from services.runtime.store.rows import Run
+from services.runtime.store.schema import QUERIES
+
+
+class Queries:
+    """Named queries on a pool, or (inside a session's lock) one connection in a
+    transaction. The per-service query sets are subclasses of this."""
+
+    def __init__(self, pool: "asyncpg.Pool | asyncpg.pool.PoolConnectionProxy") -> None:
+        self._pool = pool
+
+    async def _fetchrow(self, name: str, *args: Any) -> asyncpg.Record | None:
+        try:
+            return await self._pool.fetchrow(QUERIES[name], *args)
+        except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
+            raise Unavailable(f"Postgres unavailable during {name}: {exc}") from exc
+        except asyncpg.PostgresError as exc:
+            raise StoreError(f"query {name} failed: {exc}") from exc
+
+    async def _fetch(self, name: str, *args: Any) -> list[asyncpg.Record]:
+        try:
+            return list(await self._pool.fetch(QUERIES[name], *args))
+        except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
+            raise Unavailable(f"Postgres unavailable during {name}: {exc}") from exc
+        except asyncpg.PostgresError as exc:
+            raise StoreError(f"query {name} failed: {exc}") from exc
+
+    async def _run_or_none(self, name: str, *args: Any) -> Run | None:
+        rec = await self._fetchrow(name, *args)
+        return Run.from_record(rec) if rec else None
+
+    async def _transition(self, name: str, run_id: str, *args: Any) -> Run:
+        rec = await self._fetchrow(name, uuid.UUID(run_id), *args)
+        if rec is None:
+            raise LostRace(f"{name} of run {run_id} lost its guard", run_id=run_id)
+        return Run.from_record(rec)

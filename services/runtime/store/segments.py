@@ -1,0 +1,61 @@
+"""The relay's queries: where a run's frames stand, its frame segments, and the one
+write per flush."""
+
+import uuid
+from collections.abc import Sequence
+
+from services.runtime.store.queries import Queries
+from services.runtime.store.rows import Segment, SegmentCount, StoredSegment, parse_run_id
+
+
+class RelayQueries(Queries):
+    """Frame segments as the relay writes and replays them."""
+
+    async def frame_states(self, run_ids: list[str]) -> dict[str, tuple[int, bool]]:
+        """For each run that exists: (last frame seq written, whether its frames are
+        closed), in one query."""
+        keys = [key for run_id in run_ids if (key := parse_run_id(run_id)) is not None]
+        if not keys:
+            return {}
+        rows = await self._fetch("frame_states", keys)
+        return {str(r["run_id"]): (r["last_seq"], r["frames_closed"]) for r in rows}
+
+    async def segments_after(self, run_id: str, after: int) -> list[StoredSegment]:
+        rows = await self._fetch("segments_after", uuid.UUID(run_id), after)
+        return [
+            StoredSegment(
+                r["first_seq"], r["last_seq"], r["last_stream_seq"], r["frames"], r["size"]
+            )
+            for r in rows
+        ]
+
+    async def segment_ranges(self, run_id: str) -> list[tuple[int, int, int]]:
+        """(first_seq, last_seq, last_stream_seq) of each segment of a run, in order."""
+        rows = await self._fetch("segment_ranges", uuid.UUID(run_id))
+        return [(r["first_seq"], r["last_seq"], r["last_stream_seq"]) for r in rows]
+
+    async def mark_frames_closed(self, run_id: str) -> None:
+        await self._fetch("mark_frames_closed", uuid.UUID(run_id))
+
+    async def insert_segments(self, segments: Sequence[Segment]) -> list[SegmentCount]:
+        """Write one flush: a segment per run and the runs' counters, in one statement.
+
+        Returns each touched run's counters, so a closed run missing frames is noticed.
+        """
+        if not segments:
+            return []
+        rows = await self._fetch(
+            "insert_segments",
+            [uuid.UUID(s.run_id) for s in segments],
+            [s.first_seq for s in segments],
+            [s.last_seq for s in segments],
+            [s.last_stream_seq for s in segments],
+            ["[" + ",".join(s.frames) + "]" for s in segments],
+            [s.closed for s in segments],
+        )
+        return [
+            SegmentCount(
+                str(r["run_id"]), r["tenant"], r["last_seq"], r["frame_count"], r["done_written"]
+            )
+            for r in rows
+        ]

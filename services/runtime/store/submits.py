@@ -1,0 +1,83 @@
+"""The submitter's queries: accept a run, cancel runs, fail a run the queue refused."""
+
+import uuid
+from typing import Any
+
+from contracts.errors import ErrorBody
+from services.runtime.settings import DEFAULT_SUPERSEDE_GRACE_MS
+from services.runtime.store.queries import Queries
+from services.runtime.store.rows import Run, parse_run_id
+
+
+class SubmitterQueries(Queries):
+    """Runs as the submitter writes them."""
+
+    async def session_active(self, tenant: str, session_id: str) -> list[str]:
+        return [str(r["run_id"]) for r in await self._fetch("session_active", tenant, session_id)]
+
+    async def insert_run(
+        self,
+        *,
+        run_id: str,
+        tenant: str,
+        request_id: str,
+        session_id: str | None,
+        multitask: str,
+        runner: str,
+        input: dict[str, Any],
+        metadata: dict[str, Any],
+        max_attempts: int,
+        attempt_timeout_ms: int,
+        queue_timeout_ms: int | None,
+        actor: str,
+        trace_parent: str | None = None,
+    ) -> Run | None:
+        """Create a queued run; None when the tenant already has this request_id."""
+        return await self._run_or_none(
+            "insert_run",
+            uuid.UUID(run_id),
+            tenant,
+            request_id,
+            session_id,
+            multitask,
+            runner,
+            input,
+            metadata,
+            max_attempts,
+            attempt_timeout_ms,
+            queue_timeout_ms,
+            actor,
+            trace_parent,
+        )
+
+    async def request_cancel(
+        self,
+        tenant: str,
+        run_id: str,
+        error: ErrorBody,
+        actor: str,
+        *,
+        grace_ms: int = DEFAULT_SUPERSEDE_GRACE_MS,
+    ) -> Run | None:
+        """Cancel a queued run, or flag a running one (closed later with `error`, holding
+        its session for at most `grace_ms`); None when the run is terminal."""
+        key = parse_run_id(run_id)
+        if key is None:
+            return None
+        return await self._run_or_none(
+            "request_cancel", tenant, key, error.model_dump(mode="json"), actor, grace_ms
+        )
+
+    async def cancel_session(
+        self, tenant: str, session_id: str, error: ErrorBody, actor: str, *, grace_ms: int
+    ) -> list[Run]:
+        """`request_cancel` for every active run of a session, oldest first."""
+        rows = await self._fetch(
+            "cancel_session", tenant, session_id, error.model_dump(mode="json"), grace_ms, actor
+        )
+        return [Run.from_record(r) for r in rows]
+
+    async def fail_queued(self, run_id: str, error: ErrorBody, actor: str) -> Run | None:
+        return await self._run_or_none(
+            "fail_queued", uuid.UUID(run_id), error.model_dump(mode="json"), actor
+        )

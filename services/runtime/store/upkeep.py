@@ -1,0 +1,76 @@
+"""Recovery's queries: expired leases, queue timeouts, session turns after a grace,
+lost jobs, retention, and the queue gauges. Each takes its rows with `FOR UPDATE SKIP
+LOCKED`, so replicas never act twice on a run."""
+
+import uuid
+from collections.abc import Sequence
+
+from contracts.errors import ErrorBody
+from services.runtime.store.queries import Queries
+from services.runtime.store.rows import Run
+
+
+class RecoveryQueries(Queries):
+    """What recovery's duties read and write."""
+
+    async def expire_leases(
+        self,
+        *,
+        limit: int,
+        max_recoveries: int,
+        backoff_ms: int,
+        error: ErrorBody,
+        canceled: ErrorBody,
+        actor: str,
+    ) -> list[Run]:
+        """Recover runs whose lease expired; close canceled and stalled ones instead."""
+        rows = await self._fetch(
+            "expire_leases",
+            limit,
+            max_recoveries,
+            backoff_ms,
+            error.model_dump(mode="json"),
+            actor,
+            canceled.model_dump(mode="json"),
+        )
+        return [Run.from_record(r) for r in rows]
+
+    async def release_sessions(self, limit: int, actor: str) -> int:
+        """Give their job to the waiting runs of sessions whose turn came without a run
+        of theirs ending (a canceled run's grace passed); returns how many."""
+        rec = await self._fetchrow("release_sessions", limit, actor)
+        return int(rec["released"]) if rec else 0
+
+    async def stale_jobs(self, after_ms: int, limit: int) -> list[str]:
+        """Runs waiting for an attempt whose job was issued or checked more than
+        `after_ms` ago (marked checked now): the caller looks for their job."""
+        return [str(r["run_id"]) for r in await self._fetch("stale_jobs", after_ms, limit)]
+
+    async def retrace_job(self, run_id: str, traceparent: str) -> None:
+        """Make `traceparent` the parent of the attempt the run's pending job starts."""
+        await self._fetch("retrace_job", uuid.UUID(run_id), traceparent)
+
+    async def reissue_jobs(self, run_ids: Sequence[str]) -> str | None:
+        """A new job for each of these runs still waiting (theirs is gone from the
+        stream); returns the transaction whose outbox holds them, if any."""
+        rows = await self._fetch("reissue_jobs", [uuid.UUID(r) for r in run_ids])
+        return rows[0]["xact"] if rows else None
+
+    async def queue_stats(self) -> list[tuple[str, int, float]]:
+        """Per tenant: (tenant, runs waiting for an attempt, oldest one's age in seconds)."""
+        rows = await self._fetch("queue_stats")
+        return [(r["tenant"], r["depth"], r["oldest_age_s"]) for r in rows]
+
+    async def expire_queue(self, *, limit: int, error: ErrorBody, actor: str) -> list[Run]:
+        rows = await self._fetch("expire_queue", limit, error.model_dump(mode="json"), actor)
+        return [Run.from_record(r) for r in rows]
+
+    async def purge_due(self, grace_s: float, limit: int) -> list[tuple[str, str]]:
+        """Mark ended runs whose stream copy may go now; returns (run_id, tenant)."""
+        rows = await self._fetch("purge_due", grace_s, limit)
+        return [(str(r["run_id"]), r["tenant"]) for r in rows]
+
+    async def expire_frames(self, retention_s: float, limit: int) -> list[tuple[str, str]]:
+        """Delete the segments of runs ended more than `retention_s` ago."""
+        rows = await self._fetch("expire_frames", retention_s, limit)
+        return [(str(r["run_id"]), r["tenant"]) for r in rows]
