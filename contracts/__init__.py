@@ -14,7 +14,21 @@ from contracts.commands import (
 )
 from contracts.errors import ErrorBody, ErrorCode, ErrorReply
 from contracts.events import RunEvent, RunEventName
-from contracts.frames import Frame, FrameType, Job, RawFrame
+from contracts.frames import (
+    FRAME_DATA,
+    CheckpointData,
+    DoneData,
+    Frame,
+    FrameType,
+    Job,
+    MessageData,
+    RawFrame,
+    RunData,
+    StatusData,
+    ToolCallData,
+    ToolResultData,
+    typed_data,
+)
 from contracts.replies import (
     AbortSessionReply,
     FrameChannel,
@@ -31,10 +45,13 @@ from contracts.subjects import DEFAULT_PREFIX, DEFAULT_TENANT, Subjects
 __all__ = [
     "DEFAULT_PREFIX",
     "DEFAULT_TENANT",
+    "FRAME_DATA",
     "TERMINAL_STATUSES",
     "AbortSessionCommand",
     "AbortSessionReply",
     "CancelCommand",
+    "CheckpointData",
+    "DoneData",
     "ErrorBody",
     "ErrorCode",
     "ErrorReply",
@@ -46,8 +63,10 @@ __all__ = [
     "JoinCommand",
     "JoinReply",
     "LiveCursor",
+    "MessageData",
     "Multitask",
     "RawFrame",
+    "RunData",
     "RunEvent",
     "RunEventName",
     "RunReply",
@@ -55,7 +74,11 @@ __all__ = [
     "RunSummary",
     "ScriptedFailure",
     "ScriptedInput",
+    "StatusData",
     "Subjects",
     "SubmitCommand",
     "SubmitReply",
+    "ToolCallData",
+    "ToolResultData",
+    "typed_data",
 ]

@@ -1,11 +1,13 @@
 """Frames (what a run produces) and the job message that queues an attempt."""
 
 from enum import StrEnum
-from typing import Any
+from typing import Any, Self
 
-from pydantic import AwareDatetime, Field
+from pydantic import AwareDatetime, Field, model_validator
 
-from contracts.base import Versioned
+from contracts.base import Versioned, WireModel
+from contracts.errors import ErrorBody, ErrorCode
+from contracts.status import RunStatus
 
 
 class FrameType(StrEnum):
@@ -27,6 +29,75 @@ URGENT_FRAME_TYPES = frozenset(
 )
 
 
+class RunData(WireModel):
+    """`run`: an attempt starts. `partial_length` is how much text earlier attempts
+    delivered (in Unicode code points), which this attempt continues after."""
+
+    attempt: int = Field(ge=1)
+    resumed: bool
+    partial_length: int = Field(ge=0)
+
+
+class MessageData(WireModel):
+    """`message`: a text delta; the run's text is the deltas joined in seq order."""
+
+    text: str
+
+
+class ToolCallData(WireModel):
+    """`tool_call`: the runner calls a tool (`id` pairs it with its `tool_result`)."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolResultData(WireModel):
+    """`tool_result`: what the tool call `id` returned, or the error it raised."""
+
+    id: str
+    name: str
+    output: Any = None
+    error: str | None = None
+
+
+class CheckpointData(WireModel):
+    """`checkpoint`: progress saved; a resumed attempt starts from `state`."""
+
+    state: Any
+
+
+class StatusData(WireModel):
+    """`status`: what the runner is doing now, in its own words (e.g. "searching")."""
+
+    status: str
+
+
+class DoneData(WireModel):
+    """`done`: the run's terminal status, and its error code when it did not finish."""
+
+    status: RunStatus
+    code: ErrorCode | None = None
+
+
+# The model of each frame type's `data` (an `error` frame's is the wire's ErrorBody).
+FRAME_DATA: dict[FrameType, type[WireModel]] = {
+    FrameType.RUN: RunData,
+    FrameType.MESSAGE: MessageData,
+    FrameType.TOOL_CALL: ToolCallData,
+    FrameType.TOOL_RESULT: ToolResultData,
+    FrameType.CHECKPOINT: CheckpointData,
+    FrameType.STATUS: StatusData,
+    FrameType.ERROR: ErrorBody,
+    FrameType.DONE: DoneData,
+}
+
+
+def typed_data(type: FrameType, data: dict[str, Any]) -> WireModel:
+    """`data` as the model of its frame type; a ValidationError when it does not fit."""
+    return FRAME_DATA[type].model_validate(data)
+
+
 class Frame(Versioned):
     """A frame as clients see it on `<prefix>.<tenant>.runs.<run_id>.frames`.
 
@@ -39,6 +110,11 @@ class Frame(Versioned):
     type: FrameType
     data: dict[str, Any] = Field(default_factory=dict)
     at: AwareDatetime
+
+    @model_validator(mode="after")
+    def _data_fits_type(self) -> Self:
+        typed_data(self.type, self.data)
+        return self
 
 
 class RawFrame(Versioned):
@@ -55,6 +131,11 @@ class RawFrame(Versioned):
     type: FrameType
     data: dict[str, Any] = Field(default_factory=dict)
     at: AwareDatetime
+
+    @model_validator(mode="after")
+    def _data_fits_type(self) -> Self:
+        typed_data(self.type, self.data)
+        return self
 
 
 class Job(Versioned):

@@ -15,7 +15,7 @@ from contracts.commands import (
 )
 from contracts.errors import ErrorReply
 from contracts.events import RunEvent
-from contracts.frames import Frame, Job, RawFrame
+from contracts.frames import FRAME_DATA, Frame, Job, RawFrame
 from contracts.health import HealthReply
 from contracts.replies import AbortSessionReply, JoinReply, RunReply, RunSummary, SubmitReply
 from contracts.scripted import ScriptedInput
@@ -40,6 +40,8 @@ EXPORTED: tuple[type[BaseModel], ...] = (
     RunEvent,
     HealthReply,
     ScriptedInput,
+    # The `data` of each frame type (ErrorBody for `error`).
+    *FRAME_DATA.values(),
 )
 
 

@@ -16,12 +16,14 @@ from enum import StrEnum
 from typing import Any
 
 from opentelemetry import trace
+from pydantic import ValidationError
 
 from contracts.errors import ErrorBody, ErrorCode
 from contracts.frames import FrameType, RawFrame
 from services.executor.runners.base import AttemptClosed, AttemptContext, Runner, RunnerError
 from services.runtime import tracing
 from services.runtime.broker import Broker
+from services.runtime.commands import describe
 from services.runtime.errors import (
     InvalidRequest,
     LostRace,
@@ -109,23 +111,24 @@ class Attempt:
         self.abort_signal.set()
 
     async def publish(self, type: FrameType, data: dict[str, Any]) -> None:
-        """Publish a frame of this attempt (also used to close it, after `closed`).
+        """Publish a frame of this attempt (its `data` must fit the type's model).
 
         While the runner runs, publishes are pipelined (up to PUBLISH_WINDOW awaiting
         their acknowledgement); once the attempt is closed, each one is waited for.
         """
-        self._seq += 1
-        frame = RawFrame(
-            run_id=self.run.run_id,
-            tenant=self.run.tenant,
-            generation=self.generation,
-            seq=self._seq,
-            type=type,
-            data=data,
-            at=datetime.now(UTC),
-        )
         try:
+            frame = RawFrame(
+                run_id=self.run.run_id,
+                tenant=self.run.tenant,
+                generation=self.generation,
+                seq=self._seq + 1,
+                type=type,
+                data=data,
+                at=datetime.now(UTC),
+            )
             body = frame.model_dump_json().encode()  # once: size check and publish
+        except ValidationError as exc:  # data that does not fit the frame type's model
+            raise InvalidRequest(f"a {type.value} frame's data: {describe(exc)}") from exc
         except ValueError as exc:  # data that is not JSON
             raise InvalidRequest(f"a {type.value} frame's data is not JSON: {exc}") from exc
         size = len(body)
@@ -135,6 +138,7 @@ class Attempt:
                 f"a {type.value} frame of {size} bytes is over the limit of "
                 f"{self._broker.max_frame_bytes} bytes"
             )
+        self._seq = frame.seq  # only a frame that will be sent takes a seq: no gap
         text = str(data.get("text", "")) if type == FrameType.MESSAGE else None
         self._pending.append((frame, text, asyncio.ensure_future(self._send(frame, body))))
         if self.closed or len(self._pending) >= PUBLISH_WINDOW:

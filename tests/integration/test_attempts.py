@@ -1,5 +1,6 @@
 """Attempts: retries with the text kept, fatal errors, deadlines, cancellation, timeouts."""
 
+import asyncio
 import time
 
 import nats.js.errors
@@ -8,6 +9,13 @@ import pytest
 from contracts.errors import ErrorCode
 from contracts.frames import FrameType
 from contracts.status import RunStatus
+from contracts.subjects import Subjects
+from services.executor.main import Executor
+from services.executor.runners.base import AttemptContext
+from services.runtime.broker import Broker
+from services.runtime.settings import ExecutorSettings
+from services.runtime.store import Store
+from tests.conftest import TestInfra
 from tests.services import InProcessStack, assert_well_formed, collect
 from tests.support import eventually
 
@@ -148,3 +156,37 @@ async def _job_gone(stack: InProcessStack, run_id: str) -> bool:
 
 async def _status(stack: InProcessStack, run_id: str, status: RunStatus) -> bool:
     return (await stack.client.get(run_id)).status == status
+
+
+async def test_a_frame_whose_data_does_not_fit_its_type_fails_the_run_without_a_gap(
+    infra: TestInfra, db_url: str, prefix: str
+) -> None:
+    async def sloppy(ctx: AttemptContext) -> dict[str, object]:
+        await ctx.message("before ")
+        await ctx.emit(FrameType.TOOL_CALL, {"tool": "search"})  # no id, no name
+        return {}
+
+    async with InProcessStack(infra.nats_url, db_url, prefix, executors=0) as stack:
+        store = await Store.connect(db_url, pool_size=2)
+        broker = await Broker.connect(infra.nats_url, Subjects(prefix), name="test-executor")
+        stop = asyncio.Event()
+        settings = stack.settings(ExecutorSettings, executor_id="sloppy")
+        executor = asyncio.create_task(
+            Executor(settings, store, broker, runners={"scripted": sloppy}).run(stop)
+        )
+        try:
+            reply = await stack.client.submit({"tokens": ["unused"]})
+            frames, transcript = await collect(stack.client, reply.run.run_id)
+        finally:
+            stop.set()
+            await executor
+            await broker.close()
+            await store.close()
+
+    assert_well_formed(frames)  # the refused frame took no seq: the `done` is not held up
+    assert transcript.text == "before "
+    error = next(f.data for f in frames if f.type == FrameType.ERROR)
+    assert error["code"] == ErrorCode.INVALID_REQUEST
+    assert "tool_call" in error["message"]
+    assert error["retryable"] is False
+    assert frames[-1].data == {"status": "failed", "code": "INVALID_REQUEST"}

@@ -5,7 +5,16 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from contracts import Frame, FrameType, RunStatus, Subjects, SubmitCommand
+from contracts import (
+    FRAME_DATA,
+    DoneData,
+    Frame,
+    FrameType,
+    RunStatus,
+    Subjects,
+    SubmitCommand,
+    typed_data,
+)
 from contracts.errors import ErrorCode
 from contracts.schemas import SCHEMA_DIR, render
 
@@ -60,3 +69,29 @@ def test_subjects_follow_the_prefix() -> None:
     assert Subjects("t1").run_frames_stream == "T1_RUN_FRAMES"
     with pytest.raises(ValueError, match="prefix"):
         Subjects("bad.prefix")
+
+
+def test_every_frame_type_has_a_data_model_and_data_must_fit_it() -> None:
+    assert set(FRAME_DATA) == set(FrameType)
+    at = "2026-01-02T03:04:05Z"
+    done = Frame.model_validate(
+        {
+            "run_id": "r",
+            "seq": 2,
+            "type": "done",
+            "data": {"status": "failed", "code": "CANCELED"},
+            "at": at,
+        }
+    )
+    assert typed_data(done.type, done.data) == DoneData(
+        status=RunStatus.FAILED, code=ErrorCode.CANCELED
+    )
+    for type_, data in [
+        ("message", {"txt": "hi"}),  # a field of another name
+        ("message", {"text": 3}),  # not text
+        ("done", {"status": "finished", "code": "NO_SUCH_CODE"}),
+        ("run", {"attempt": 0, "resumed": False, "partial_length": 0}),  # attempts count from 1
+        ("tool_call", {"name": "search"}),  # no id to pair its result with
+    ]:
+        with pytest.raises(ValidationError):
+            Frame.model_validate({"run_id": "r", "seq": 1, "type": type_, "data": data, "at": at})
