@@ -1,37 +1,48 @@
-"""Start the recovery service: `runwire-recovery` or `python -m services.recovery`."""
+"""The recovery service as a FastStream application: `faststream run
+services.recovery.main:app`, `runwire-recovery` or `python -m services.recovery`.
+
+Its work is two timers (the sweep, the run-event outbox); FastStream serves its health.
+"""
 
 import asyncio
 import contextlib
 import logging
 
-from contracts.subjects import Subjects
 from services.recovery.outbox import BATCH as OUTBOX_BATCH
 from services.recovery.outbox import EventPublisher
 from services.recovery.sweep import Sweeper
-from services.runtime.broker import Broker, StreamLimits
+from services.runtime import publications
+from services.runtime.app import Service
+from services.runtime.broker import StreamLimits
 from services.runtime.errors import RunwireError
 from services.runtime.health import serve_health
-from services.runtime.lifecycle import run_service
+from services.runtime.lifecycle import run
 from services.runtime.logs import fields
 from services.runtime.settings import RecoverySettings
-from services.runtime.store import Store
 
 log = logging.getLogger(__name__)
 
 STREAM_CHECK_S = 5.0
 
 
-async def serve(settings: RecoverySettings, stop: asyncio.Event) -> None:
-    """Tick every `recovery_interval_ms` until `stop` is set."""
-    store = await Store.connect(settings.database_url, pool_size=settings.db_pool_size)
-    broker = await Broker.connect(
-        settings.nats_url, Subjects(settings.prefix), name="runwire-recovery"
-    )
-    try:
-        await broker.ensure_streams(StreamLimits.of(settings))
-        await serve_health(broker, store, "recovery")
-        sweeper = Sweeper(settings, store, broker)
-        events = asyncio.create_task(_publish_events(settings, EventPublisher(store, broker), stop))
+class RecoveryService(Service[RecoverySettings]):
+    """Ticks every `recovery_interval_ms`; publishes run events every `events_interval_ms`."""
+
+    name = "recovery"
+
+    def __init__(self, settings: RecoverySettings, *, own_process: bool = True) -> None:
+        super().__init__(settings, own_process=own_process)
+        serve_health(self)
+        publications.jobs(self)
+        publications.raw_frames(self)
+        publications.events(self)
+
+    async def work(self, stop: asyncio.Event) -> None:
+        settings, broker = self.settings, self.broker
+        sweeper = Sweeper(settings, self.store, broker)
+        events = asyncio.create_task(
+            _publish_events(settings, EventPublisher(self.store, broker), stop)
+        )
         loop = asyncio.get_running_loop()
         streams_checked = loop.time()
         while not stop.is_set():
@@ -48,9 +59,6 @@ async def serve(settings: RecoverySettings, stop: asyncio.Event) -> None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), settings.recovery_interval_ms / 1000)
         await events
-    finally:
-        await broker.close()
-        await store.close()
 
 
 async def _publish_events(
@@ -68,6 +76,14 @@ async def _publish_events(
                 await asyncio.wait_for(stop.wait(), settings.events_interval_ms / 1000)
 
 
+service = RecoveryService(RecoverySettings())
+app = service.app
+
+
+async def serve(settings: RecoverySettings, stop: asyncio.Event) -> None:
+    """Recover runs in this process until `stop` is set."""
+    await RecoveryService(settings, own_process=False).serve(stop)
+
+
 def main() -> None:
-    settings = RecoverySettings()
-    run_service("recovery", settings, lambda stop: serve(settings, stop))
+    run(service)

@@ -4,6 +4,11 @@ Each kept frame is published at once on the run's client subject (low latency) a
 buffered for Postgres; buffers are flushed every `segment_flush_ms`, when they pass
 `segment_bytes`, and at once for `run`, tool, `error` and `done` frames, as one
 multi-row write per flush.
+
+Our own consumers, not FastStream subscribers: a partition's consumer runs only while
+this relay holds the partition's Postgres advisory lock (`partitions.py`), and a batch
+of frames is published pipelined and acknowledged only after its flush; a FastStream
+subscriber lives as long as the application and settles messages one by one.
 """
 
 import asyncio

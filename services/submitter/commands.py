@@ -28,7 +28,7 @@ from contracts.status import RunStatus
 from services.runtime import tracing
 from services.runtime.broker import Broker
 from services.runtime.closing import publish_closing
-from services.runtime.commands import describe, parse
+from services.runtime.commands import describe
 from services.runtime.errors import (
     CANCELED_ERROR,
     QUEUE_FULL_ERROR,
@@ -91,8 +91,7 @@ class Submitter:
         except ValidationError as exc:
             raise InvalidRequest(f"input for runner {cmd.runner!r}: {describe(exc)}") from exc
 
-    async def submit(self, tenant: str, data: bytes) -> SubmitReply:
-        cmd = parse(SubmitCommand, data, max_bytes=self.settings.max_input_bytes)
+    async def submit(self, tenant: str, cmd: SubmitCommand) -> SubmitReply:
         self._check_input(cmd)
         # A request_id used before is found by the insert (ON CONFLICT), or for a session
         # by `_make_room` under the session's lock, before it changes anything.
@@ -183,15 +182,13 @@ class Submitter:
         except RunwireError as exc:
             log.warning("closing frames not published yet, recovery will: %s", exc.message)
 
-    async def get(self, tenant: str, data: bytes) -> RunReply:
-        cmd = parse(GetCommand, data, max_bytes=self.settings.max_input_bytes)
+    async def get(self, tenant: str, cmd: GetCommand) -> RunReply:
         run = await self.store.get_run(tenant, cmd.run_id)
         if run is None:
             raise NotFound(f"no run {cmd.run_id!r}")
         return RunReply(run=run.summary())
 
-    async def cancel(self, tenant: str, data: bytes) -> RunReply:
-        cmd = parse(CancelCommand, data, max_bytes=self.settings.max_input_bytes)
+    async def cancel(self, tenant: str, cmd: CancelCommand) -> RunReply:
         return RunReply(run=(await self._cancel(tenant, cmd.run_id)).summary())
 
     async def _cancel(self, tenant: str, run_id: str) -> Run:
@@ -231,8 +228,7 @@ class Submitter:
                 except RunwireError as exc:
                     log.warning("job not published yet, recovery will: %s", exc.message)
 
-    async def abort_session(self, tenant: str, data: bytes) -> AbortSessionReply:
-        cmd = parse(AbortSessionCommand, data, max_bytes=self.settings.max_input_bytes)
+    async def abort_session(self, tenant: str, cmd: AbortSessionCommand) -> AbortSessionReply:
         async with self.store.session_lock(tenant, cmd.session_id) as tx:
             runs = await tx.cancel_session(
                 tenant,
