@@ -45,8 +45,9 @@ log = logging.getLogger(__name__)
 S = TypeVar("S", bound=CommonSettings)
 
 # FastStream's own lines (each message received and processed, task callbacks) are
-# DEBUG and INFO; ours say what matters. Its warnings and errors still come through.
-_FASTSTREAM_LOG = logging.getLogger("faststream.runwire")
+# DEBUG and INFO; ours say what matters. Its warnings and errors still come through, as
+# the service's log lines (not under `faststream`, whose logger writes to stdout).
+_FASTSTREAM_LOG = logging.getLogger(f"{__name__}.faststream")
 _FASTSTREAM_LOG.setLevel(logging.WARNING)
 # How long a stopping service waits for FastStream's subscribers to finish a message.
 GRACEFUL_S = 10.0
