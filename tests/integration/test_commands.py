@@ -9,9 +9,14 @@ import asyncpg
 import nats.errors
 import pytest
 
+from contracts.commands import GetCommand
 from contracts.errors import ErrorCode, ErrorReply
 from contracts.health import HealthReply
-from contracts.replies import SubmitReply
+from contracts.replies import AbortSessionReply, RunReply, SubmitReply
+from services.runtime.app import Service
+from services.runtime.commands import Commands, Tenant
+from services.runtime.settings import SubmitterSettings
+from tests.conftest import TestInfra
 from tests.services import InProcessStack
 from tests.support import eventually
 
@@ -108,3 +113,60 @@ async def _waiting_for_a_lock(db_url: str) -> bool:
     finally:
         await conn.close()
     return bool(waiting)
+
+
+class _Faulty(Service[SubmitterSettings]):
+    """A service whose commands go wrong the ways a handler can."""
+
+    name = "faulty"
+
+    def __init__(self, settings: SubmitterSettings) -> None:
+        super().__init__(settings, own_process=False)
+        command = Commands(self, "faulty")
+
+        @command("crash", max_bytes=1024)
+        async def crash(body: GetCommand, tenant: Tenant) -> RunReply:
+            """Fails as a bug would."""
+            raise RuntimeError("a bug")
+
+        @command("huge", max_bytes=1024)
+        async def huge(body: GetCommand, tenant: Tenant) -> AbortSessionReply:
+            """Answers more than a NATS message holds."""
+            over = self.broker.nc.max_payload // 1000 + 1
+            return AbortSessionReply(canceled=["x" * 1000] * over)
+
+
+async def test_a_failing_handler_is_answered_and_logged_and_the_service_goes_on(
+    infra: TestInfra, db_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = SubmitterSettings(nats_url=infra.nats_url, database_url=db_url, prefix=prefix)
+    service = _Faulty(settings)
+    stop = asyncio.Event()
+    running = asyncio.create_task(service.serve(stop))
+    nc = await nats.connect(infra.nats_url)
+    body = json.dumps({"v": 1, "run_id": "r"}).encode()
+
+    async def ask(name: str) -> ErrorReply | None:
+        try:
+            msg = await nc.request(service.subjects.command("acme", name), body, timeout=5)
+        except nats.errors.NoRespondersError:
+            return None  # not subscribed yet
+        return ErrorReply.model_validate_json(msg.data)
+
+    try:
+        crashed = await eventually(lambda: ask("crash"))
+        assert (crashed.error.code, crashed.error.retryable) == (ErrorCode.UNAVAILABLE, True)
+        assert any(
+            "command crash failed unexpectedly" in r.getMessage() and r.exc_info
+            for r in caplog.records
+        )
+        too_big = await eventually(lambda: ask("huge"))
+        assert (too_big.error.code, too_big.error.retryable) == (
+            ErrorCode.PAYLOAD_TOO_LARGE,
+            False,
+        )
+        assert not running.done()
+    finally:
+        await nc.close()
+        stop.set()
+        await asyncio.wait_for(running, 15)
