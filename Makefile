@@ -62,9 +62,10 @@ test-soak: $(STAMP)
 schemas: $(STAMP)
 	$(BIN)/python -m contracts.schemas
 
-## Write the AsyncAPI document of every subject to docs/asyncapi.json and docs/asyncapi.html.
+## Write the AsyncAPI document of the services' FastStream applications to docs/asyncapi.json and
+## docs/asyncapi.html, and check it with the official AsyncAPI parser (npm, into docs/validate/).
 docs: $(STAMP)
-	$(BIN)/python -m contracts.asyncapi
+	$(BIN)/python -m services.asyncapi
 
 ## Benchmarks (issue 7) in their own virtualenv with the peers (DBOS, pgqueuer):
 ## quick by default, `make bench BENCH_FULL=1` for larger N. Writes bench/results/.

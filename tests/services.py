@@ -197,17 +197,26 @@ def assert_well_formed(frames: list[Frame], after: int = 0) -> None:
 class ServiceProcess:
     """One service as a real process, for kill -9, SIGSTOP and restarts."""
 
-    def __init__(self, name: str, module: str, env: dict[str, str], log_dir: Path) -> None:
+    def __init__(
+        self, name: str, module: str, env: dict[str, str], log_dir: Path, *, faststream: bool
+    ) -> None:
         self.name = name
         self.module = module
         self.env = env
         self.log_path = log_dir / f"{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        # `faststream run services.<name>.main:app` instead of `python -m services.<name>`.
+        self.faststream = faststream
 
     def start(self) -> ServiceProcess:
         log = self.log_path.open("ab")
+        command = (
+            ["-m", "faststream", "run", f"{self.module}.main:app"]
+            if self.faststream
+            else ["-m", self.module]
+        )
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", self.module],
+            [sys.executable, *command],
             env=self.env,
             cwd=ROOT,
             stdout=log,
@@ -286,12 +295,19 @@ class ProcessStack:
         self.client: Client
         self.store: Store
 
-    def start(self, name: str, kind: str | None = None, **settings: Any) -> ServiceProcess:
-        """Start service `kind` (default: the name without a suffix) as process `name`."""
+    def start(
+        self, name: str, kind: str | None = None, *, faststream: bool = False, **settings: Any
+    ) -> ServiceProcess:
+        """Start service `kind` (default: the name without a suffix) as process `name`
+        (with `faststream run` when `faststream` is set)."""
         module = MODULES[kind or name.split("-")[0]]
         extra = {"executor_id": name} if module == MODULES["executor"] else {}
         proc = ServiceProcess(
-            name, module, process_env(self.env, **extra, **settings), self.log_dir
+            name,
+            module,
+            process_env(self.env, **extra, **settings),
+            self.log_dir,
+            faststream=faststream,
         )
         self.procs[name] = proc.start()
         return proc

@@ -1,4 +1,14 @@
-"""The executor process: pull jobs, claim, run attempts, settle; drain on SIGTERM."""
+"""The executor as a FastStream application: pull jobs, claim, run attempts, settle;
+drain on SIGTERM. `faststream run services.executor.main:app`, `runwire-executor` or
+`python -m services.executor`.
+
+Cancel notices are a FastStream subscriber. The jobs consumer stays our own code
+(`DurablePull` and `Executor.run`): it fetches only as many jobs as there are free
+in-flight slots, so that a job is never held unstarted while its `ack_wait` runs, and
+settles each with one decision (ack, nak with a delay, term) taken with Postgres after
+the attempt; FastStream's pull subscriber fetches on its own schedule, acknowledges by
+policy, and neither reconciles a durable consumer that exists nor notices one deleted.
+"""
 
 import asyncio
 import logging
@@ -9,6 +19,7 @@ import time
 import uuid
 from datetime import UTC, datetime
 
+from faststream import Path
 from nats.aio.msg import Msg
 from opentelemetry.trace import SpanKind
 from pydantic import ValidationError
@@ -16,17 +27,17 @@ from pydantic import ValidationError
 from contracts.errors import ErrorBody
 from contracts.frames import Job
 from contracts.status import RunStatus
-from contracts.subjects import Subjects
 from services.executor.attempt import AbortReason, Attempt, Outcome
 from services.executor.outcome import Settler
 from services.executor.runners import RUNNERS, Runner
 from services.executor.runners.base import RunnerError
-from services.runtime import tracing
+from services.runtime import publications, tracing
+from services.runtime.app import Service
 from services.runtime.broker import EXECUTOR_CONSUMER, Broker, StreamLimits
 from services.runtime.consumer import DurablePull
 from services.runtime.errors import RunwireError
 from services.runtime.health import serve_health
-from services.runtime.lifecycle import run_service
+from services.runtime.lifecycle import run
 from services.runtime.logs import bind, fields
 from services.runtime.metrics import ATTEMPT_DURATION, ATTEMPTS_IN_FLIGHT
 from services.runtime.outbox import Outbox
@@ -54,6 +65,7 @@ class Executor:
         store: Store,
         broker: Broker,
         runners: dict[str, Runner] | None = None,
+        outbox: Outbox | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -66,7 +78,7 @@ class Executor:
         self._tasks: set[asyncio.Task[None]] = set()
         self._slot_freed = asyncio.Event()
         self._draining = False
-        self.outbox = Outbox(store, broker)
+        self.outbox = outbox or Outbox(store, broker)
         self._settler = Settler(store, self.outbox, settings, self.owner, random.Random())
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -81,7 +93,6 @@ class Executor:
             ack_wait_s=self.settings.ack_wait_ms / 1000,
         )
         await jobs.open()
-        await self.broker.subscribe(subjects.cancel_notice_wildcard, self._on_cancel_notice)
         log.info("executor ready", extra=fields(owner=self.owner))
         try:
             while not stop.is_set():
@@ -120,8 +131,8 @@ class Executor:
             await asyncio.wait(set(self._tasks), timeout=self.settings.drain_ms / 1000)
         await self.outbox.close()
 
-    async def _on_cancel_notice(self, msg: Msg) -> None:
-        run_id = msg.subject.rsplit(".", 1)[-1]
+    def on_cancel_notice(self, run_id: str) -> None:
+        """Abort the run's attempt if it runs here (the notice goes to every executor)."""
         attempt = self.attempts.get(run_id)
         if attempt is not None:
             with bind(run_id=run_id):
@@ -236,19 +247,42 @@ class Executor:
         await msg.nak(delay=max(0.01, delay))
 
 
+class ExecutorService(Service[ExecutorSettings]):
+    """Runs attempts; every executor hears the cancel notices."""
+
+    name = "executor"
+    executor: Executor
+
+    def __init__(self, settings: ExecutorSettings, *, own_process: bool = True) -> None:
+        super().__init__(settings, own_process=own_process)
+
+        @self.faststream.subscriber(
+            self.subjects.cancel_notice("{run_id}"), no_reply=True, title="ctl.cancel"
+        )
+        async def cancel_notice(run_id: str = Path()) -> None:
+            """Internal. Core-NATS notice (empty body) from the submitter to executors:
+            abort this run's attempt now. Best effort; the database is the fallback."""
+            self.executor.on_cancel_notice(run_id)
+
+        serve_health(self)
+        publications.jobs(self)
+        publications.raw_frames(self)
+
+    def opened(self) -> None:
+        self.executor = Executor(self.settings, self.store, self.broker, outbox=self.outbox)
+
+    async def work(self, stop: asyncio.Event) -> None:
+        await self.executor.run(stop)
+
+
+service = ExecutorService(ExecutorSettings())
+app = service.app
+
+
 async def serve(settings: ExecutorSettings, stop: asyncio.Event) -> None:
-    store = await Store.connect(settings.database_url, pool_size=settings.db_pool_size)
-    broker = await Broker.connect(
-        settings.nats_url, Subjects(settings.prefix), name="runwire-executor"
-    )
-    try:
-        await serve_health(broker, store, "executor")
-        await Executor(settings, store, broker).run(stop)
-    finally:
-        await broker.close()
-        await store.close()
+    """Run attempts in this process until `stop` is set, then drain."""
+    await ExecutorService(settings, own_process=False).serve(stop)
 
 
 def main() -> None:
-    settings = ExecutorSettings()
-    run_service("executor", settings, lambda stop: serve(settings, stop))
+    run(service)

@@ -1,10 +1,12 @@
-"""Start the recovery service: `runwire-recovery` or `python -m services.recovery`.
+"""The recovery service as a FastStream application: `faststream run
+services.recovery.main:app`, `runwire-recovery` or `python -m services.recovery`.
 
-Recovery is the suite's clock. Every `recovery_interval_ms` it runs its duties, each a
-module of its own and each a guarded write with `FOR UPDATE SKIP LOCKED`, so any number
-of replicas can run them at once without acting twice on a run: expired leases, queue
-timeouts, session turns after a cancel's grace, lost jobs, retention. Every
-`outbox_interval_ms` it sweeps the outbox (one replica at a time).
+Recovery is the suite's clock; FastStream serves its health. Every
+`recovery_interval_ms` it runs its duties, each a module of its own and each a guarded
+write with `FOR UPDATE SKIP LOCKED`, so any number of replicas can run them at once
+without acting twice on a run: expired leases, queue timeouts, session turns after a
+cancel's grace, lost jobs, retention. Every `outbox_interval_ms` it sweeps the outbox
+(one replica at a time).
 """
 
 import asyncio
@@ -12,16 +14,17 @@ import contextlib
 import logging
 from typing import Protocol
 
-from contracts.subjects import Subjects
 from services.recovery.leases import ExpiredLeases
 from services.recovery.lost_jobs import LostJobs
 from services.recovery.queue_timeouts import QueueTimeouts
 from services.recovery.retention import Retention
 from services.recovery.sessions import SessionTurns
+from services.runtime import publications
+from services.runtime.app import Service
 from services.runtime.broker import Broker, StreamLimits
 from services.runtime.errors import RunwireError
 from services.runtime.health import serve_health
-from services.runtime.lifecycle import run_service
+from services.runtime.lifecycle import run
 from services.runtime.logs import fields
 from services.runtime.metrics import QUEUE
 from services.runtime.outbox import SWEEP_BATCH, Outbox
@@ -66,18 +69,23 @@ async def tick(all_duties: list[Duty], store: Store) -> dict[str, int]:
     return report
 
 
-async def serve(settings: RecoverySettings, stop: asyncio.Event) -> None:
-    """Tick every `recovery_interval_ms` and sweep the outbox until `stop` is set."""
-    store = await Store.connect(settings.database_url, pool_size=settings.db_pool_size)
-    broker = await Broker.connect(
-        settings.nats_url, Subjects(settings.prefix), name="runwire-recovery"
-    )
-    outbox = Outbox(store, broker)
-    try:
-        await broker.ensure_streams(StreamLimits.of(settings))
-        await serve_health(broker, store, "recovery")
-        sweeping = asyncio.create_task(_sweep(settings, outbox, stop))
-        all_duties = duties(settings, store, broker, outbox)
+class RecoveryService(Service[RecoverySettings]):
+    """Runs its duties every `recovery_interval_ms`; sweeps the outbox every
+    `outbox_interval_ms`."""
+
+    name = "recovery"
+
+    def __init__(self, settings: RecoverySettings, *, own_process: bool = True) -> None:
+        super().__init__(settings, own_process=own_process)
+        serve_health(self)
+        publications.jobs(self)
+        publications.raw_frames(self)
+        publications.events(self)
+
+    async def work(self, stop: asyncio.Event) -> None:
+        settings, broker = self.settings, self.broker
+        sweeping = asyncio.create_task(_sweep(settings, self.outbox, stop))
+        all_duties = duties(settings, self.store, broker, self.outbox)
         loop = asyncio.get_running_loop()
         streams_checked = loop.time()
         while not stop.is_set():
@@ -88,16 +96,12 @@ async def serve(settings: RecoverySettings, stop: asyncio.Event) -> None:
                     await broker.ensure_streams(StreamLimits.of(settings))
                 except RunwireError as exc:
                     log.warning("streams not checked: %s", exc.message)
-            report = await tick(all_duties, store)
+            report = await tick(all_duties, self.store)
             if any(report.values()):
                 log.info("recovery tick", extra=fields(**report))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), settings.recovery_interval_ms / 1000)
         await sweeping
-    finally:
-        await outbox.close()
-        await broker.close()
-        await store.close()
 
 
 async def _sweep(settings: RecoverySettings, outbox: Outbox, stop: asyncio.Event) -> None:
@@ -113,6 +117,14 @@ async def _sweep(settings: RecoverySettings, outbox: Outbox, stop: asyncio.Event
                 await asyncio.wait_for(stop.wait(), settings.outbox_interval_ms / 1000)
 
 
+service = RecoveryService(RecoverySettings())
+app = service.app
+
+
+async def serve(settings: RecoverySettings, stop: asyncio.Event) -> None:
+    """Recover runs in this process until `stop` is set."""
+    await RecoveryService(settings, own_process=False).serve(stop)
+
+
 def main() -> None:
-    settings = RecoverySettings()
-    run_service("recovery", settings, lambda stop: serve(settings, stop))
+    run(service)

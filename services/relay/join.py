@@ -13,7 +13,6 @@ from contracts.commands import JoinCommand
 from contracts.frames import Frame, FrameType
 from contracts.replies import JoinReply, LiveCursor
 from services.runtime.broker import HDR_FRAME_TYPE, Broker, StoredMsg
-from services.runtime.commands import parse
 from services.runtime.errors import NotFound
 from services.runtime.settings import RelaySettings
 from services.runtime.store import Store
@@ -33,8 +32,7 @@ class Joiner:
         self.store = store
         self.broker = broker
 
-    async def join(self, tenant: str, data: bytes) -> JoinReply:
-        cmd = parse(JoinCommand, data, max_bytes=64 * 1024)
+    async def join(self, tenant: str, cmd: JoinCommand) -> JoinReply:
         stream = self.broker.subjects.run_frames_stream
         subject = self.broker.subjects.run_frames(tenant, cmd.run_id)
         live_from = await self.broker.last_stream_seq(stream) + 1

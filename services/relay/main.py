@@ -1,38 +1,66 @@
-"""Start the relay: `runwire-relay` or `python -m services.relay`."""
+"""The relay as a FastStream application: `faststream run services.relay.main:app`,
+`runwire-relay` or `python -m services.relay`.
+
+`join` is a FastStream command. The raw-frames consumers stay our own code
+(`services.relay.pipeline`): each partition's durable consumer is taken and given up as
+the relay wins and loses its Postgres advisory lock, reconciled from settings and
+re-declared when deleted, fetched in batches that are published pipelined and flushed
+to Postgres together; a FastStream subscriber is declared once and runs for the life of
+the application, and handles one message at a time.
+"""
 
 import asyncio
 
-from contracts.subjects import Subjects
+from contracts.commands import JoinCommand
+from contracts.replies import JoinReply
 from services.relay.join import Joiner
 from services.relay.pipeline import Pipeline
-from services.runtime.broker import Broker, StreamLimits
-from services.runtime.commands import CommandServer
+from services.runtime import publications
+from services.runtime.app import Service
+from services.runtime.commands import Commands, Tenant
 from services.runtime.health import serve_health
-from services.runtime.lifecycle import run_service
+from services.runtime.lifecycle import run
 from services.runtime.settings import RelaySettings
-from services.runtime.store import Store
 
 QUEUE_GROUP = "relay"
+JOIN_MAX_BYTES = 64 * 1024
+
+
+class RelayService(Service[RelaySettings]):
+    """Relays raw frames to clients and answers `join` in the `relay` queue group."""
+
+    name = "relay"
+    joiner: Joiner
+
+    def __init__(self, settings: RelaySettings, *, own_process: bool = True) -> None:
+        super().__init__(settings, own_process=own_process)
+        command = Commands(self, QUEUE_GROUP)
+
+        @command("join", max_bytes=JOIN_MAX_BYTES)
+        async def join(body: JoinCommand, tenant: Tenant) -> JoinReply:
+            """Join a run's frames: every frame with `seq > after` known so far, and where
+            live frames continue (`live`: stream, subject and stream sequence to consume
+            from; null once the run has ended and `replay` is complete)."""
+            return await self.joiner.join(tenant, body)
+
+        serve_health(self)
+        publications.client_frames(self)
+
+    def opened(self) -> None:
+        self.joiner = Joiner(self.settings, self.store, self.broker)
+
+    async def work(self, stop: asyncio.Event) -> None:
+        await Pipeline(self.settings, self.store, self.broker).run(stop)
+
+
+service = RelayService(RelaySettings())
+app = service.app
 
 
 async def serve(settings: RelaySettings, stop: asyncio.Event) -> None:
-    """Relay frames and answer joins until `stop` is set."""
-    store = await Store.connect(settings.database_url, pool_size=settings.db_pool_size)
-    broker = await Broker.connect(
-        settings.nats_url, Subjects(settings.prefix), name="runwire-relay"
-    )
-    try:
-        await broker.ensure_streams(StreamLimits.of(settings))
-        server = CommandServer(broker, QUEUE_GROUP)
-        await server.serve("join", Joiner(settings, store, broker).join)
-        await serve_health(broker, store, "relay")
-        await Pipeline(settings, store, broker).run(stop)
-        await server.drain()
-    finally:
-        await broker.close()
-        await store.close()
+    """Relay frames and answer joins in this process until `stop` is set."""
+    await RelayService(settings, own_process=False).serve(stop)
 
 
 def main() -> None:
-    settings = RelaySettings()
-    run_service("relay", settings, lambda stop: serve(settings, stop))
+    run(service)

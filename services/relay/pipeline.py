@@ -7,6 +7,11 @@ multi-row write per flush. A raw frame is acknowledged only once its segment is 
 frames a crashed relay had published but not written come back to the partition's next
 owner, which finds them published already and repairs the run's segments from the
 stream when the run's `done` shows frames missing.
+
+Our own consumers, not FastStream subscribers: a partition's consumer runs only while
+this relay holds the partition's Postgres advisory lock (`partitions.py`), and a batch
+of frames is published pipelined and acknowledged only after its flush; a FastStream
+subscriber lives as long as the application and settles messages one by one.
 """
 
 import asyncio

@@ -1,25 +1,57 @@
-"""Serving request/reply commands: parse, validate, answer a result or an error.
+"""Commands: request/reply FastStream subscribers that answer every request.
 
-Whatever arrives, the service answers `{ok: false, error: {code, message, retryable}}`
-for bad input and keeps serving; an unexpected failure is logged with its context and
-answered as UNAVAILABLE (retryable).
+A command is served on `<prefix>.{tenant}.cmd.<name>` by a FastStream subscriber in the
+service's queue group; its handler declares the contract model of its body, takes the
+tenant from the subject (`Tenant`, a path parameter, never the body) and returns the
+reply model. Whatever arrives, the requester gets that reply or
+`{ok: false, error: {code, message, retryable}}`, and the service keeps serving.
+
+Three pieces do it, outermost first, around each request:
+
+- FastStream's telemetry middleware continues the caller's trace from the request's
+  `traceparent` header (or starts one). Its span is this command's span: renamed
+  `command <name>`, with the tenant. A reply's own span is named `reply`, not after the
+  requester's inbox (a subject per request).
+- `CommandReplies`, a FastStream middleware of ours, turns what happened into the reply:
+  the handler's result, a `RunwireError`'s code, UNAVAILABLE (retryable, logged with
+  its context) for anything unexpected, PAYLOAD_TOO_LARGE for a reply over the server's
+  message limit; it measures `runwire_command_duration_seconds`. FastStream alone would
+  log a failed handler and send no reply at all.
+- `json_body`, the subscriber's decoder: size limit first, then JSON, an object, the
+  contract model, each failing as a wire error (INVALID_REQUEST, PAYLOAD_TOO_LARGE).
+  FastStream decodes a body when it calls the handler, inside the middlewares, so a bad
+  body reaches `CommandReplies` like a handler's own error.
+
+Commands run concurrently: each subscriber has `COMMAND_WORKERS` workers (FastStream's
+`max_workers`; a core subscriber without it handles one message at a time).
 """
 
 import asyncio
 import json
 import logging
 import time
+import typing
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Annotated, Any, TypeVar
 
+import nats.errors
+from faststream import Path
+from faststream._internal.context.repository import ContextRepo
+from faststream._internal.middlewares import BaseMiddleware
+from faststream.message import StreamMessage
+from faststream.nats import NatsRouter
+from faststream.nats.opentelemetry.provider import NatsTelemetrySettingsProvider
+from faststream.nats.subscriber.usecases import ConcurrentCoreSubscriber
+from faststream.opentelemetry.middleware import TelemetryMiddleware
+from faststream.response import PublishCommand, PublishType
 from nats.aio.msg import Msg
-from opentelemetry.trace import SpanKind
+from opentelemetry import trace
 from pydantic import BaseModel, ValidationError
 
 from contracts.errors import ErrorBody, ErrorCode, ErrorReply
 from contracts.subjects import valid_tenant
 from services.runtime import tracing
-from services.runtime.broker import Broker
+from services.runtime.app import Service
 from services.runtime.errors import InvalidRequest, NotFound, PayloadTooLarge, RunwireError
 from services.runtime.logs import fields
 from services.runtime.metrics import COMMAND_DURATION
@@ -27,10 +59,18 @@ from services.runtime.metrics import COMMAND_DURATION
 log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
-Handler = Callable[[str, bytes], Awaitable[BaseModel]]
+H = TypeVar("H", bound=Callable[..., Awaitable[BaseModel]])
+
+# The tenant of a command: the subject's `{tenant}` token.
+Tenant = Annotated[str, Path("tenant")]
 
 # Room for the envelope around an input of the maximum size.
 ENVELOPE_BYTES = 16 * 1024
+# Commands one subscriber handles at once; more wait in the connection's buffer.
+COMMAND_WORKERS = 256
+# How long a stopping service waits for the commands it has taken to be answered.
+DRAIN_S = 10.0
+DRAIN_POLL_S = 0.01
 
 
 def describe(exc: ValidationError) -> str:
@@ -59,80 +99,162 @@ def parse(model: type[M], data: bytes, *, max_bytes: int) -> M:
         raise InvalidRequest(describe(exc)) from exc
 
 
-class CommandServer:
-    """Runs each command in its own task and always replies."""
+def json_body(model: type[M], max_bytes: int) -> Callable[[StreamMessage[Any]], Awaitable[M]]:
+    """A FastStream decoder: the body as `model`, or a wire error (see `parse`)."""
 
-    def __init__(self, broker: Broker, queue: str) -> None:
-        self._broker = broker
-        self._queue = queue
-        self._tasks: set[asyncio.Task[None]] = set()
+    async def decode(msg: StreamMessage[Any]) -> M:
+        return parse(model, msg.body, max_bytes=max_bytes)
 
-    async def serve(self, name: str, handler: Handler) -> None:
-        """Answer `<prefix>.*.cmd.<name>` in the service's queue group."""
-        subject = self._broker.subjects.command_wildcard(name)
+    return decode
 
-        async def on_msg(msg: Msg) -> None:
-            task = asyncio.create_task(self._answer(name, msg, handler))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
 
-        await self._broker.subscribe(subject, on_msg, queue=self._queue)
+def _error(code: ErrorCode, message: str, *, retryable: bool) -> ErrorReply:
+    return ErrorReply(error=ErrorBody(code=code, message=message, retryable=retryable))
 
-    async def _answer(self, name: str, msg: Msg, handler: Handler) -> None:
+
+class _Answer(BaseMiddleware[Any, Any]):
+    """One command's reply: see `CommandReplies`."""
+
+    def __init__(self, msg: Any, /, *, context: ContextRepo, max_payload: int) -> None:
+        super().__init__(msg, context=context)
+        self._max_payload = max_payload
+
+    async def consume_scope(
+        self, call_next: Callable[[StreamMessage[Any]], Awaitable[Any]], msg: StreamMessage[Any]
+    ) -> bytes:
         started = time.monotonic()
-        tenant = self._broker.subjects.tenant_of_command(msg.subject)
-        # A span per command, in the caller's trace when its request carries one.
-        with tracing.span(
-            f"command {name}",
-            tracing.context_from_headers(msg.headers),
-            kind=SpanKind.SERVER,
-            attributes={"tenant": tenant, "messaging.destination.name": msg.subject},
-        ) as current:
-            reply = await self._reply_to(name, tenant, msg, handler)
-            if isinstance(reply, ErrorReply):
-                tracing.failed(current, reply.error.code.value)
-            if msg.reply:
-                await self._send(msg.reply, reply)
+        subject = str(msg.raw_message.subject)
+        name = subject.rsplit(".", 1)[-1]
+        tenant = str(msg.path.get("tenant", ""))
+        # FastStream's span for this message, in the caller's trace when it sent one.
+        span = trace.get_current_span()
+        span.update_name(f"command {name}")
+        span.set_attributes({"tenant": tenant, "messaging.destination.name": subject})
+        reply = await self._reply_to(name, tenant, call_next, msg)
+        body = reply.model_dump_json().encode()
+        if len(body) > self._max_payload:
+            reply = _error(
+                ErrorCode.PAYLOAD_TOO_LARGE,
+                f"the reply of {len(body)} bytes is over the message limit",
+                retryable=False,
+            )
+            body = reply.model_dump_json().encode()
+        if isinstance(reply, ErrorReply):
+            tracing.failed(span, reply.error.code.value)
         COMMAND_DURATION.labels(name).observe(time.monotonic() - started)
+        return body
 
-    async def _reply_to(self, name: str, tenant: str, msg: Msg, handler: Handler) -> BaseModel:
-        reply: BaseModel
+    async def _reply_to(
+        self,
+        name: str,
+        tenant: str,
+        call_next: Callable[[StreamMessage[Any]], Awaitable[Any]],
+        msg: StreamMessage[Any],
+    ) -> BaseModel:
         try:
             if not valid_tenant(tenant):
                 raise InvalidRequest(f"invalid tenant {tenant!r} in subject")
-            reply = await handler(tenant, msg.data)
+            reply = await call_next(msg)
+            if not isinstance(reply, BaseModel):
+                raise TypeError(f"command {name} answered {type(reply).__name__}, not a model")
+            return reply
         except RunwireError as exc:
             if not isinstance(exc, InvalidRequest | PayloadTooLarge | NotFound):
                 log.warning("command %s failed: %s", name, exc.message, extra=fields(code=exc.code))
-            reply = ErrorReply(error=exc.body())
+            return ErrorReply(error=exc.body())
         except Exception:
             log.exception("command %s failed unexpectedly", name, extra=fields(tenant=tenant))
-            reply = ErrorReply(
-                error=ErrorBody(
-                    code=ErrorCode.UNAVAILABLE,
-                    message="internal error; try again",
-                    retryable=True,
-                )
-            )
-        return reply
+            return _error(ErrorCode.UNAVAILABLE, "internal error; try again", retryable=True)
 
-    async def _send(self, subject: str, reply: BaseModel) -> None:
-        body = reply.model_dump_json().encode()
-        if len(body) > self._broker.nc.max_payload:
-            body = (
-                ErrorReply(
-                    error=ErrorBody(
-                        code=ErrorCode.PAYLOAD_TOO_LARGE,
-                        message=f"the reply of {len(body)} bytes is over the message limit",
-                        retryable=False,
-                    )
-                )
-                .model_dump_json()
-                .encode()
-            )
-        await self._broker.nc.publish(subject, body)
 
-    async def drain(self, timeout: float = 5.0) -> None:
-        """Wait for commands in progress to reply."""
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=timeout)
+class CommandReplies:
+    """FastStream middleware: every command request gets its reply (see the module)."""
+
+    def __init__(self, service: Service[Any]) -> None:
+        self._service = service
+
+    def __call__(self, msg: Any, /, *, context: ContextRepo) -> _Answer:
+        max_payload = int(self._service.broker.nc.max_payload)
+        return _Answer(msg, context=context, max_payload=max_payload)
+
+
+class _CommandTelemetry(NatsTelemetrySettingsProvider):
+    """FastStream's NATS span settings, but a reply's span is named `reply publish`: the
+    requester's inbox is a subject of its own per request, one span name each."""
+
+    def get_publish_destination_name(self, cmd: PublishCommand) -> str:
+        if cmd.publish_type is PublishType.REPLY:
+            return "reply"
+        return super().get_publish_destination_name(cmd)
+
+
+def _command_telemetry(msg: Any) -> _CommandTelemetry | None:
+    return _CommandTelemetry() if isinstance(msg, Msg) or msg is None else None
+
+
+class Commands:
+    """A service's commands: one FastStream subscriber each, in the service's queue group."""
+
+    def __init__(self, service: Service[Any], queue: str) -> None:
+        self._service = service
+        self._queue = queue
+        self._router = NatsRouter(
+            middlewares=[
+                TelemetryMiddleware(settings_provider_factory=_command_telemetry),
+                CommandReplies(service),
+            ]
+        )
+        service.faststream.include_router(self._router)
+        self.subscribers: list[ConcurrentCoreSubscriber] = []
+        service.stopping.append(self.stop)
+
+    def __call__(self, name: str, *, max_bytes: int) -> Callable[[H], H]:
+        """Serve `<prefix>.{tenant}.cmd.<name>` with the decorated handler, whose `body`
+        parameter's model is the body's and whose return model is the reply's."""
+
+        def register(handler: H) -> H:
+            hints = typing.get_type_hints(handler)
+            title = f"cmd.{name}"
+            subscriber = self._router.subscriber(
+                self._service.subjects.command("{tenant}", name),
+                queue=self._queue,
+                max_workers=COMMAND_WORKERS,
+                decoder=json_body(hints["body"], max_bytes),
+                title=title,
+            )
+            subscriber(handler)
+            assert isinstance(subscriber, ConcurrentCoreSubscriber)
+            self.subscribers.append(subscriber)
+            self._service.faststream.replies[title] = (hints["return"], ErrorReply)
+            return handler
+
+        return register
+
+    async def stop(self) -> None:
+        """Stop taking commands and answer those already taken.
+
+        FastStream's own stop ignores whatever arrives once it begins (no reply at all,
+        the requester waits for its timeout). So first the subscriptions are drained:
+        the server sends no more (another replica answers, or the requester hears at
+        once that nobody does) and every message already delivered is handed to a
+        worker; then, once the workers are idle, FastStream stops the subscribers."""
+        for subscriber in self.subscribers:
+            subscription = subscriber.subscription
+            if subscription is None:
+                continue
+            try:
+                await subscription.drain()  # type: ignore[no-untyped-call]  # nats-py's
+                subscriber.subscription = None  # drained: nothing left to unsubscribe
+            except nats.errors.Error as exc:
+                log.warning("commands not drained (%s); stopping them as they are", exc)
+        deadline = time.monotonic() + DRAIN_S
+        # FastStream does not signal when its workers are done: a stopping service looks.
+        while time.monotonic() < deadline and any(map(_busy, self.subscribers)):  # noqa: ASYNC110
+            await asyncio.sleep(DRAIN_POLL_S)
+        for subscriber in self.subscribers:
+            await subscriber.stop()
+
+
+def _busy(subscriber: ConcurrentCoreSubscriber) -> bool:
+    waiting = subscriber.receive_stream.statistics().current_buffer_used
+    return bool(waiting) or subscriber.limiter.value < subscriber.max_workers

@@ -4,6 +4,12 @@ If the stream or the durable consumer is deleted on the server, a plain subscrib
 goes silent with no error. This one checks the consumer every few seconds and
 re-declares both from settings, so the service resumes by itself (Postgres still
 holds every run; recovery re-publishes the jobs that were lost with the stream).
+
+Our own code, not a FastStream subscriber: FastStream's pull subscriber binds to a
+durable consumer without reconciling its configuration, goes silent when it is
+deleted, and fetches on its own schedule; the executor fetches only as many jobs as it
+has free slots (a fetched job's `ack_wait` runs from its delivery), and the relay starts
+and stops one consumer per partition as it wins and loses the partition's lock.
 """
 
 import asyncio

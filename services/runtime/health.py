@@ -1,44 +1,44 @@
-"""Health requests: each service answers `<prefix>.health.<service>` with its state."""
+"""Health requests: each replica answers `<prefix>.health.<service>` with its state.
+
+A FastStream subscriber outside any queue group, so every replica answers (a caller
+takes the first reply, or gathers them all); the request body is empty.
+"""
 
 import logging
-import os
-import socket
 import time
-
-from nats.aio.msg import Msg
+from typing import Any
 
 from contracts.health import HealthReply
 from services.runtime import package_version
-from services.runtime.broker import Broker
+from services.runtime.app import Service
 from services.runtime.errors import RunwireError
-from services.runtime.store import Store
 
 log = logging.getLogger(__name__)
 
 
-async def serve_health(broker: Broker, store: Store, service: str) -> None:
-    """Answer health requests for this replica (every replica answers; the first wins)."""
-    started = time.monotonic()
-    instance = f"{socket.gethostname()}:{os.getpid()}"
+def serve_health(service: Service[Any]) -> None:
+    """Declare the health subscriber of `service` (it answers once the service runs)."""
     version = package_version()
+    title = f"health.{service.name}"
 
-    async def answer(msg: Msg) -> None:
+    @service.faststream.subscriber(service.subjects.health(service.name), title=title)
+    async def health() -> HealthReply:
+        """Health of one replica: its version, uptime and the state of NATS and Postgres
+        (the request body is empty; every replica answers)."""
         try:
-            await store.ping()
+            await service.store.ping()
             postgres = "ok"
         except RunwireError as exc:
             log.warning("health: Postgres unavailable: %s", exc.message)
             postgres = "unavailable"
         deps = {"nats": "ok", "postgres": postgres}
-        reply = HealthReply(
+        return HealthReply(
             ok=all(v == "ok" for v in deps.values()),
-            service=service,
-            instance=instance,
+            service=service.name,
+            instance=service.instance,
             version=version,
-            uptime_s=round(time.monotonic() - started, 3),
+            uptime_s=round(time.monotonic() - service.started, 3),
             dependencies=deps,
         )
-        if msg.reply:
-            await broker.nc.publish(msg.reply, reply.model_dump_json().encode())
 
-    await broker.subscribe(broker.subjects.health(service), answer)
+    service.faststream.replies[title] = (HealthReply,)

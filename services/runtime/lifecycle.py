@@ -1,9 +1,18 @@
-"""Starting and stopping a service process: logs, traces, metrics, signals, a clean exit."""
+"""Starting and stopping a service process: logs, traces, metrics, a clean exit.
+
+A service is a FastStream application (`services.runtime.app`), started either by
+`faststream run services.<name>.main:app` or by its `runwire-<name>` script (and
+`python -m services.<name>`), which runs the same application through `run`. Either
+way the application sets up the process when it starts (`setup_process`) and tears it
+down when it stops; FastStream's runner turns SIGTERM and SIGINT into a graceful stop.
+"""
 
 import asyncio
 import logging
-import signal
-from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from faststream import FastStream
+from opentelemetry.sdk.trace import TracerProvider
 
 from services.runtime import faults, logs, tracing
 from services.runtime.errors import Unavailable
@@ -12,36 +21,53 @@ from services.runtime.settings import CommonSettings
 
 log = logging.getLogger(__name__)
 
+EXIT_UNAVAILABLE = 1
+EXIT_CONFIG = 2
 
-def run_service(
-    name: str,
-    settings: CommonSettings,
-    main: Callable[[asyncio.Event], Awaitable[None]],
-) -> None:
-    """Run `main(stop)` until SIGTERM or SIGINT sets `stop`; exit 1 if it cannot start."""
+
+class CannotStart(Exception):
+    """The process cannot start as configured; the message says why, in one line."""
+
+
+def setup_process(name: str, settings: CommonSettings) -> TracerProvider | None:
+    """Logs, the tracer provider and `/metrics` of a service process; returns the provider
+    (to shut down at exit). Raises CannotStart for an unusable OTEL_* setting."""
     logs.setup(name, settings.log_level, settings.log_format)
     try:
         provider = tracing.setup(name)
         faults.arm(settings.fault_points)
     except (tracing.TracingConfigError, faults.FaultSpecError) as exc:
-        log.error("%s cannot start: %s", name, exc)
-        raise SystemExit(2) from exc
+        raise CannotStart(str(exc)) from exc
     serve_metrics(settings.metrics_port, settings.metrics_host)
+    return provider
 
-    async def runner() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        log.info("%s starting", name)
-        await main(stop)
-        log.info("%s stopped", name)
 
+def teardown_process(provider: TracerProvider | None) -> None:
+    """Export the spans still buffered and write the last log lines."""
+    tracing.shutdown(provider)
+    logs.shutdown()
+
+
+class Runnable(Protocol):
+    """What `run` needs: a service's name and its FastStream application."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def app(self) -> FastStream: ...
+
+
+def run(service: Runnable) -> None:
+    """Run a service's application until SIGTERM or SIGINT; exit 1 when NATS or Postgres
+    cannot be reached at start, 2 when the configuration is unusable."""
     try:
-        asyncio.run(runner())
+        asyncio.run(service.app.run())
+    except CannotStart as exc:
+        log.error("%s cannot start: %s", service.name, exc)
+        raise SystemExit(EXIT_CONFIG) from exc
     except Unavailable as exc:
-        log.error("%s cannot start: %s", name, exc.message)
-        raise SystemExit(1) from exc
+        log.error("%s cannot start: %s", service.name, exc.message)
+        raise SystemExit(EXIT_UNAVAILABLE) from exc
     finally:
-        tracing.shutdown(provider)
         logs.shutdown()

@@ -1,5 +1,13 @@
 """Prometheus metrics of every service, served on `/metrics` when `metrics_port` is set.
 
+runwire's own metrics are named `runwire_*`. FastStream's Prometheus middleware adds its
+`faststream_*` metrics of every message a service's FastStream subscribers handle
+(commands, health, cancel notices: received, in process, processing time, exceptions),
+labelled by service (`app_name`) and by the subscriber's subject pattern (`handler`,
+e.g. `rw.{tenant}.cmd.submit`), not the subject itself, which names a tenant or a run.
+`runwire_command_duration_seconds{command}` stays as it was (the README and dashboards
+quote it); FastStream's names cannot be mapped onto it.
+
 One registry per process (not the library's global one, so nothing else registers into
 it by accident). Several services may run in one process (the in-process test stack):
 they share these objects, and the HTTP endpoint is started at most once per port.
@@ -9,7 +17,12 @@ Each service only moves its own metrics, so the others stay at zero in its proce
 import logging
 import threading
 from collections.abc import Iterable, Iterator
+from typing import Any
 
+from faststream.message import StreamMessage
+from faststream.nats.prometheus.provider import NatsMetricsSettingsProvider
+from faststream.prometheus import ConsumeAttrs, PrometheusMiddleware
+from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -116,6 +129,34 @@ COMMAND_DURATION = Histogram(
     ["command"],
     registry=REGISTRY,
 )
+
+
+class _SubjectPatterns(NatsMetricsSettingsProvider):
+    """FastStream's NATS metrics, labelled by subject pattern: a subject's tokens that
+    are path parameters of the subscriber (`{tenant}`, `{run_id}`) show as their names,
+    so that a label never names a tenant or a run (unbounded series)."""
+
+    def get_consume_attrs_from_message(self, msg: "StreamMessage[Msg]") -> ConsumeAttrs:
+        attrs = super().get_consume_attrs_from_message(msg)
+        names = {str(value): f"{{{name}}}" for name, value in msg.path.items()}
+        tokens = attrs["destination_name"].split(".")
+        attrs["destination_name"] = ".".join(names.get(token, token) for token in tokens)
+        return attrs
+
+
+def _patterns(msg: Any) -> _SubjectPatterns | None:
+    # Core and JetStream messages; key-value and object-store watches are not measured.
+    return _SubjectPatterns() if isinstance(msg, Msg) or msg is None else None
+
+
+def faststream_metrics(service: str) -> PrometheusMiddleware[Any, Any]:
+    """FastStream's Prometheus middleware for a service's broker, in runwire's registry."""
+    return PrometheusMiddleware(
+        settings_provider_factory=_patterns,
+        registry=REGISTRY,
+        app_name=f"runwire-{service}",
+    )
+
 
 _served: set[int] = set()
 _served_lock = threading.Lock()

@@ -27,7 +27,7 @@ from contracts.scripted import ScriptedInput
 from contracts.status import RunStatus
 from services.runtime import tracing
 from services.runtime.broker import Broker
-from services.runtime.commands import describe, parse
+from services.runtime.commands import describe
 from services.runtime.errors import (
     CANCELED_ERROR,
     QUEUE_FULL_ERROR,
@@ -94,8 +94,7 @@ class Submitter:
         except ValidationError as exc:
             raise InvalidRequest(f"input for runner {cmd.runner!r}: {describe(exc)}") from exc
 
-    async def submit(self, tenant: str, data: bytes) -> SubmitReply:
-        cmd = parse(SubmitCommand, data, max_bytes=self.settings.max_input_bytes)
+    async def submit(self, tenant: str, cmd: SubmitCommand) -> SubmitReply:
         self._check_input(cmd)
         # A request_id used before is found by the insert (ON CONFLICT), or for a session
         # by `_make_room` under the session's lock, before it changes anything.
@@ -180,15 +179,13 @@ class Submitter:
         await self.outbox.dispatch(failed)
         raise QueueFull("the queue is full; submit again later with a new request_id")
 
-    async def get(self, tenant: str, data: bytes) -> RunReply:
-        cmd = parse(GetCommand, data, max_bytes=self.settings.max_input_bytes)
+    async def get(self, tenant: str, cmd: GetCommand) -> RunReply:
         run = await self.store.get_run(tenant, cmd.run_id)
         if run is None:
             raise NotFound(f"no run {cmd.run_id!r}")
         return RunReply(run=run.summary())
 
-    async def cancel(self, tenant: str, data: bytes) -> RunReply:
-        cmd = parse(CancelCommand, data, max_bytes=self.settings.max_input_bytes)
+    async def cancel(self, tenant: str, cmd: CancelCommand) -> RunReply:
         return RunReply(run=(await self._cancel(tenant, cmd.run_id)).summary())
 
     async def _cancel(self, tenant: str, run_id: str) -> Run:
@@ -214,8 +211,7 @@ class Submitter:
                 code = run.cancel_error.code if run.cancel_error else None
                 log.info("cancel requested", extra=fields(code=code))
 
-    async def abort_session(self, tenant: str, data: bytes) -> AbortSessionReply:
-        cmd = parse(AbortSessionCommand, data, max_bytes=self.settings.max_input_bytes)
+    async def abort_session(self, tenant: str, cmd: AbortSessionCommand) -> AbortSessionReply:
         async with self.store.session_lock(tenant, cmd.session_id) as tx:
             runs = await tx.cancel_session(
                 tenant,

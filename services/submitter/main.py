@@ -1,44 +1,68 @@
-"""Start the submitter: `runwire-submitter` or `python -m services.submitter`."""
+"""The submitter as a FastStream application: `faststream run services.submitter.main:app`,
+`runwire-submitter` or `python -m services.submitter`."""
 
 import asyncio
 
-from contracts.subjects import Subjects
-from services.runtime.broker import Broker, StreamLimits
-from services.runtime.commands import CommandServer
+from contracts.commands import AbortSessionCommand, CancelCommand, GetCommand, SubmitCommand
+from contracts.replies import AbortSessionReply, RunReply, SubmitReply
+from services.runtime import publications
+from services.runtime.app import Service
+from services.runtime.commands import Commands, Tenant
 from services.runtime.health import serve_health
-from services.runtime.lifecycle import run_service
-from services.runtime.outbox import Outbox
+from services.runtime.lifecycle import run
 from services.runtime.settings import SubmitterSettings
-from services.runtime.store import Store
 from services.submitter.commands import Submitter
 
 QUEUE_GROUP = "submitter"
 
 
+class SubmitterService(Service[SubmitterSettings]):
+    """Answers submit, get, cancel and abort_session in the `submitter` queue group."""
+
+    name = "submitter"
+    submitter: Submitter
+
+    def __init__(self, settings: SubmitterSettings, *, own_process: bool = True) -> None:
+        super().__init__(settings, own_process=own_process)
+        command = Commands(self, QUEUE_GROUP)
+
+        @command("submit", max_bytes=settings.max_input_bytes)
+        async def submit(body: SubmitCommand, tenant: Tenant) -> SubmitReply:
+            """Submit a run. Submitting the same `request_id` again answers with the first
+            run and `duplicate: true`."""
+            return await self.submitter.submit(tenant, body)
+
+        @command("get", max_bytes=settings.max_input_bytes)
+        async def get(body: GetCommand, tenant: Tenant) -> RunReply:
+            """Read a run's summary."""
+            return await self.submitter.get(tenant, body)
+
+        @command("cancel", max_bytes=settings.max_input_bytes)
+        async def cancel(body: CancelCommand, tenant: Tenant) -> RunReply:
+            """Cancel a run; a run that has ended already is answered unchanged."""
+            return await self.submitter.cancel(tenant, body)
+
+        @command("abort_session", max_bytes=settings.max_input_bytes)
+        async def abort_session(body: AbortSessionCommand, tenant: Tenant) -> AbortSessionReply:
+            """Cancel every active and queued run of a session."""
+            return await self.submitter.abort_session(tenant, body)
+
+        serve_health(self)
+        publications.jobs(self)
+        publications.raw_frames(self)
+
+    def opened(self) -> None:
+        self.submitter = Submitter(self.settings, self.store, self.broker, self.outbox)
+
+
+service = SubmitterService(SubmitterSettings())
+app = service.app
+
+
 async def serve(settings: SubmitterSettings, stop: asyncio.Event) -> None:
-    """Serve the submitter's commands until `stop` is set."""
-    store = await Store.connect(settings.database_url, pool_size=settings.db_pool_size)
-    broker = await Broker.connect(
-        settings.nats_url, Subjects(settings.prefix), name="runwire-submitter"
-    )
-    try:
-        await broker.ensure_streams(StreamLimits.of(settings))
-        outbox = Outbox(store, broker)
-        submitter = Submitter(settings, store, broker, outbox)
-        server = CommandServer(broker, QUEUE_GROUP)
-        await server.serve("submit", submitter.submit)
-        await server.serve("get", submitter.get)
-        await server.serve("cancel", submitter.cancel)
-        await server.serve("abort_session", submitter.abort_session)
-        await serve_health(broker, store, "submitter")
-        await stop.wait()
-        await server.drain()
-        await outbox.close()
-    finally:
-        await broker.close()
-        await store.close()
+    """Serve the submitter's commands in this process until `stop` is set."""
+    await SubmitterService(settings, own_process=False).serve(stop)
 
 
 def main() -> None:
-    settings = SubmitterSettings()
-    run_service("submitter", settings, lambda stop: serve(settings, stop))
+    run(service)

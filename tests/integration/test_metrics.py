@@ -39,13 +39,16 @@ def scrape(port: int) -> Samples:
 async def services(
     service_env: dict[str, str], tmp_path: Path
 ) -> AsyncIterator[tuple[dict[str, int], Client]]:
-    """The four services as processes, each serving metrics on a port of its own; the
-    executor runs one attempt at a time, so a second run waits in the queue."""
+    """The four services as processes started by `faststream run`, each serving metrics on
+    a port of its own; the executor runs one attempt at a time, so a second run waits in
+    the queue."""
     ports = {name: find_free_port() for name in MODULES}
     stack = ProcessStack(service_env, tmp_path)
     for name in MODULES:
         extra = {"max_in_flight": 1} if name == "executor" else {}
-        stack.start(name, metrics_port=ports[name], metrics_host="127.0.0.1", **extra)
+        stack.start(
+            name, faststream=True, metrics_port=ports[name], metrics_host="127.0.0.1", **extra
+        )
     try:
         await stack.open()
         yield ports, stack.client
@@ -95,3 +98,16 @@ async def test_metrics_show_queue_depth_and_attempts_in_flight(
     submitter = await metrics("submitter")
     assert submitter[("runwire_command_duration_seconds_count", (("command", "submit"),))] == 2
     assert submitter[("runwire_command_duration_seconds_count", (("command", "get"),))] >= 1
+    # FastStream's own metrics of the same commands, by subject pattern (never a tenant).
+    submits = (
+        "faststream_received_processed_messages_total",
+        (
+            ("app_name", "runwire-submitter"),
+            ("broker", "nats"),
+            ("handler", client.subjects.command("{tenant}", "submit")),
+            ("status", "acked"),
+        ),
+    )
+    assert submitter[submits] == 2
+    handlers = {dict(labels).get("handler") for _, labels in submitter}
+    assert not any(tenant in (h or "") for h in handlers)

@@ -123,8 +123,9 @@ async def test_a_submit_inside_the_callers_span_joins_the_callers_trace(
 async def test_a_malformed_traceparent_starts_a_new_trace_and_the_run_goes_on(
     stack: InProcessStack, spans: InProcessSpans, traceparent: str
 ) -> None:
+    subject = stack.client.subjects.command("default", "submit")
     msg = await stack.client.nc.request(
-        stack.client.subjects.command("default", "submit"),
+        subject,
         b'{"request_id": "r-1", "input": {"tokens": ["x"]}}',
         headers={TRACEPARENT: traceparent},
         timeout=10,
@@ -135,7 +136,11 @@ async def test_a_malformed_traceparent_starts_a_new_trace_and_the_run_goes_on(
     submit = await eventually(
         lambda: [s for s in of_run(spans.spans, run_id) if s.name == "command submit"]
     )
-    assert submit[0].parent_id is None  # a trace of its own, not the bad header's
+    # A trace of its own, not the bad header's: FastStream starts it with a span for the
+    # request it received, as for a request without any trace context.
+    root = by_id(spans.spans)[submit[0].parent_id or ""]
+    assert (root.name, root.parent_id) == (f"{subject} create", None)
+    assert submit[0].trace_id == root.trace_id != "a" * 32
 
 
 async def test_run_events_carry_the_runs_trace(

@@ -1,6 +1,9 @@
-"""The AsyncAPI document: committed and current, every subject with its contract schemas."""
+"""The AsyncAPI document: committed and current, made from the services' own FastStream
+applications, with replies, subject parameters and the contract schemas, and valid in
+the official AsyncAPI parser."""
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -19,16 +22,17 @@ from contracts import (
     SubmitCommand,
     SubmitReply,
 )
-from contracts.asyncapi import HTML_PATH, JSON_PATH, REPLY_INBOX, render
 from contracts.events import RunEvent
 from contracts.frames import Job, RawFrame
 from contracts.health import HealthReply
 from contracts.subjects import COMMANDS
+from services.asyncapi import HTML_PATH, JSON_PATH, render, services, validate
 
 pytestmark = pytest.mark.unit
 
 S = Subjects()
 T, R = "{tenant}", "{run_id}"
+SERVICES = ("submitter", "executor", "relay", "recovery")
 
 REQUESTS: dict[str, type[BaseModel]] = {
     "submit": SubmitCommand,
@@ -56,21 +60,27 @@ def _name(ref: str) -> str:
     return ref.rsplit("/", 1)[-1]
 
 
-def _operations(doc: dict[str, Any], address: str, about: str = "") -> dict[str, set[str]]:
-    """Action (`send`/`receive`) → schema names of the messages on a subject (on its
-    channels whose description mentions `about`: a reply names its command's subject)."""
-    found: dict[str, set[str]] = {}
-    schemas = doc["components"]["schemas"]
+def _payloads(doc: dict[str, Any], channel: dict[str, Any], refs: list[Any]) -> set[str]:
+    found = set()
+    for ref in refs:
+        message_ref = channel["messages"][_name(ref["$ref"])]["$ref"]
+        found.add(_name(doc["components"]["messages"][_name(message_ref)]["payload"]["$ref"]))
+    return found
+
+
+def _operations(doc: dict[str, Any], address: str) -> dict[str, tuple[set[str], set[str]]]:
+    """Action → (request schemas, reply schemas) of the operations on a subject."""
+    found = {}
     for op in doc["operations"].values():
         channel = doc["channels"][_name(op["channel"]["$ref"])]
-        if channel["address"] != address or about not in channel.get("description", ""):
+        if channel["address"] != address:
             continue
-        for ref in op["messages"]:
-            message_ref = channel["messages"][_name(ref["$ref"])]["$ref"]
-            payload = doc["components"]["messages"][_name(message_ref)]["payload"]
-            name = _name(payload["$ref"])
-            union = {_name(item["$ref"]) for item in schemas[name].get("anyOf", ())}
-            found.setdefault(op["action"], set()).update(union or {name})
+        replies: set[str] = set()
+        if "reply" in op:
+            reply_channel = doc["channels"][_name(op["reply"]["channel"]["$ref"])]
+            assert reply_channel["address"] is None  # the requester's inbox
+            replies = _payloads(doc, reply_channel, op["reply"]["messages"])
+        found[op["action"]] = (_payloads(doc, channel, op["messages"]), replies)
     return found
 
 
@@ -81,15 +91,53 @@ def test_committed_document_is_current() -> None:
     assert HTML_PATH.read_text() == fresh[HTML_PATH], "docs/asyncapi.html is stale: run `make docs`"
 
 
+def test_the_official_asyncapi_parser_finds_no_error_or_warning() -> None:
+    checked = validate(JSON_PATH)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert not re.search(r"^(error|warning) ", checked.stdout, re.MULTILINE), checked.stdout
+    assert "asyncapi: valid" in checked.stdout
+
+
 @pytest.mark.parametrize("name", COMMANDS)
-def test_every_command_subject_is_listed_with_its_schemas(doc: dict[str, Any], name: str) -> None:
-    assert _operations(doc, S.command(T, name)) == {"receive": {REQUESTS[name].__name__}}
-    replies = _operations(doc, REPLY_INBOX, about=f"`{S.command(T, name)}`")
-    assert replies == {"send": {REPLIES[name].__name__, "ErrorReply"}}
+def test_every_command_is_a_request_with_its_reply(doc: dict[str, Any], name: str) -> None:
+    assert _operations(doc, S.command(T, name)) == {
+        "receive": ({REQUESTS[name].__name__}, {REPLIES[name].__name__, "ErrorReply"})
+    }
+
+
+def test_a_commands_description_is_its_handlers(doc: dict[str, Any]) -> None:
+    # The document says what the code does: `join` replays and continues live.
+    assert doc["channels"]["cmd.join"]["description"].startswith("Join a run's frames")
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_every_service_answers_health(doc: dict[str, Any], service: str) -> None:
+    assert _operations(doc, S.health(service)) == {
+        "receive": ({"EmptyPayload"}, {HealthReply.__name__})
+    }
+
+
+def test_every_subscriber_and_publisher_of_the_services_is_documented(
+    doc: dict[str, Any],
+) -> None:
+    declared = set()
+    for service in services():
+        broker = service.faststream
+        for endpoint in (*broker.subscribers, *broker.publishers):
+            declared.update(endpoint.schema())
+    assert declared
+    assert declared <= set(doc["channels"])
+
+
+def test_every_subject_parameter_is_declared(doc: dict[str, Any]) -> None:
+    for channel in doc["channels"].values():
+        names = set(re.findall(r"\{(\w+)\}", channel["address"] or ""))
+        assert set(channel.get("parameters", {})) == names, channel["address"]
+        assert all(p["description"] for p in channel.get("parameters", {}).values())
 
 
 def test_client_frame_subject_carries_the_frame_schema(doc: dict[str, Any]) -> None:
-    assert _operations(doc, S.run_frames(T, R)) == {"send": {"Frame"}}
+    assert _operations(doc, S.run_frames(T, R)) == {"send": ({"Frame"}, set())}
     frame = doc["components"]["schemas"]["Frame"]
     assert frame["required"] == Frame.model_json_schema()["required"]
     assert set(frame["properties"]) == set(Frame.model_fields)
@@ -105,24 +153,14 @@ def test_submit_command_schema_is_the_contract_model(doc: dict[str, Any]) -> Non
 
 
 @pytest.mark.parametrize(
-    ("address", "action", "model"),
-    [
-        (S.events(T, R), "send", RunEvent),
-        (S.job(R), "receive", Job),
-        (S.frames_in(T, R), "receive", RawFrame),
-    ],
+    ("address", "model"),
+    [(S.events(T, R), RunEvent), (S.job(R), Job), (S.frames_in(T, R), RawFrame)],
 )
-def test_other_subjects_are_listed(
-    doc: dict[str, Any], address: str, action: str, model: type[BaseModel]
+def test_what_the_services_publish_is_listed(
+    doc: dict[str, Any], address: str, model: type[BaseModel]
 ) -> None:
-    assert _operations(doc, address) == {action: {model.__name__}}
+    assert _operations(doc, address) == {"send": ({model.__name__}, set())}
 
 
-@pytest.mark.parametrize("address", [S.health("{service}"), S.cancel_notice(R)])
-def test_empty_requests_are_listed(doc: dict[str, Any], address: str) -> None:
-    assert _operations(doc, address) == {"receive": {"EmptyPayload"}}
-
-
-def test_health_reply_is_listed(doc: dict[str, Any]) -> None:
-    about = f"`{S.health('{service}')}`"
-    assert _operations(doc, REPLY_INBOX, about=about) == {"send": {HealthReply.__name__}}
+def test_the_cancel_notice_is_an_empty_message_without_reply(doc: dict[str, Any]) -> None:
+    assert _operations(doc, S.cancel_notice(R)) == {"receive": ({"EmptyPayload"}, set())}

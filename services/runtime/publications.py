@@ -1,0 +1,87 @@
+"""What a service publishes through the `Broker` seam, declared on its FastStream broker.
+
+Jobs, raw frames, client frames and run events leave through our own code (pipelined
+JetStream publishes whose acknowledgement errors become QUEUE_FULL or UNAVAILABLE; jobs,
+closing frames and run events from the outbox, `services.runtime.outbox`),
+not through FastStream publishers, and the executor's jobs and the relay's raw frames
+are consumed by our own consumers (`services.runtime.consumer`). A service declares here
+what it publishes, as FastStream publishers of its application that are never called,
+so that the AsyncAPI document (`services.asyncapi`) lists them with their contract
+schemas, next to the subscribers FastStream does serve. Each declaration says who
+consumes the subject.
+"""
+
+from typing import Any
+
+from contracts.events import RunEvent
+from contracts.frames import Frame, Job, RawFrame
+from services.runtime.app import Service
+from services.runtime.broker import EXECUTOR_CONSUMER, RELAY_PARTITIONS
+
+TENANT = "{tenant}"
+RUN_ID = "{run_id}"
+
+
+def jobs(service: Service[Any]) -> None:
+    """A run's job, from the outbox (the submitter, executors, recovery's sweep)."""
+    s = service.subjects
+    service.faststream.publisher(
+        s.job(RUN_ID),
+        title="jobs",
+        description=(
+            f"Internal. A run's job, stored in the work-queue stream `{s.jobs_stream}`: "
+            "written to the outbox by the transition that queues an attempt, published by "
+            "the service that committed it (a submit, an executor's shutdown) or, once "
+            "due, by recovery's outbox sweep (a retry after its backoff, a recovered run). "
+            f"Executors take it through the durable pull consumer `{EXECUTOR_CONSUMER}`."
+        ),
+        schema=Job,
+    )
+
+
+def raw_frames(service: Service[Any]) -> None:
+    """An attempt's frames (executors; closing frames from the submitter and recovery)."""
+    s = service.subjects
+    service.faststream.publisher(
+        s.frames_in(TENANT, RUN_ID),
+        title="frames.in",
+        description=(
+            f"Internal. A run's frames as attempts make them, stored in the stream "
+            f"`{s.frames_in_stream}` in {RELAY_PARTITIONS} partitions by run (published by "
+            "executors; a run's closing frames, `error` and `done`, come from the outbox: "
+            "published by the service whose transition ended the run, or by recovery's "
+            "outbox sweep). Relays number them and publish them to clients."
+        ),
+        schema=RawFrame,
+    )
+
+
+def client_frames(service: Service[Any]) -> None:
+    """A run's numbered frames, for clients (the relay)."""
+    s = service.subjects
+    service.faststream.publisher(
+        s.run_frames(TENANT, RUN_ID),
+        title="runs.frames",
+        description=(
+            f"A run's frames in `seq` order (the relay; JetStream stream "
+            f"`{s.run_frames_stream}`). `seq` increases across attempts; `done` is last. "
+            "Read from a cursor with `cmd.join`, then live from its `stream_seq`."
+        ),
+        schema=Frame,
+    )
+
+
+def events(service: Service[Any]) -> None:
+    """Every recorded transition of a run (recovery's outbox sweep)."""
+    s = service.subjects
+    service.faststream.publisher(
+        s.events(TENANT, RUN_ID),
+        title="events",
+        description=(
+            f"Every recorded transition of a run, after its commit, in the order of the "
+            f"run's transitions (JetStream stream `{s.events_stream}`; published from the "
+            f"outbox by recovery's sweep); follow a tenant's runs on "
+            f"`{s.events(TENANT, '>')}`."
+        ),
+        schema=RunEvent,
+    )
