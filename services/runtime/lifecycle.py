@@ -25,7 +25,7 @@ def run_service(
     except tracing.TracingConfigError as exc:
         log.error("%s cannot start: %s", name, exc)
         raise SystemExit(2) from exc
-    serve_metrics(settings.metrics_port, settings.metrics_host)
+    serve_metrics(name, settings.metrics_port, settings.metrics_host)
 
     async def runner() -> None:
         stop = asyncio.Event()

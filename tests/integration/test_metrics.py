@@ -1,4 +1,5 @@
-"""Each service, as a real process, serves Prometheus metrics that show what a test did."""
+"""Each service, as a real process, serves Prometheus metrics that show what a test did,
+on a port of its own and with only its own metric families (plus its process's)."""
 
 from __future__ import annotations
 
@@ -21,18 +22,60 @@ pytestmark = pytest.mark.integration
 # Long enough to still be running when the test looks; the test stops it at the end.
 LONG_RUN = {"tokens": [f"t{i} " for i in range(400)], "token_delay_ms": 50}
 
+# What README's Metrics section promises each service fills in (counter families are
+# named without `_total` by the parser).
+OWN_FAMILIES = {
+    "submitter": {"runwire_command_duration_seconds"},
+    "executor": {
+        "runwire_attempts_in_flight",
+        "runwire_attempt_duration_seconds",
+        "runwire_attempt_outcomes",
+        "runwire_retries",
+    },
+    "relay": {
+        "runwire_frames_relayed",
+        "runwire_relay_lag_seconds",
+        "runwire_command_duration_seconds",
+    },
+    "recovery": {
+        "runwire_queue_depth",
+        "runwire_queue_oldest_age_seconds",
+        "runwire_recoveries",
+        "runwire_interrupted_runs",
+    },
+}
+
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-def scrape(port: int) -> Samples:
+def page(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return str(resp.read().decode())
+
+
+def samples_of(text: str) -> Samples:
     """Every sample of a `/metrics` page, by name and sorted labels."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(text)
         for s in family.samples
     }
+
+
+def families_of(text: str) -> set[str]:
+    # The text format carries a family's creation times as a family `<name>_created`.
+    return {f.name.removesuffix("_created") for f in text_string_to_metric_families(text)}
+
+
+def scrape(port: int) -> Samples:
+    return samples_of(page(f"http://127.0.0.1:{port}/metrics"))
+
+
+def assert_only_own_families(service: str, text: str) -> None:
+    families = families_of(text)
+    assert {f for f in families if f.startswith("runwire_")} == OWN_FAMILIES[service]
+    # What the process costs, on every service's page.
+    assert {"process_resident_memory_bytes", "process_cpu_seconds"} <= families
 
 
 @pytest.fixture
@@ -95,3 +138,7 @@ async def test_metrics_show_queue_depth_and_attempts_in_flight(
     submitter = await metrics("submitter")
     assert submitter[("runwire_command_duration_seconds_count", (("command", "submit"),))] == 2
     assert submitter[("runwire_command_duration_seconds_count", (("command", "get"),))] >= 1
+
+    for name, port in ports.items():
+        text = await asyncio.to_thread(page, f"http://127.0.0.1:{port}/metrics")
+        assert_only_own_families(name, text)
