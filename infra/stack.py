@@ -6,6 +6,10 @@ the supervisord configuration, the chosen ports (kept across restarts) and an `e
 with the URLs. `up` returns once every service answers its health request, so a command
 sent right after it is served. supervisord (configured and queried by `infra.supervisor`)
 restarts any process that dies; `down` stops all of them and checks that none is left.
+
+The services read the `RUNWIRE_*` settings of the shell that runs `up`, with two
+exceptions made here: the URLs of the stack's own servers, and `RUNWIRE_METRICS_PORT`,
+which is the first of four consecutive ports, one per service in `SERVICES` order.
 """
 
 from __future__ import annotations
@@ -40,6 +44,9 @@ SERVICES = ("submitter", "executor", "relay", "recovery")
 SERVERS = ("nats", "postgres")
 DATABASE = "runwire"
 START_TIMEOUT = 60.0
+MAX_PORT = 65535
+# `.runwire/env` names each service's metrics endpoint as this + the service, upper-cased.
+METRICS_URL = "RUNWIRE_METRICS_URL_"
 STOP_TIMEOUT = 60.0
 PROGRESS_EVERY = 2.0
 PROGRESS_REPEAT = 10.0
@@ -184,6 +191,23 @@ def _load_ports(layout: Layout) -> Ports:
     return ports
 
 
+def metrics_ports(first: int) -> dict[str, int]:
+    """Each service's `/metrics` port: `first`, `first` + 1, ... in `SERVICES` order
+    (none when `first` is 0, as `RUNWIRE_METRICS_PORT` unset means)."""
+    if first == 0:
+        return {}
+    return {service: first + i for i, service in enumerate(SERVICES)}
+
+
+def _metrics_url(host: str, port: int) -> str:
+    # An endpoint on every interface is reached on loopback from here.
+    if host in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"
+    elif ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}/metrics"
+
+
 def _programs(
     layout: Layout,
     nats: EmbeddedNats,
@@ -211,7 +235,10 @@ def _programs(
         # Trace export settings of the shell that starts the stack.
         **{k: v for k, v in os.environ.items() if k.startswith("OTEL_")},
     }
+    ports = metrics_ports(settings.metrics_port)
     for service in SERVICES:
+        # One port each: on the shell's one port, all but the first would crash-loop.
+        metrics = {"RUNWIRE_METRICS_PORT": str(ports.get(service, 0))}
         programs.append(
             Program(
                 service,
@@ -219,7 +246,7 @@ def _programs(
                 layout.repo,
                 {
                     "priority": "100",
-                    "environment": environment(wiring),
+                    "environment": environment({**wiring, **metrics}),
                     # Services wait for NATS and Postgres themselves; a few quick exits
                     # while the servers come up must not mark them FATAL.
                     "startretries": "10",
@@ -340,12 +367,17 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 def _summary(layout: Layout, env: dict[str, str]) -> None:
     runwire = venv_tool("runwire")
+    metrics = "".join(
+        f"  metrics    {env[key]} ({service})\n"
+        for service in SERVICES
+        if (key := f"{METRICS_URL}{service.upper()}") in env
+    )
     _say(
         f"""
 runwire stack is up; every service answers.
   NATS       {env["RUNWIRE_NATS_URL"]}
   Postgres   {env["RUNWIRE_DATABASE_URL"]}
-  env file   {layout.env_file}
+{metrics}  env file   {layout.env_file}
 
 Stream a run:
   set -a; . {layout.env_file}; set +a
@@ -374,6 +406,28 @@ def _shell_settings() -> CommonSettings | None:
         return None
 
 
+def _metrics_ports_free(settings: CommonSettings) -> bool:
+    """Tell whether every service's metrics port is usable; say why not if not."""
+    ports = metrics_ports(settings.metrics_port)
+    if not ports:
+        return True
+    first, last = settings.metrics_port, max(ports.values())
+    if last > MAX_PORT:
+        _say(
+            f"RUNWIRE_METRICS_PORT={first} gives the services ports {first}-{last}; "
+            f"pick a port up to {MAX_PORT - len(ports) + 1}."
+        )
+        return False
+    taken = [f"{port} ({service})" for service, port in ports.items() if not port_is_free(port)]
+    if taken:
+        _say(
+            f"RUNWIRE_METRICS_PORT={first} gives the services ports {first}-{last}, but "
+            f"another program listens on {', '.join(taken)}; pick another port."
+        )
+        return False
+    return True
+
+
 def _write_env(
     layout: Layout, nats_url: str, database_url: str, settings: CommonSettings
 ) -> dict[str, str]:
@@ -383,6 +437,8 @@ def _write_env(
         "RUNWIRE_DATABASE_URL": database_url,
         "RUNWIRE_PREFIX": settings.prefix,
     }
+    for service, port in metrics_ports(settings.metrics_port).items():
+        env[f"{METRICS_URL}{service.upper()}"] = _metrics_url(settings.metrics_host, port)
     layout.env_file.write_text("".join(f"{key}={value}\n" for key, value in env.items()))
     return env
 
@@ -394,7 +450,7 @@ def up(layout: Layout, start_timeout: float = START_TIMEOUT) -> int:
         _say("runwire stack is already running.")
         return _wait_for_services(layout, _read_env(layout), start_timeout)
     settings = _shell_settings()
-    if settings is None:
+    if settings is None or not _metrics_ports_free(settings):
         return 1
     if _known_pids(layout):
         # supervisord died but its programs did not; they would hold the ports and folders.

@@ -12,9 +12,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from contracts.status import RunStatus
-from infra.embedded import find_free_port
+from infra.embedded import find_free_port, port_is_free
 from services.client import Client
-from tests.services import MODULES, ProcessStack
+from tests.local_stack import local_stack
+from tests.services import MODULES, ProcessStack, collect
 from tests.support import eventually
 
 pytestmark = pytest.mark.integration
@@ -142,3 +143,46 @@ async def test_metrics_show_queue_depth_and_attempts_in_flight(
     for name, port in ports.items():
         text = await asyncio.to_thread(page, f"http://127.0.0.1:{port}/metrics")
         assert_only_own_families(name, text)
+
+
+def four_free_ports() -> int:
+    """A port P with P .. P+3 free, for `RUNWIRE_METRICS_PORT` under `make up`."""
+    while True:
+        first = find_free_port()
+        if first + 3 <= 65535 and all(port_is_free(first + i) for i in range(1, 4)):
+            return first
+
+
+async def test_make_up_gives_each_service_its_own_metrics_port(tmp_path: Path) -> None:
+    first = four_free_ports()
+    settings = {"RUNWIRE_METRICS_PORT": str(first), "RUNWIRE_METRICS_HOST": "127.0.0.1"}
+    async with local_stack(tmp_path, **settings) as stack:
+        assert stack.returncode == 0, stack.output
+        env = stack.env()
+        urls = {name: env[f"RUNWIRE_METRICS_URL_{name.upper()}"] for name in MODULES}
+        assert urls == {
+            name: f"http://127.0.0.1:{first + i}/metrics"
+            for i, name in enumerate(("submitter", "executor", "relay", "recovery"))
+        }
+        async with await Client.connect(
+            env["RUNWIRE_NATS_URL"], prefix=env["RUNWIRE_PREFIX"]
+        ) as client:
+            run_id = (await client.submit({"tokens": ["a", "b"]})).run.run_id
+            _, transcript = await collect(client, run_id)
+        assert transcript.text == "ab"
+
+        async def scraped(name: str) -> Samples:
+            return samples_of(await asyncio.to_thread(page, urls[name]))
+
+        finished = ("runwire_attempt_outcomes_total", (("code", "none"), ("outcome", "finished")))
+
+        async def executor_counted_it() -> bool:
+            return (await scraped("executor")).get(finished) == 1
+
+        await eventually(executor_counted_it, timeout=10)
+        submitter = await scraped("submitter")
+        assert submitter[("runwire_command_duration_seconds_count", (("command", "submit"),))] == 1
+        relay = await scraped("relay")
+        assert relay[("runwire_frames_relayed_total", ())] >= 2
+        for name, url in urls.items():
+            assert_only_own_families(name, await asyncio.to_thread(page, url))
