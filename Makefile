@@ -4,6 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_WORKERS ?= 2
+START_TIMEOUT ?=
+STACK_OPTIONS := $(if $(START_TIMEOUT),--start-timeout $(START_TIMEOUT))
 
 .PHONY: install run up down logs status test test-soak lint typecheck unit integration chaos schemas docs bench clean
 
@@ -17,11 +19,12 @@ install: $(STAMP)
 
 ## Start the local stack, stream a demo run, keep everything up until Ctrl-C.
 run: $(STAMP)
-	$(BIN)/python -m infra.stack run
+	$(BIN)/python -m infra.stack run $(STACK_OPTIONS)
 
-## Start the local stack in the background; writes .runwire/env.
+## Start the local stack in the background; returns once every service answers its
+## health request (at most START_TIMEOUT seconds, 60 by default); writes .runwire/env.
 up: $(STAMP)
-	$(BIN)/python -m infra.stack up
+	$(BIN)/python -m infra.stack up $(STACK_OPTIONS)
 
 ## Stop every process `make up` or `make run` started.
 down:

@@ -1,10 +1,15 @@
 """The local runwire stack: nats-server, Postgres and the four services under supervisord.
 
 Run as `python -m infra.stack {up,down,logs,status,run}` from the repository root (the
-Makefile does). Everything lives in `.runwire/` there: server data, logs, the supervisord
-configuration, the chosen ports (kept across restarts) and an `env` file with the URLs.
-supervisord (configured and queried by `infra.supervisor`) restarts any process that
-dies; `down` stops all of them and checks that none is left.
+Makefile does). Everything lives in `.runwire/` there (or in `--root`): server data, logs,
+the supervisord configuration, the chosen ports (kept across restarts) and an `env` file
+with the URLs. `up` returns once every service answers its health request, so a command
+sent right after it is served. supervisord (configured and queried by `infra.supervisor`)
+restarts any process that dies; `down` stops all of them and checks that none is left.
+
+The services read the `RUNWIRE_*` settings of the shell that runs `up`, with two
+exceptions made here: the URLs of the stack's own servers, and `RUNWIRE_METRICS_PORT`,
+which is the first of four consecutive ports, one per service in `SERVICES` order.
 """
 
 from __future__ import annotations
@@ -20,19 +25,28 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import asyncpg
+import nats.errors
+from pydantic import ValidationError
 
+from contracts.subjects import DEFAULT_PREFIX
 from infra.embedded import EmbeddedNats, EmbeddedPostgres, find_free_port, port_is_free
+from infra.health import HealthProbe
 from infra.supervisor import Program, Supervisor, environment, venv_tool
+from services.runtime.settings import CommonSettings
 
 SERVICES = ("submitter", "executor", "relay", "recovery")
 SERVERS = ("nats", "postgres")
 DATABASE = "runwire"
 START_TIMEOUT = 60.0
+MAX_PORT = 65535
+# `.runwire/env` names each service's metrics endpoint as this + the service, upper-cased.
+METRICS_URL = "RUNWIRE_METRICS_URL_"
 STOP_TIMEOUT = 60.0
 PROGRESS_EVERY = 2.0
 PROGRESS_REPEAT = 10.0
@@ -45,13 +59,15 @@ _POLL = 0.2
 
 @dataclass(frozen=True)
 class Layout:
-    """Where the stack keeps its files, all derived from the repository root."""
+    """Where the stack keeps its files: `folder`, or `.runwire/` in the repository."""
 
     repo: Path
+    # Another folder for everything the stack writes (a test's own stack, say).
+    folder: Path | None = None
 
     @property
     def root(self) -> Path:
-        return self.repo / ".runwire"
+        return self.folder if self.folder is not None else self.repo / ".runwire"
 
     @property
     def nats_dir(self) -> Path:
@@ -175,8 +191,29 @@ def _load_ports(layout: Layout) -> Ports:
     return ports
 
 
+def metrics_ports(first: int) -> dict[str, int]:
+    """Each service's `/metrics` port: `first`, `first` + 1, ... in `SERVICES` order
+    (none when `first` is 0, as `RUNWIRE_METRICS_PORT` unset means)."""
+    if first == 0:
+        return {}
+    return {service: first + i for i, service in enumerate(SERVICES)}
+
+
+def _metrics_url(host: str, port: int) -> str:
+    # An endpoint on every interface is reached on loopback from here.
+    if host in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"
+    elif ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}/metrics"
+
+
 def _programs(
-    layout: Layout, nats: EmbeddedNats, pg: EmbeddedPostgres, database_url: str
+    layout: Layout,
+    nats: EmbeddedNats,
+    pg: EmbeddedPostgres,
+    database_url: str,
+    settings: CommonSettings,
 ) -> list[Program]:
     """nats-server and Postgres first, then the four services wired to them."""
     nats_program = Program(
@@ -190,16 +227,18 @@ def _programs(
     if user is not None:
         pg_options["user"] = user
     programs = [nats_program, Program("postgres", pg.command(), layout.pg_dir, pg_options)]
-    service_environment = environment(
-        {
-            "RUNWIRE_NATS_URL": nats.url,
-            "RUNWIRE_DATABASE_URL": database_url,
-            "PYTHONUNBUFFERED": "1",
-            # Trace export settings of the shell that starts the stack.
-            **{k: v for k, v in os.environ.items() if k.startswith("OTEL_")},
-        }
-    )
+    wiring = {
+        "RUNWIRE_NATS_URL": nats.url,
+        "RUNWIRE_DATABASE_URL": database_url,
+        "RUNWIRE_PREFIX": settings.prefix,
+        "PYTHONUNBUFFERED": "1",
+        # Trace export settings of the shell that starts the stack.
+        **{k: v for k, v in os.environ.items() if k.startswith("OTEL_")},
+    }
+    ports = metrics_ports(settings.metrics_port)
     for service in SERVICES:
+        # One port each: on the shell's one port, all but the first would crash-loop.
+        metrics = {"RUNWIRE_METRICS_PORT": str(ports.get(service, 0))}
         programs.append(
             Program(
                 service,
@@ -207,7 +246,7 @@ def _programs(
                 layout.repo,
                 {
                     "priority": "100",
-                    "environment": service_environment,
+                    "environment": environment({**wiring, **metrics}),
                     # Services wait for NATS and Postgres themselves; a few quick exits
                     # while the servers come up must not mark them FATAL.
                     "startretries": "10",
@@ -231,23 +270,91 @@ async def _ensure_database(admin_url: str, name: str) -> None:
         await conn.close()
 
 
-def _wait(what: str, done: Callable[[], bool], describe: Callable[[], str]) -> bool:
-    """Poll `done` until true or START_TIMEOUT, printing `describe()` now and then."""
-    start = time.monotonic()
-    last_report = start
-    last_said = ""
-    while not done():
+class _Progress:
+    """Says now and then what a wait is still waiting for."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.start = time.monotonic()
+        self._last_report = self.start
+        self._last_said = ""
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def tick(self, describe: Callable[[], str] | str) -> None:
+        """Say `describe` (or what it returns: it is called only when due) if it is time."""
         now = time.monotonic()
-        if now - start > START_TIMEOUT:
+        if now - self._last_report < PROGRESS_EVERY:
+            return
+        said = describe if isinstance(describe, str) else describe()
+        # Say it when something changed, else only every so often, to stay readable.
+        if said != self._last_said or now - self._last_report >= PROGRESS_REPEAT:
+            _say(f"  ... waiting for {self.what} ({self.elapsed:.0f} s): {said}")
+            self._last_report, self._last_said = now, said
+
+
+def _wait(what: str, done: Callable[[], bool], describe: Callable[[], str], timeout: float) -> bool:
+    """Poll `done` until true or `timeout`, printing `describe()` now and then."""
+    progress = _Progress(what)
+    while not done():
+        if progress.elapsed > timeout:
             return False
-        if now - last_report >= PROGRESS_EVERY:
-            said = describe()
-            # Say it when something changed, else only every so often, to stay readable.
-            if said != last_said or now - last_report >= PROGRESS_REPEAT:
-                _say(f"  ... waiting for {what} ({now - start:.0f} s): {said}")
-                last_report, last_said = now, said
+        progress.tick(describe)
         time.sleep(_POLL)
     return True
+
+
+@dataclass(frozen=True)
+class _NotUp:
+    """Why the stack is not up: what went wrong and, per program, what was seen of it."""
+
+    what: str
+    problems: dict[str, str]
+    timed_out: bool
+
+
+async def _unanswered(layout: Layout, nats_url: str, prefix: str, timeout: float) -> _NotUp | None:
+    """Ask every service for its health until each has answered once (None), giving up
+    at `timeout` or when supervisord stops restarting one of them."""
+    server = EmbeddedNats(layout.nats_dir, urlsplit(nats_url).port or 4222)
+    progress = _Progress("the services to answer")
+    seen = dict.fromkeys(SERVICES, "no answer")
+    probe: HealthProbe | None = None
+    try:
+        while True:
+            pending = [service for service in SERVICES if seen[service] != "answers"]
+            if probe is None:
+                # The NATS client retries a server that is down for minutes: look first.
+                if not await asyncio.to_thread(server.ready):
+                    seen.update(dict.fromkeys(pending, f"NATS at {nats_url} does not answer"))
+                else:
+                    try:
+                        probe = await HealthProbe.connect(nats_url, prefix)
+                    except (TimeoutError, OSError, nats.errors.Error) as exc:
+                        seen.update(dict.fromkeys(pending, f"NATS refuses clients ({exc!r})"))
+            if probe is not None:
+                for health in await probe.ask_all(pending):
+                    seen[health.service] = health.state
+                    if health.ok:
+                        _say(f"  {health.service} answers ({progress.elapsed:.1f} s)")
+            pending = [service for service in SERVICES if seen[service] != "answers"]
+            if not pending:
+                return None
+            states = await asyncio.to_thread(layout.supervisor.states)
+            report = {name: f"{states.get(name, 'unknown')}, {seen[name]}" for name in pending}
+            fatal = [name for name in pending if states.get(name) == "FATAL"]
+            if fatal:
+                return _NotUp(f"supervisord stopped restarting {', '.join(fatal)}", report, False)
+            if progress.elapsed > timeout:
+                what = f"{', '.join(pending)} did not answer a health request within {timeout:g} s"
+                return _NotUp(what, report, True)
+            progress.tick("; ".join(f"{name} {state}" for name, state in report.items()))
+            await asyncio.sleep(_POLL)
+    finally:
+        if probe is not None:
+            await probe.close()
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -258,14 +365,19 @@ def _tail(path: Path, lines: int = 15) -> str:
     return "\n".join(f"    {line}" for line in text.splitlines()[-lines:])
 
 
-def _summary(layout: Layout, nats_url: str, database_url: str) -> None:
+def _summary(layout: Layout, env: dict[str, str]) -> None:
     runwire = venv_tool("runwire")
+    metrics = "".join(
+        f"  metrics    {env[key]} ({service})\n"
+        for service in SERVICES
+        if (key := f"{METRICS_URL}{service.upper()}") in env
+    )
     _say(
         f"""
-runwire stack is up.
-  NATS       {nats_url}
-  Postgres   {database_url}
-  env file   {layout.env_file}
+runwire stack is up; every service answers.
+  NATS       {env["RUNWIRE_NATS_URL"]}
+  Postgres   {env["RUNWIRE_DATABASE_URL"]}
+{metrics}  env file   {layout.env_file}
 
 Stream a run:
   set -a; . {layout.env_file}; set +a
@@ -285,13 +397,61 @@ def _read_env(layout: Layout) -> dict[str, str]:
     return values
 
 
-def up(layout: Layout) -> int:
-    """Start the stack unless it runs; wait until every program is RUNNING."""
+def _shell_settings() -> CommonSettings | None:
+    """The settings every service reads from this shell's `RUNWIRE_*` variables."""
+    try:
+        return CommonSettings()
+    except ValidationError as exc:
+        _say(f"A RUNWIRE_* variable of this shell is invalid, so no service would start:\n{exc}")
+        return None
+
+
+def _metrics_ports_free(settings: CommonSettings) -> bool:
+    """Tell whether every service's metrics port is usable; say why not if not."""
+    ports = metrics_ports(settings.metrics_port)
+    if not ports:
+        return True
+    first, last = settings.metrics_port, max(ports.values())
+    if last > MAX_PORT:
+        _say(
+            f"RUNWIRE_METRICS_PORT={first} gives the services ports {first}-{last}; "
+            f"pick a port up to {MAX_PORT - len(ports) + 1}."
+        )
+        return False
+    taken = [f"{port} ({service})" for service, port in ports.items() if not port_is_free(port)]
+    if taken:
+        _say(
+            f"RUNWIRE_METRICS_PORT={first} gives the services ports {first}-{last}, but "
+            f"another program listens on {', '.join(taken)}; pick another port."
+        )
+        return False
+    return True
+
+
+def _write_env(
+    layout: Layout, nats_url: str, database_url: str, settings: CommonSettings
+) -> dict[str, str]:
+    """Write `.runwire/env`: where the stack is, for the CLI and for scripts."""
+    env = {
+        "RUNWIRE_NATS_URL": nats_url,
+        "RUNWIRE_DATABASE_URL": database_url,
+        "RUNWIRE_PREFIX": settings.prefix,
+    }
+    for service, port in metrics_ports(settings.metrics_port).items():
+        env[f"{METRICS_URL}{service.upper()}"] = _metrics_url(settings.metrics_host, port)
+    layout.env_file.write_text("".join(f"{key}={value}\n" for key, value in env.items()))
+    return env
+
+
+def up(layout: Layout, start_timeout: float = START_TIMEOUT) -> int:
+    """Start the stack unless it runs; return once every service answers its health
+    request (or exit 1 after `start_timeout` seconds, naming those that did not)."""
     if _supervisord_pid(layout) is not None:
         _say("runwire stack is already running.")
-        env = _read_env(layout)
-        _summary(layout, env["RUNWIRE_NATS_URL"], env["RUNWIRE_DATABASE_URL"])
-        return 0
+        return _wait_for_services(layout, _read_env(layout), start_timeout)
+    settings = _shell_settings()
+    if settings is None or not _metrics_ports_free(settings):
+        return 1
     if _known_pids(layout):
         # supervisord died but its programs did not; they would hold the ports and folders.
         down(layout)
@@ -308,11 +468,9 @@ def up(layout: Layout) -> int:
         logs=layout.logs,
         pid_file=layout.supervisord_pid_file,
         directory=layout.repo,
-        programs=_programs(layout, nats, pg, database_url),
+        programs=_programs(layout, nats, pg, database_url, settings),
     )
-    layout.env_file.write_text(
-        f"RUNWIRE_NATS_URL={nats.url}\nRUNWIRE_DATABASE_URL={database_url}\n"
-    )
+    env = _write_env(layout, nats.url, database_url, settings)
 
     _say("Starting supervisord ...")
     started = layout.supervisor.start()
@@ -321,57 +479,53 @@ def up(layout: Layout) -> int:
         return 1
 
     _say(f"Waiting for nats-server ({nats.url}) and Postgres (port {ports.postgres}) ...")
-
-    def servers_ready() -> bool:
-        return nats.ready() and pg.ready()
+    checks = {"nats": nats.ready, "postgres": pg.ready}
 
     def server_states() -> str:
         states = layout.supervisor.states()
         return ", ".join(f"{name} {states.get(name, '?')}" for name in SERVERS)
 
-    if not _wait("nats-server and Postgres", servers_ready, server_states):
-        return _failed(layout, SERVERS)
+    servers_up = _wait(
+        "nats-server and Postgres",
+        lambda: all(ready() for ready in checks.values()),
+        server_states,
+        start_timeout,
+    )
+    if not servers_up:
+        states = layout.supervisor.states()
+        problems = {
+            name: f"{states.get(name, 'unknown')}, does not accept connections"
+            for name, ready in checks.items()
+            if not ready()
+        }
+        what = f"{', '.join(problems)} did not accept connections within {start_timeout:g} s"
+        return _failed(layout, _NotUp(what, problems, True))
     asyncio.run(_ensure_database(pg.url(), DATABASE))
     _say(f"Database {DATABASE!r} is ready.")
+    return _wait_for_services(layout, env, start_timeout)
 
-    _say("Waiting for the services ...")
-    fatal: list[str] = []
 
-    def services_running() -> bool:
-        states = layout.supervisor.states()
-        fatal[:] = [name for name in SERVICES if states.get(name) == "FATAL"]
-        if fatal:
-            raise _GaveUp
-        return all(states.get(name) == "RUNNING" for name in SERVICES)
-
-    def service_states() -> str:
-        states = layout.supervisor.states()
-        return ", ".join(f"{name} {states.get(name, '?')}" for name in SERVICES)
-
-    try:
-        running = _wait("services", services_running, service_states)
-    except _GaveUp:
-        running = False
-    if not running:
-        return _failed(layout, fatal or SERVICES)
+def _wait_for_services(layout: Layout, env: dict[str, str], timeout: float) -> int:
+    """Wait until every service answers its health request, then say where things are."""
+    _say("Waiting for every service to answer its health request ...")
+    prefix = env.get("RUNWIRE_PREFIX", DEFAULT_PREFIX)
+    not_up = asyncio.run(_unanswered(layout, env["RUNWIRE_NATS_URL"], prefix, timeout))
+    if not_up is not None:
+        return _failed(layout, not_up)
     _record_pids(layout)
-    _summary(layout, nats.url, database_url)
+    _summary(layout, env)
     return 0
 
 
-class _GaveUp(Exception):
-    """supervisord stopped restarting a program."""
-
-
-def _failed(layout: Layout, names: Iterable[str]) -> int:
+def _failed(layout: Layout, not_up: _NotUp) -> int:
     _record_pids(layout)
-    states = layout.supervisor.states()
-    _say("\nThe stack did not come up:")
-    for name in names:
-        if states.get(name) != "RUNNING":
-            log = layout.logs / f"{name}.log"
-            _say(f"  {name}: {states.get(name, 'unknown')}; last lines of {log}:\n{_tail(log)}")
+    _say(f"\nThe stack did not come up: {not_up.what}.")
+    for name, problem in not_up.problems.items():
+        log = layout.logs / f"{name}.log"
+        _say(f"  {name}: {problem}; last lines of {log}:\n{_tail(log)}")
     _say("\nEverything started so far is still up: `make logs` to look, `make down` to stop.")
+    if not_up.timed_out:
+        _say("On a slow machine, wait longer: `make up START_TIMEOUT=120`.")
     return 1
 
 
@@ -471,9 +625,9 @@ def status(layout: Layout) -> int:
     return done.returncode
 
 
-def run(layout: Layout) -> int:
+def run(layout: Layout, start_timeout: float = START_TIMEOUT) -> int:
     """Bring the stack up, stream a demo run, keep the stack up until SIGINT/SIGTERM."""
-    code = up(layout)
+    code = up(layout, start_timeout)
     if code != 0:
         return code
     demo = [
@@ -513,17 +667,35 @@ def _unblock(signals: set[signal.Signals]) -> Callable[[], None]:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
-    parser = argparse.ArgumentParser(prog="python -m infra.stack", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m infra.stack",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("command", choices=("up", "down", "logs", "status", "run"))
+    parser.add_argument(
+        "--root",
+        type=Path,
+        help="folder for everything the stack writes (default: .runwire/ in this folder)",
+    )
+    parser.add_argument(
+        "--start-timeout",
+        type=float,
+        default=START_TIMEOUT,
+        metavar="SECONDS",
+        help=f"how long `up` waits for the servers, then for the services (default "
+        f"{START_TIMEOUT:g})",
+    )
+    args = parser.parse_args(argv)
+    root = None if args.root is None else args.root.absolute()
+    layout = Layout(repo=Path.cwd().absolute(), folder=root)
     commands: dict[str, Callable[[Layout], int]] = {
-        "up": up,
+        "up": lambda layout: up(layout, args.start_timeout),
         "down": down,
         "logs": logs,
         "status": status,
-        "run": run,
+        "run": lambda layout: run(layout, args.start_timeout),
     }
-    parser.add_argument("command", choices=commands)
-    args = parser.parse_args(argv)
-    layout = Layout(repo=Path.cwd().absolute())
     return commands[args.command](layout)
 
 

@@ -38,7 +38,7 @@ def setup_process(name: str, settings: CommonSettings) -> TracerProvider | None:
         faults.arm(settings.fault_points)
     except (tracing.TracingConfigError, faults.FaultSpecError) as exc:
         raise CannotStart(str(exc)) from exc
-    serve_metrics(settings.metrics_port, settings.metrics_host)
+    serve_metrics(name, settings.metrics_port, settings.metrics_host)
     return provider
 
 

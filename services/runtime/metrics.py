@@ -8,10 +8,13 @@ e.g. `rw.{tenant}.cmd.submit`), not the subject itself, which names a tenant or 
 `runwire_command_duration_seconds{command}` stays as it was (the README and dashboards
 quote it); FastStream's names cannot be mapped onto it.
 
-One registry per process (not the library's global one, so nothing else registers into
-it by accident). Several services may run in one process (the in-process test stack):
-they share these objects, and the HTTP endpoint is started at most once per port.
-Each service only moves its own metrics, so the others stay at zero in its process.
+Each service has a registry of its own (not the library's global one, so nothing else
+registers into it by accident) holding only the families that service moves, its
+FastStream metrics, and the process's CPU and memory: a scrape of the executor's port
+shows attempts, never the relay's frames at zero. The metric objects are created outside
+any registry and `FAMILIES` places each in its services' registries. They are module
+globals, so services running in one process (the in-process test stack) move the same
+objects; the HTTP endpoint is started at most once per port.
 """
 
 import logging
@@ -23,13 +26,18 @@ from faststream.message import StreamMessage
 from faststream.nats.prometheus.provider import NatsMetricsSettingsProvider
 from faststream.prometheus import ConsumeAttrs, PrometheusMiddleware
 from nats.aio.msg import Msg
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    start_http_server,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
-
-REGISTRY = CollectorRegistry()
 
 # Attempts run from milliseconds (scripted) to many minutes (real agents).
 ATTEMPT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
@@ -69,57 +77,56 @@ class QueueCollector(Collector):
 
 
 QUEUE = QueueCollector()
-REGISTRY.register(QUEUE)
 
 # -- executor ------------------------------------------------------------------
 ATTEMPTS_IN_FLIGHT = Gauge(
     "runwire_attempts_in_flight",
     "Attempts running in this executor now.",
-    registry=REGISTRY,
+    registry=None,
 )
 ATTEMPT_DURATION = Histogram(
     "runwire_attempt_duration_seconds",
     "Wall time of an attempt, from its start to its outcome.",
     buckets=ATTEMPT_BUCKETS,
-    registry=REGISTRY,
+    registry=None,
 )
 ATTEMPT_OUTCOMES = Counter(
     "runwire_attempt_outcomes_total",
     "Attempts ended, by outcome (finished, retry, failed, canceled, released, lost) and "
     "error code (none when finished).",
     ["outcome", "code"],
-    registry=REGISTRY,
+    registry=None,
 )
 RETRIES = Counter(
     "runwire_retries_total",
     "Attempts that failed and were requeued for another attempt, by error code.",
     ["code"],
-    registry=REGISTRY,
+    registry=None,
 )
 
 # -- recovery ------------------------------------------------------------------
 RECOVERIES = Counter(
     "runwire_recoveries_total",
     "Runs whose lease expired and that were put back in the queue by recovery.",
-    registry=REGISTRY,
+    registry=None,
 )
 INTERRUPTED = Counter(
     "runwire_interrupted_runs_total",
     "Runs closed as interrupted after too many recoveries without progress.",
-    registry=REGISTRY,
+    registry=None,
 )
 
 # -- relay ---------------------------------------------------------------------
 FRAMES_RELAYED = Counter(
     "runwire_frames_relayed_total",
     "Frames published to clients by the relay (rate() gives frames per second).",
-    registry=REGISTRY,
+    registry=None,
 )
 RELAY_LAG = Histogram(
     "runwire_relay_lag_seconds",
     "Seconds from a frame's creation (its `at`) to its publication by the relay.",
     buckets=LAG_BUCKETS,
-    registry=REGISTRY,
+    registry=None,
 )
 
 # -- commands ------------------------------------------------------------------
@@ -127,8 +134,32 @@ COMMAND_DURATION = Histogram(
     "runwire_command_duration_seconds",
     "Time to answer a request/reply command, by command name.",
     ["command"],
-    registry=REGISTRY,
+    registry=None,
 )
+
+# The families each service moves. The command server is shared runtime code that the
+# submitter (submit, get, cancel, ...) and the relay (join) both run.
+FAMILIES: dict[str, tuple[Collector, ...]] = {
+    "submitter": (COMMAND_DURATION,),
+    "executor": (ATTEMPTS_IN_FLIGHT, ATTEMPT_DURATION, ATTEMPT_OUTCOMES, RETRIES),
+    "relay": (FRAMES_RELAYED, RELAY_LAG, COMMAND_DURATION),
+    "recovery": (QUEUE, RECOVERIES, INTERRUPTED),
+}
+
+# CPU seconds, resident memory, open files: what a service costs, from /proc (Linux only).
+PROCESS = ProcessCollector(registry=None)
+
+
+def _registry(collectors: Iterable[Collector]) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    for collector in (*collectors, PROCESS):
+        registry.register(collector)
+    return registry
+
+
+REGISTRIES: dict[str, CollectorRegistry] = {
+    service: _registry(collectors) for service, collectors in FAMILIES.items()
+}
 
 
 class _SubjectPatterns(NatsMetricsSettingsProvider):
@@ -153,7 +184,8 @@ def faststream_metrics(service: str) -> PrometheusMiddleware[Any, Any]:
     """FastStream's Prometheus middleware for a service's broker, in runwire's registry."""
     return PrometheusMiddleware(
         settings_provider_factory=_patterns,
-        registry=REGISTRY,
+        # A service runwire does not ship (a test's) gets a registry nobody serves.
+        registry=REGISTRIES.get(service) or CollectorRegistry(),
         app_name=f"runwire-{service}",
     )
 
@@ -162,13 +194,16 @@ _served: set[int] = set()
 _served_lock = threading.Lock()
 
 
-def serve_metrics(port: int, host: str = "0.0.0.0") -> None:
-    """Serve `/metrics` on `host:port` in a daemon thread (once per port; 0 serves nothing)."""
+def serve_metrics(service: str, port: int, host: str = "0.0.0.0") -> None:
+    """Serve `service`'s metrics on `host:port`/metrics in a daemon thread (once per port;
+    port 0 serves nothing)."""
+    if service not in REGISTRIES:
+        raise ValueError(f"no metrics for service {service!r}; known: {', '.join(REGISTRIES)}")
     if port == 0:
         return
     with _served_lock:
         if port in _served:
             return
-        start_http_server(port, addr=host, registry=REGISTRY)
+        start_http_server(port, addr=host, registry=REGISTRIES[service])
         _served.add(port)
     log.info("metrics served on %s:%d", host, port)

@@ -1,4 +1,5 @@
-"""Each service, as a real process, serves Prometheus metrics that show what a test did."""
+"""Each service, as a real process, serves Prometheus metrics that show what a test did,
+on a port of its own and with only its own metric families (plus its process's)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from contracts.status import RunStatus
-from infra.embedded import find_free_port
+from infra.embedded import find_free_port, port_is_free
 from services.client import Client
-from tests.services import MODULES, ProcessStack
+from tests.local_stack import local_stack
+from tests.services import MODULES, ProcessStack, collect
 from tests.support import eventually
 
 pytestmark = pytest.mark.integration
@@ -21,18 +23,60 @@ pytestmark = pytest.mark.integration
 # Long enough to still be running when the test looks; the test stops it at the end.
 LONG_RUN = {"tokens": [f"t{i} " for i in range(400)], "token_delay_ms": 50}
 
+# What README's Metrics section promises each service fills in (counter families are
+# named without `_total` by the parser).
+OWN_FAMILIES = {
+    "submitter": {"runwire_command_duration_seconds"},
+    "executor": {
+        "runwire_attempts_in_flight",
+        "runwire_attempt_duration_seconds",
+        "runwire_attempt_outcomes",
+        "runwire_retries",
+    },
+    "relay": {
+        "runwire_frames_relayed",
+        "runwire_relay_lag_seconds",
+        "runwire_command_duration_seconds",
+    },
+    "recovery": {
+        "runwire_queue_depth",
+        "runwire_queue_oldest_age_seconds",
+        "runwire_recoveries",
+        "runwire_interrupted_runs",
+    },
+}
+
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-def scrape(port: int) -> Samples:
+def page(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return str(resp.read().decode())
+
+
+def samples_of(text: str) -> Samples:
     """Every sample of a `/metrics` page, by name and sorted labels."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(text)
         for s in family.samples
     }
+
+
+def families_of(text: str) -> set[str]:
+    # The text format carries a family's creation times as a family `<name>_created`.
+    return {f.name.removesuffix("_created") for f in text_string_to_metric_families(text)}
+
+
+def scrape(port: int) -> Samples:
+    return samples_of(page(f"http://127.0.0.1:{port}/metrics"))
+
+
+def assert_only_own_families(service: str, text: str) -> None:
+    families = families_of(text)
+    assert {f for f in families if f.startswith("runwire_")} == OWN_FAMILIES[service]
+    # What the process costs, on every service's page.
+    assert {"process_resident_memory_bytes", "process_cpu_seconds"} <= families
 
 
 @pytest.fixture
@@ -111,3 +155,50 @@ async def test_metrics_show_queue_depth_and_attempts_in_flight(
     assert submitter[submits] == 2
     handlers = {dict(labels).get("handler") for _, labels in submitter}
     assert not any(tenant in (h or "") for h in handlers)
+
+    for name, port in ports.items():
+        text = await asyncio.to_thread(page, f"http://127.0.0.1:{port}/metrics")
+        assert_only_own_families(name, text)
+
+
+def four_free_ports() -> int:
+    """A port P with P .. P+3 free, for `RUNWIRE_METRICS_PORT` under `make up`."""
+    while True:
+        first = find_free_port()
+        if first + 3 <= 65535 and all(port_is_free(first + i) for i in range(1, 4)):
+            return first
+
+
+async def test_make_up_gives_each_service_its_own_metrics_port(tmp_path: Path) -> None:
+    first = four_free_ports()
+    settings = {"RUNWIRE_METRICS_PORT": str(first), "RUNWIRE_METRICS_HOST": "127.0.0.1"}
+    async with local_stack(tmp_path, **settings) as stack:
+        assert stack.returncode == 0, stack.output
+        env = stack.env()
+        urls = {name: env[f"RUNWIRE_METRICS_URL_{name.upper()}"] for name in MODULES}
+        assert urls == {
+            name: f"http://127.0.0.1:{first + i}/metrics"
+            for i, name in enumerate(("submitter", "executor", "relay", "recovery"))
+        }
+        async with await Client.connect(
+            env["RUNWIRE_NATS_URL"], prefix=env["RUNWIRE_PREFIX"]
+        ) as client:
+            run_id = (await client.submit({"tokens": ["a", "b"]})).run.run_id
+            _, transcript = await collect(client, run_id)
+        assert transcript.text == "ab"
+
+        async def scraped(name: str) -> Samples:
+            return samples_of(await asyncio.to_thread(page, urls[name]))
+
+        finished = ("runwire_attempt_outcomes_total", (("code", "none"), ("outcome", "finished")))
+
+        async def executor_counted_it() -> bool:
+            return (await scraped("executor")).get(finished) == 1
+
+        await eventually(executor_counted_it, timeout=10)
+        submitter = await scraped("submitter")
+        assert submitter[("runwire_command_duration_seconds_count", (("command", "submit"),))] == 1
+        relay = await scraped("relay")
+        assert relay[("runwire_frames_relayed_total", ())] >= 2
+        for name, url in urls.items():
+            assert_only_own_families(name, await asyncio.to_thread(page, url))

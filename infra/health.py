@@ -1,0 +1,93 @@
+"""Whether the local stack's services answer, asked the way a probe asks them.
+
+supervisord calls a program RUNNING once it has stayed up for a second, which says
+nothing about whether it has connected, migrated and subscribed: a command sent then
+finds no service to answer it. A service answers its health request
+(`<prefix>.health.<service>`, see `services/runtime/health.py`) only once it serves its
+commands, so `infra.stack up` waits for a healthy answer from each service instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import nats
+import nats.errors
+from nats.aio.client import Client as NatsClient
+from pydantic import ValidationError
+
+from contracts.health import HealthReply
+from contracts.subjects import Subjects
+
+# A service that is up answers in milliseconds; one that is not has no subscriber, and
+# NATS says so at once (no responders), so this only bounds a service stuck mid-answer.
+ASK_TIMEOUT_S = 1.0
+CONNECT_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Health:
+    """What one health request to one service found."""
+
+    service: str
+    ok: bool
+    # For a person: "answers", "no answer", "answers, but postgres unavailable", ...
+    state: str
+
+
+class HealthProbe:
+    """One NATS connection that asks the services for their health."""
+
+    def __init__(self, nc: NatsClient, subjects: Subjects) -> None:
+        self.nc = nc
+        self.subjects = subjects
+
+    @classmethod
+    async def connect(cls, nats_url: str, prefix: str) -> HealthProbe:
+        """Connect to a NATS server that already accepts clients (check that first: the
+        client tries a server that is down for minutes, whatever its options say)."""
+        nc = await asyncio.wait_for(
+            nats.connect(
+                nats_url,
+                name="runwire-stack",
+                connect_timeout=CONNECT_TIMEOUT_S,
+                # A failed request already says the service did not answer; the client's
+                # default handler would log a traceback per reconnect attempt.
+                error_cb=_ignore,
+            ),
+            CONNECT_TIMEOUT_S,
+        )
+        return cls(nc, Subjects(prefix))
+
+    async def close(self) -> None:
+        """Close the connection."""
+        await self.nc.close()
+
+    async def ask(self, service: str, timeout: float = ASK_TIMEOUT_S) -> Health:
+        """Send one health request to `service`; the first replica to answer decides."""
+        try:
+            msg = await self.nc.request(self.subjects.health(service), b"{}", timeout=timeout)
+        except nats.errors.NoRespondersError:
+            return Health(service, False, "no answer")
+        except (nats.errors.TimeoutError, TimeoutError):
+            return Health(service, False, f"no answer within {timeout:g} s")
+        except nats.errors.Error as exc:
+            return Health(service, False, f"no answer (NATS: {exc or type(exc).__name__})")
+        try:
+            reply = HealthReply.model_validate_json(msg.data)
+        except ValidationError:
+            return Health(service, False, f"answers with something else: {msg.data[:80]!r}")
+        if reply.ok:
+            return Health(service, True, "answers")
+        down = [name for name, state in reply.dependencies.items() if state != "ok"]
+        return Health(service, False, f"answers, but {', '.join(down)} unavailable")
+
+    async def ask_all(self, services: Iterable[str]) -> list[Health]:
+        """Ask every service at once."""
+        return list(await asyncio.gather(*(self.ask(service) for service in services)))
+
+
+async def _ignore(exc: Exception) -> None:
+    return None
