@@ -27,6 +27,26 @@ async def test_run_status_enum_matches_the_contract(db_url: str) -> None:
         await store.close()
 
 
+async def test_status_sets_of_the_queries_match_the_contract(db_url: str) -> None:
+    """run_active / run_waiting / run_terminal, which every query uses, say what
+    RunStatus says."""
+    conn = await asyncpg.connect(db_url)
+    try:
+        for status in RunStatus:
+            row = await conn.fetchrow(
+                "SELECT run_active($1::run_status) AS active,"
+                " run_waiting($1::run_status) AS waiting,"
+                " run_terminal($1::run_status) AS terminal",
+                status.value,
+            )
+            assert row is not None
+            assert row["terminal"] is status.terminal, status
+            assert row["active"] is (not status.terminal), status
+            assert row["waiting"] is (status in (RunStatus.QUEUED, RunStatus.RECOVERING)), status
+    finally:
+        await conn.close()
+
+
 async def test_event_names_and_outbox_kinds_match_their_definitions(db_url: str) -> None:
     """The CHECK on run_events.event lists the contract's event names, and the
     `outbox_kind` enum the kinds the outbox publishes; an unknown event is refused."""

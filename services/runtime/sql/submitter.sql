@@ -31,7 +31,7 @@ SELECT * FROM runs WHERE tenant = $1 AND request_id = $2;
 
 -- name: session_active
 SELECT run_id FROM runs
- WHERE tenant = $1 AND session_id = $2 AND status IN ('queued', 'running', 'recovering')
+ WHERE tenant = $1 AND session_id = $2 AND run_active(status)
  ORDER BY submit_seq;
 
 -- name: lock_session
@@ -52,7 +52,7 @@ WITH upd AS (
            error = CASE WHEN status = 'running' THEN error ELSE coalesce(cancel_error, $3) END,
            ended_at = CASE WHEN status = 'running' THEN ended_at ELSE now() END,
            close_seq = NULL, updated_at = now()
-     WHERE tenant = $1 AND run_id = $2 AND status IN ('queued', 'running', 'recovering')
+     WHERE tenant = $1 AND run_id = $2 AND run_active(status)
     RETURNING *
 ), ev AS (
     INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)
@@ -74,7 +74,7 @@ WITH upd AS (
            error = CASE WHEN status = 'running' THEN error ELSE coalesce(cancel_error, $3) END,
            ended_at = CASE WHEN status = 'running' THEN ended_at ELSE now() END,
            close_seq = NULL, updated_at = now()
-     WHERE tenant = $1 AND session_id = $2 AND status IN ('queued', 'running', 'recovering')
+     WHERE tenant = $1 AND session_id = $2 AND run_active(status)
     RETURNING *
 ), ev AS (
     INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)

@@ -140,7 +140,7 @@ DECLARE
     v_seq integer;
     v_done jsonb;
 BEGIN
-    IF NEW.status IN ('queued', 'recovering') AND NEW.job_published_at IS NOT NULL
+    IF run_waiting(NEW.status) AND NEW.job_published_at IS NOT NULL
        AND (TG_OP = 'INSERT' OR NEW.job_published_at IS DISTINCT FROM OLD.job_published_at)
     THEN
         PERFORM outbox_put('job', NEW.tenant, NEW.run_id, NULL,
@@ -160,7 +160,7 @@ BEGIN
         v_generation := NEW.generation + 1;
         v_seq := 1;
     END IF;
-    IF NEW.status IN ('finished', 'failed', 'canceled', 'interrupted') THEN
+    IF run_terminal(NEW.status) THEN
         DELETE FROM outbox WHERE run_id = NEW.run_id AND kind = 'job';
         IF NEW.status NOT IN ('finished', 'canceled') AND NEW.error IS NOT NULL THEN
             PERFORM outbox_frame(NEW, v_generation, v_seq, 'error', NEW.error);
