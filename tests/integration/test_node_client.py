@@ -1,0 +1,62 @@
+"""The wire contract from another language: the official NATS JavaScript client submits
+a run, reads its frames from the stream and subject the submit reply names (no stream
+name known in advance), and finds `last_seq` final, equal to `done`'s seq, once the run
+says `frames_complete`."""
+
+import asyncio
+import fcntl
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.services import InProcessStack
+
+pytestmark = pytest.mark.integration
+
+NODE_DIR = Path(__file__).resolve().parent.parent / "node"
+TOKENS = ["Grüße ", "from ", "🚀 ", "JavaScript"]
+
+
+def _install() -> None:
+    """`npm ci` from the committed lock file, once (one pytest worker at a time)."""
+    with (NODE_DIR / ".install.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (NODE_DIR / "node_modules" / "nats").is_dir():
+            subprocess.run(
+                ["npm", "ci", "--ignore-scripts", "--no-audit", "--no-fund"],
+                cwd=NODE_DIR,
+                check=True,
+                capture_output=True,
+                timeout=300,
+            )
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+async def test_a_javascript_client_follows_a_run_from_the_submit_reply(
+    stack: InProcessStack,
+) -> None:
+    await asyncio.to_thread(_install)
+    node = await asyncio.create_subprocess_exec(
+        "node",
+        "follow_run.mjs",
+        stack.nats_url,
+        stack.prefix,
+        stack.client.tenant,
+        json.dumps(TOKENS),
+        cwd=NODE_DIR,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(node.communicate(), 60)
+    assert node.returncode == 0, err.decode()
+    seen = json.loads(out)
+
+    assert seen["stream"] == stack.client.subjects.run_frames_stream
+    assert seen["text"] == "".join(TOKENS)
+    assert seen["seqs"] == list(range(1, len(seen["seqs"]) + 1))
+    assert (seen["done_status"], seen["status"]) == ("finished", "finished")
+    assert seen["frames_complete"] is True
+    assert seen["last_seq"] == seen["done_seq"] == len(seen["seqs"])
