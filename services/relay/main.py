@@ -17,7 +17,7 @@ from services.relay.join import Joiner
 from services.relay.pipeline import Pipeline
 from services.runtime import publications
 from services.runtime.app import Service
-from services.runtime.commands import Commands, Tenant
+from services.runtime.commands import Commands, tenant
 from services.runtime.health import serve_health
 from services.runtime.lifecycle import run
 from services.runtime.settings import RelaySettings
@@ -37,11 +37,11 @@ class RelayService(Service[RelaySettings]):
         command = Commands(self, QUEUE_GROUP)
 
         @command("join", max_bytes=JOIN_MAX_BYTES)
-        async def join(body: JoinCommand, tenant: Tenant) -> JoinReply:
+        async def join(body: JoinCommand) -> JoinReply:
             """Join a run's frames: every frame with `seq > after` known so far, and where
             live frames continue (`live`: stream, subject and stream sequence to consume
             from; null once the run has ended and `replay` is complete)."""
-            return await self.joiner.join(tenant, body)
+            return await self.joiner.join(tenant(), body)
 
         serve_health(self)
         publications.client_frames(self)

@@ -9,7 +9,9 @@ is stored once:
 
 - `Outbox.dispatch`, in the service that committed, right after the commit: the jobs
   and frames of its transaction that were due at once (the fast path: a submit's job, an
-  attempt's `done`). Published rows are deleted in batches in the background.
+  attempt's `done`). Transactions that commit while a dispatch is under way are looked
+  up together in the next one, and published rows are deleted in batches in the
+  background: under load a service makes one outbox query per batch, not per commit.
 - `Outbox.sweep`, in recovery, one replica at a time: run events (one publisher keeps a
   run's events in the order of its transitions), jobs that became due later (a retry
   after its backoff, a recovered run), and whatever a crashed or cut-off service left
@@ -57,6 +59,9 @@ class Outbox:
         self.broker = broker
         self._published: list[int] = []
         self._deleter: asyncio.Task[None] | None = None
+        # Transactions whose messages are to be published, with who waits for them.
+        self._waiting: dict[str, asyncio.Future[Dispatched]] = {}
+        self._dispatcher: asyncio.Task[None] | None = None
 
     def _subject(self, message: OutboxMessage) -> tuple[str, str]:
         """The subject and the stream of a message, by its kind."""
@@ -99,27 +104,51 @@ class Outbox:
         it after the grace (a full queue is reported in the result).
         """
         xacts = {run.xact for run in runs if run is not None and run.xact is not None}
-        report = Dispatched()
-        for xact in xacts:
-            await self._dispatch_xact(xact, report)
-        return report
+        return await self._dispatch(xacts)
 
     async def dispatch_xact(self, xact: str | None) -> Dispatched:
         """`dispatch` for a transaction known by its id."""
+        return await self._dispatch({xact} if xact is not None else set())
+
+    async def _dispatch(self, xacts: set[str]) -> Dispatched:
         report = Dispatched()
-        if xact is not None:
-            await self._dispatch_xact(xact, report)
+        if not xacts:
+            return report
+        loop = asyncio.get_running_loop()
+        waiting = [self._waiting.setdefault(x, loop.create_future()) for x in xacts]
+        if self._dispatcher is None or self._dispatcher.done():
+            self._dispatcher = asyncio.create_task(self._dispatch_waiting())
+        for done in await asyncio.gather(*waiting):
+            report.published += done.published
+            report.queue_full.extend(done.queue_full)
         return report
 
-    async def _dispatch_xact(self, xact: str, report: Dispatched) -> None:
+    async def _dispatch_waiting(self) -> None:
+        """Publish the rows of every transaction waiting, a batch at a time: under load,
+        one query finds the rows of many transitions (the latency of a lone one is that
+        of one query)."""
+        while self._waiting:
+            batch, self._waiting = self._waiting, {}
+            reports = {xact: Dispatched() for xact in batch}
+            try:
+                await self._dispatch_batch(reports)
+            finally:
+                for xact, waiter in batch.items():
+                    if not waiter.done():
+                        waiter.set_result(reports[xact])
+
+    async def _dispatch_batch(self, reports: dict[str, Dispatched]) -> None:
         await faults.point(faults.OUTBOX_COMMITTED)
         try:
-            messages = await self.store.outbox_of(xact)
+            found = await self.store.outbox_of(list(reports))
         except RunwireError as exc:
-            log.warning("messages of a transition left for the sweep: %s", exc.message)
+            log.warning("messages of %d transitions left for the sweep: %s", len(reports), exc)
             return
+        of_xact = {m.id: xact for xact, messages in found.items() for m in messages}
+        messages = sorted((m for ms in found.values() for m in ms), key=lambda m: m.id)
         failed: RunwireError | None = None
         for message, error in await self._publish_all(messages):
+            report = reports[of_xact[message.id]]
             if error is None:
                 report.published += 1
                 self._published.append(message.id)

@@ -111,10 +111,11 @@ class Submitter:
             if first is None:
                 raise Unavailable("run vanished after a conflicting insert") from None
             return self._reply(first, duplicate=True)
-        await self._after_cancel(canceled)
+        # One transaction for an interrupt and the insert: its messages are published once.
+        dispatched = await self.outbox.dispatch(*canceled, run)
+        await self._notify_canceled(canceled)
         trace.get_current_span().set_attributes(tracing.run_attributes(run.run_id, tenant))
         with bind(run_id=run.run_id, tenant=tenant):
-            dispatched = await self.outbox.dispatch(run)
             if run.run_id in dispatched.queue_full:
                 await self._queue_full(run)
             if run.job_published_at is not None:
@@ -197,13 +198,13 @@ class Submitter:
             if current is None:
                 raise NotFound(f"no run {run_id!r}")
             return current  # terminal already: unchanged
-        await self._after_cancel([run])
+        await self.outbox.dispatch(run)
+        await self._notify_canceled([run])
         return run
 
-    async def _after_cancel(self, runs: list[Run]) -> None:
-        """Publish what the cancel implied (closing frames of the runs it ended); tell
-        executors to stop the running ones."""
-        await self.outbox.dispatch(*runs)
+    async def _notify_canceled(self, runs: list[Run]) -> None:
+        """Tell executors to stop the runs a cancel flagged while they run (the closing
+        frames of the runs it ended at once left through the outbox)."""
         for run in runs:
             with bind(run_id=run.run_id, tenant=run.tenant):
                 if run.status != RunStatus.CANCELED:
@@ -220,5 +221,6 @@ class Submitter:
                 ACTOR,
                 grace_ms=self.settings.supersede_grace_ms,
             )
-        await self._after_cancel(runs)
+        await self.outbox.dispatch(*runs)
+        await self._notify_canceled(runs)
         return AbortSessionReply(canceled=[run.run_id for run in runs])

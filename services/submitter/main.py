@@ -7,7 +7,7 @@ from contracts.commands import AbortSessionCommand, CancelCommand, GetCommand, S
 from contracts.replies import AbortSessionReply, RunReply, SubmitReply
 from services.runtime import publications
 from services.runtime.app import Service
-from services.runtime.commands import Commands, Tenant
+from services.runtime.commands import Commands, tenant
 from services.runtime.health import serve_health
 from services.runtime.lifecycle import run
 from services.runtime.settings import SubmitterSettings
@@ -27,25 +27,25 @@ class SubmitterService(Service[SubmitterSettings]):
         command = Commands(self, QUEUE_GROUP)
 
         @command("submit", max_bytes=settings.max_input_bytes)
-        async def submit(body: SubmitCommand, tenant: Tenant) -> SubmitReply:
+        async def submit(body: SubmitCommand) -> SubmitReply:
             """Submit a run. Submitting the same `request_id` again answers with the first
             run and `duplicate: true`."""
-            return await self.submitter.submit(tenant, body)
+            return await self.submitter.submit(tenant(), body)
 
         @command("get", max_bytes=settings.max_input_bytes)
-        async def get(body: GetCommand, tenant: Tenant) -> RunReply:
+        async def get(body: GetCommand) -> RunReply:
             """Read a run's summary."""
-            return await self.submitter.get(tenant, body)
+            return await self.submitter.get(tenant(), body)
 
         @command("cancel", max_bytes=settings.max_input_bytes)
-        async def cancel(body: CancelCommand, tenant: Tenant) -> RunReply:
+        async def cancel(body: CancelCommand) -> RunReply:
             """Cancel a run; a run that has ended already is answered unchanged."""
-            return await self.submitter.cancel(tenant, body)
+            return await self.submitter.cancel(tenant(), body)
 
         @command("abort_session", max_bytes=settings.max_input_bytes)
-        async def abort_session(body: AbortSessionCommand, tenant: Tenant) -> AbortSessionReply:
+        async def abort_session(body: AbortSessionCommand) -> AbortSessionReply:
             """Cancel every active and queued run of a session."""
-            return await self.submitter.abort_session(tenant, body)
+            return await self.submitter.abort_session(tenant(), body)
 
         serve_health(self)
         publications.jobs(self)

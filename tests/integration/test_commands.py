@@ -14,7 +14,7 @@ from contracts.errors import ErrorCode, ErrorReply
 from contracts.health import HealthReply
 from contracts.replies import AbortSessionReply, RunReply, SubmitReply
 from services.runtime.app import Service
-from services.runtime.commands import Commands, Tenant
+from services.runtime.commands import Commands
 from services.runtime.settings import SubmitterSettings
 from tests.conftest import TestInfra
 from tests.services import InProcessStack
@@ -125,12 +125,12 @@ class _Faulty(Service[SubmitterSettings]):
         command = Commands(self, "faulty")
 
         @command("crash", max_bytes=1024)
-        async def crash(body: GetCommand, tenant: Tenant) -> RunReply:
+        async def crash(body: GetCommand) -> RunReply:
             """Fails as a bug would."""
             raise RuntimeError("a bug")
 
         @command("huge", max_bytes=1024)
-        async def huge(body: GetCommand, tenant: Tenant) -> AbortSessionReply:
+        async def huge(body: GetCommand) -> AbortSessionReply:
             """Answers more than a NATS message holds."""
             over = self.broker.nc.max_payload // 1000 + 1
             return AbortSessionReply(canceled=["x" * 1000] * over)

@@ -7,12 +7,13 @@
 -- batches at once could put a run's later event in the stream before an earlier one.
 SELECT pg_try_advisory_xact_lock($1) AS locked;
 
--- name: outbox_of_xact
--- What a committed transaction implies that its service publishes at once: its jobs and
--- frames that were due when written (run events and later jobs are the sweep's).
-SELECT id, kind, tenant, run_id, msg_id, body::text AS body, trace_parent
+-- name: outbox_of_xacts
+-- What committed transactions imply that their service publishes at once: their jobs
+-- and frames that were due when written (run events and later jobs are the sweep's).
+SELECT xact::text AS xact, id, kind, tenant, run_id, msg_id, body::text AS body,
+       trace_parent
   FROM outbox
- WHERE xact = $1::text::xid8 AND kind <> 'event' AND due_at <= created_at
+ WHERE xact = ANY($1::text[]::xid8[]) AND kind <> 'event' AND due_at <= created_at
  ORDER BY id;
 
 -- name: outbox_due

@@ -17,9 +17,13 @@ OUTBOX_LOCK_KEY = 7_240_113_002
 class OutboxQueries(Queries):
     """Outbox rows as the dispatcher and the sweep publish them."""
 
-    async def outbox_of(self, xact: str) -> list[OutboxMessage]:
-        """What a committed transaction implies that its service publishes at once."""
-        return [OutboxMessage.from_record(r) for r in await self._fetch("outbox_of_xact", xact)]
+    async def outbox_of(self, xacts: Sequence[str]) -> dict[str, list[OutboxMessage]]:
+        """What committed transactions imply that their service publishes at once, by
+        transaction, each in the order it was written."""
+        found: dict[str, list[OutboxMessage]] = {}
+        for r in await self._fetch("outbox_of_xacts", list(xacts)):
+            found.setdefault(r["xact"], []).append(OutboxMessage.from_record(r))
+        return found
 
     async def outbox_delete(self, ids: Sequence[int]) -> None:
         """Published messages are done."""
