@@ -36,7 +36,6 @@ from contracts.subjects import Subjects
 from services.runtime import tracing
 from services.runtime.broker import Broker, StreamLimits
 from services.runtime.lifecycle import setup_process, teardown_process
-from services.runtime.metrics import faststream_metrics
 from services.runtime.outbox import Outbox
 from services.runtime.settings import CommonSettings
 from services.runtime.store import Store
@@ -69,7 +68,6 @@ class ServiceBroker(NatsBroker):
             logger=_FASTSTREAM_LOG,
             log_level=logging.DEBUG,
             graceful_timeout=GRACEFUL_S,
-            middlewares=[faststream_metrics(service)],
             description="Any NATS server with JetStream; this URL is the services' default.",
         )
         self.replies: dict[str, tuple[type[Any], ...]] = {}
