@@ -18,8 +18,10 @@ import socket
 import time
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 from faststream import Path
+from faststream.message import StreamMessage
 from nats.aio.msg import Msg
 from opentelemetry.trace import SpanKind
 from pydantic import ValidationError
@@ -247,6 +249,12 @@ class Executor:
         await msg.nak(delay=max(0.01, delay))
 
 
+async def _run_id_of_notice(msg: StreamMessage[Any]) -> str:
+    """A cancel notice's run id: its subject's last token (the body is empty). The
+    handler gets it as its argument: the services' brokers inject nothing."""
+    return str(msg.raw_message.subject).rsplit(".", 1)[-1]
+
+
 class ExecutorService(Service[ExecutorSettings]):
     """Runs attempts; every executor hears the cancel notices."""
 
@@ -257,7 +265,10 @@ class ExecutorService(Service[ExecutorSettings]):
         super().__init__(settings, own_process=own_process)
 
         @self.faststream.subscriber(
-            self.subjects.cancel_notice("{run_id}"), no_reply=True, title="ctl.cancel"
+            self.subjects.cancel_notice("{run_id}"),
+            no_reply=True,
+            title="ctl.cancel",
+            decoder=_run_id_of_notice,
         )
         async def cancel_notice(run_id: str = Path()) -> None:
             """Internal. Core-NATS notice (empty body) from the submitter to executors:

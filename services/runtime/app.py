@@ -68,6 +68,10 @@ class ServiceBroker(NatsBroker):
             logger=_FASTSTREAM_LOG,
             log_level=logging.DEBUG,
             graceful_timeout=GRACEFUL_S,
+            # Handlers get the decoded body as their one argument, nothing injected: the
+            # injection (fast_depends) cost about 110 µs per command, some 11% of the
+            # submitter's CPU per submit. Bodies are validated by our decoders.
+            apply_types=False,
             description="Any NATS server with JetStream; this URL is the services' default.",
         )
         self.replies: dict[str, tuple[type[Any], ...]] = {}

@@ -8,12 +8,18 @@ import logging
 import time
 from typing import Any
 
+from faststream import Context
+
 from contracts.health import HealthReply
 from services.runtime import package_version
 from services.runtime.app import Service
 from services.runtime.errors import RunwireError
 
 log = logging.getLogger(__name__)
+
+# The request, as the health handler's one argument (the services' brokers inject
+# nothing, so a handler takes one). A context field: the document shows an empty body.
+REQUEST = Context("message")
 
 
 def serve_health(service: Service[Any]) -> None:
@@ -22,7 +28,7 @@ def serve_health(service: Service[Any]) -> None:
     title = f"health.{service.name}"
 
     @service.faststream.subscriber(service.subjects.health(service.name), title=title)
-    async def health() -> HealthReply:
+    async def health(_: Any = REQUEST) -> HealthReply:
         """Health of one replica: its version, uptime and the state of NATS and Postgres
         (the request body is empty; every replica answers)."""
         try:
