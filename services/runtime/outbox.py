@@ -3,7 +3,8 @@
 A guarded transition writes, in its own transaction, the messages it implies to the
 `outbox` table (Postgres triggers do it, so no transition can forget one): the job of
 the run's next attempt with the time it is due, the closing frames of a run that ended
-(an `error` frame, `done`), its run event, and the job of the next run of its session.
+(an `error` frame, `done`), and the job of the next run of its session. Its run event is
+its `run_events` row, written by the same statement.
 Two things publish those rows, each with the row's stable `Nats-Msg-Id`, so a repeat
 is stored once:
 
@@ -210,7 +211,7 @@ class Outbox:
             messages = [self._traced(m) for m in batch.messages]
             for message, error in await self._publish_all(messages):
                 if error is None:
-                    batch.published.append(message.id)
+                    batch.published.append(message)
                 else:
                     failed = failed or error
             if failed is not None:

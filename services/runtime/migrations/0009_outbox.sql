@@ -1,11 +1,12 @@
 -- One way out of a transaction. Whatever a committed transition implies (the job that
--- queues the run's next attempt, the closing frames of a run, its run event, and the job
--- of the next run of its session) is written to `outbox` by the triggers below, in the
--- transition's own transaction, and published from there: by the committing service
--- right after its commit (rows of its transaction that are due at once), and by one
--- sweep (recovery) for everything else: rows due later, run events (one publisher keeps
--- a run's events in order), and rows a crash left behind. A row's `msg_id` is its
--- `Nats-Msg-Id`, so publishing it twice stores it once.
+-- queues the run's next attempt, the closing frames of a run, and the job of the next
+-- run of its session) is written to `outbox` by the triggers below, in the transition's
+-- own transaction, and published from there: by the committing service right after its
+-- commit (rows of its transaction that are due at once), and by one sweep (recovery)
+-- for everything else: rows due later and rows a crash left behind. A row's `msg_id` is
+-- its `Nats-Msg-Id`, so publishing it twice stores it once. A transition's run event is
+-- its `run_events` row, which the same sweep publishes (oldest first, one sweeper at a
+-- time, so a run's events stay in order) and marks published (`published_at`).
 
 CREATE TYPE outbox_kind AS ENUM ('job', 'frame', 'event');
 
@@ -79,25 +80,6 @@ RETURNS void LANGUAGE sql AS $$
                                          'at', rfc3339(clock_timestamp())),
                       coalesce(r.implied_trace_parent, r.trace_parent), now())
 $$;
-
--- Every run_events row is published as a run event.
-CREATE FUNCTION run_event_message() RETURNS trigger LANGUAGE plpgsql AS $$
-DECLARE
-    r runs;
-BEGIN
-    SELECT * INTO r FROM runs WHERE run_id = NEW.run_id;
-    PERFORM outbox_put('event', r.tenant, NEW.run_id, NULL,
-                       jsonb_build_object('v', 1, 'run_id', NEW.run_id,
-                                          'session_id', r.session_id, 'event', NEW.event,
-                                          'status', NEW.status, 'attempt', NEW.attempt,
-                                          'code', NEW.code, 'at', rfc3339(NEW.at)),
-                       r.trace_parent, now());
-    RETURN NULL;
-END
-$$;
-
-CREATE TRIGGER run_events_publish AFTER INSERT ON run_events
-    FOR EACH ROW EXECUTE FUNCTION run_event_message();
 
 -- The runs of a session whose turn has come (no earlier run of the session holds it)
 -- get their job; returns how many. Called when a run of the session ends, and by
@@ -189,16 +171,3 @@ CREATE TRIGGER runs_publish_update AFTER UPDATE OF status, job_published_at ON r
     WHEN (NEW.status IS DISTINCT FROM OLD.status
           OR NEW.job_published_at IS DISTINCT FROM OLD.job_published_at)
     EXECUTE FUNCTION run_messages();
-
--- run_events stops being its own outbox: what it had not published yet moves over.
-INSERT INTO outbox (kind, tenant, run_id, msg_id, body, trace_parent)
-SELECT 'event', r.tenant, e.run_id, 'event:' || e.id,
-       jsonb_build_object('v', 1, 'run_id', e.run_id, 'session_id', r.session_id,
-                          'event', e.event, 'status', e.status, 'attempt', e.attempt,
-                          'code', e.code, 'at', rfc3339(e.at)),
-       r.trace_parent
-  FROM run_events e JOIN runs r USING (run_id)
- WHERE e.published_at IS NULL
- ORDER BY e.id;
-DROP INDEX run_events_unpublished;
-ALTER TABLE run_events DROP COLUMN published_at;

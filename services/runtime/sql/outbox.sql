@@ -1,5 +1,6 @@
 -- The outbox's queries: what a committed transaction implies, the sweep, deleting what
--- was published. (The rows themselves are written by the triggers of migration 0008.)
+-- was published. (The rows themselves are written by the triggers of migration 0009;
+-- run events are the run_events rows.)
 -- Named queries: `-- name: <name>` starts one.
 
 -- name: outbox_lock
@@ -17,16 +18,33 @@ SELECT xact::text AS xact, id, kind, tenant, run_id, msg_id, body::text AS body,
  ORDER BY id;
 
 -- name: outbox_due
--- The sweep's rows, oldest first (the caller holds outbox_lock): run events, rows that
--- became due after they were written, and rows their service left (after $1 ms).
+-- The sweep's outbox rows, oldest first (the caller holds outbox_lock): rows that became
+-- due after they were written, and rows their service left (after $1 ms).
 SELECT id, kind, tenant, run_id, msg_id, body::text AS body, trace_parent
   FROM outbox
  WHERE due_at <= now()
-   AND (kind = 'event' OR due_at > created_at
-        OR created_at < now() - make_interval(secs => $1 / 1000.0))
+   AND (due_at > created_at OR created_at < now() - make_interval(secs => $1 / 1000.0))
  ORDER BY id
  LIMIT $2
    FOR UPDATE SKIP LOCKED;
+
+-- name: events_due
+-- The oldest transitions not yet published as run events (the caller holds
+-- outbox_lock; the row locks keep an older version's publisher off them too), each as
+-- its message: `event:<run_id>:<row id>`, the RunEvent body.
+SELECT e.id, 'event' AS kind, r.tenant, e.run_id, 'event:' || e.run_id || ':' || e.id AS msg_id,
+       jsonb_build_object('v', 1, 'run_id', e.run_id, 'session_id', r.session_id,
+                          'event', e.event, 'status', e.status, 'attempt', e.attempt,
+                          'code', e.code, 'at', rfc3339(e.at))::text AS body,
+       r.trace_parent
+  FROM run_events e JOIN runs r USING (run_id)
+ WHERE e.published_at IS NULL
+ ORDER BY e.id
+ LIMIT $1
+   FOR UPDATE OF e SKIP LOCKED;
+
+-- name: events_published
+UPDATE run_events SET published_at = now() WHERE id = ANY($1::bigint[]);
 
 -- name: outbox_delete
 -- Published: the rows are done.

@@ -8,7 +8,7 @@ import asyncpg
 
 from services.runtime.errors import StoreError, Unavailable
 from services.runtime.store.queries import Queries
-from services.runtime.store.rows import OutboxBatch, OutboxMessage
+from services.runtime.store.rows import OutboxBatch, OutboxKind, OutboxMessage
 from services.runtime.store.schema import QUERIES
 
 OUTBOX_LOCK_KEY = 7_240_113_002
@@ -35,8 +35,9 @@ class OutboxQueries(Queries):
 
     @contextlib.asynccontextmanager
     async def outbox_due(self, grace_ms: int, limit: int) -> AsyncIterator[OutboxBatch]:
-        """The sweep's oldest due messages, locked until the block ends; the ids the block
-        adds to `published` are deleted when it ends. One caller at a time gets rows (in
+        """The sweep's oldest due messages (outbox rows, then run events), locked until
+        the block ends; the messages the block adds to `published` are deleted (outbox
+        rows) or marked published (run events) when it ends. One caller at a time gets rows (in
         every replica; the others get an empty batch), so run events stay in order."""
         if not isinstance(self._pool, asyncpg.Pool):
             raise StoreError("the outbox sweep needs the pool, not a transaction")
@@ -45,11 +46,19 @@ class OutboxQueries(Queries):
                 if not await conn.fetchval(QUERIES["outbox_lock"], OUTBOX_LOCK_KEY):
                     yield OutboxBatch([])  # another replica is sweeping: in order, alone
                     return
-                rows = await conn.fetch(QUERIES["outbox_due"], grace_ms, limit)
+                rows = [
+                    *await conn.fetch(QUERIES["outbox_due"], grace_ms, limit),
+                    *await conn.fetch(QUERIES["events_due"], limit),
+                ]
                 batch = OutboxBatch([OutboxMessage.from_record(r) for r in rows])
                 yield batch
-                if batch.published:
-                    await conn.execute(QUERIES["outbox_delete"], batch.published)
+                # Outbox rows and run_events rows have ids of their own: told apart by kind.
+                done_events = [m.id for m in batch.published if m.kind == OutboxKind.EVENT]
+                done_rows = [m.id for m in batch.published if m.kind != OutboxKind.EVENT]
+                if done_rows:
+                    await conn.execute(QUERIES["outbox_delete"], done_rows)
+                if done_events:
+                    await conn.execute(QUERIES["events_published"], done_events)
         except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
             raise Unavailable(f"Postgres unavailable during the outbox sweep: {exc}") from exc
         except asyncpg.PostgresError as exc:

@@ -162,7 +162,8 @@ class OutboxKind(StrEnum):
 @dataclass(frozen=True, slots=True)
 class OutboxMessage:
     """A message a committed transition implies: `kind` says where it goes, `msg_id` is
-    its `Nats-Msg-Id`, `body` its JSON text."""
+    its `Nats-Msg-Id`, `body` its JSON text; `id` is its outbox row's (its run_events
+    row's for an event)."""
 
     id: int
     kind: OutboxKind
@@ -187,11 +188,11 @@ class OutboxMessage:
 
 @dataclass
 class OutboxBatch:
-    """Outbox rows taken by the sweep, and the ids of those published (deleted when the
-    sweep's transaction commits)."""
+    """Messages taken by the sweep (outbox rows and run events), and those published
+    (done when the sweep's transaction commits)."""
 
     messages: list[OutboxMessage]
-    published: list[int] = field(default_factory=list)
+    published: list[OutboxMessage] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
