@@ -346,7 +346,8 @@ class Pipeline:
                 await self._ensure_complete(raw.tenant, raw.run_id)
             return
         is_done = raw.type == FrameType.DONE
-        frame = Frame(
+        # Not validated again: every field comes from the raw frame, validated on arrival.
+        frame = Frame.model_construct(
             run_id=raw.run_id, seq=cursor.seq + 1, type=raw.type, data=raw.data, at=raw.at
         )
         cursor.advance(raw.generation, raw.seq, is_done)
