@@ -11,7 +11,10 @@ Three pieces do it, outermost first, around each request:
 - FastStream's telemetry middleware continues the caller's trace from the request's
   `traceparent` header (or starts one). Its span is this command's span: renamed
   `command <name>`, with the tenant. A reply's own span is named `reply`, not after the
-  requester's inbox (a subject per request).
+  requester's inbox (a subject per request). While the process records no spans (no
+  exporter), the caller's context is only carried into the handler, which is all a run
+  needs to join the caller's trace: the middleware's spans, built and dropped for
+  nothing, cost about 85 µs per command.
 - `CommandReplies`, a FastStream middleware of ours, turns what happened into the reply:
   the handler's result, a `RunwireError`'s code, UNAVAILABLE (retryable, logged with
   its context) for anything unexpected, PAYLOAD_TOO_LARGE for a reply over the server's
@@ -45,6 +48,7 @@ from faststream.nats.subscriber.usecases import ConcurrentCoreSubscriber
 from faststream.opentelemetry.middleware import TelemetryMiddleware
 from faststream.response import PublishCommand, PublishType
 from nats.aio.msg import Msg
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from pydantic import BaseModel, ValidationError
 
@@ -205,18 +209,44 @@ def _command_telemetry(msg: Any) -> _CommandTelemetry | None:
     return _CommandTelemetry() if isinstance(msg, Msg) or msg is None else None
 
 
+class _CarriedContext(BaseMiddleware[Any, Any]):
+    """The caller's trace context from a request's `traceparent`, current while the
+    handler runs (what FastStream's telemetry middleware does, without spans)."""
+
+    async def consume_scope(
+        self, call_next: Callable[[StreamMessage[Any]], Awaitable[Any]], msg: StreamMessage[Any]
+    ) -> Any:
+        parent = tracing.context_from_headers(msg.headers)
+        if parent is None:
+            return await call_next(msg)
+        token = otel_context.attach(parent)
+        try:
+            return await call_next(msg)
+        finally:
+            otel_context.detach(token)
+
+
+class CommandTrace:
+    """FastStream middleware: the command's span when this process records spans (see
+    the module), the caller's context alone when it does not. Decided per message: the
+    services' applications are built before their process sets up tracing."""
+
+    def __init__(self) -> None:
+        self._telemetry = TelemetryMiddleware(settings_provider_factory=_command_telemetry)
+
+    def __call__(self, msg: Any, /, *, context: ContextRepo) -> BaseMiddleware[Any, Any]:
+        if tracing.recording():
+            return self._telemetry(msg, context=context)
+        return _CarriedContext(msg, context=context)
+
+
 class Commands:
     """A service's commands: one FastStream subscriber each, in the service's queue group."""
 
     def __init__(self, service: Service[Any], queue: str) -> None:
         self._service = service
         self._queue = queue
-        self._router = NatsRouter(
-            middlewares=[
-                TelemetryMiddleware(settings_provider_factory=_command_telemetry),
-                CommandReplies(service),
-            ]
-        )
+        self._router = NatsRouter(middlewares=[CommandTrace(), CommandReplies(service)])
         service.faststream.include_router(self._router)
         self.subscribers: list[ConcurrentCoreSubscriber] = []
         service.stopping.append(self.stop)

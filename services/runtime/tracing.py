@@ -142,6 +142,12 @@ def context_of(traceparent: str | None) -> Context | None:
     return _w3c.extract({TRACEPARENT: traceparent})
 
 
+def recording() -> bool:
+    """Whether this process records spans (a tracer provider is installed: traces are
+    exported, or a test collects them)."""
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
 def context_from_headers(headers: Mapping[str, str] | None) -> Context | None:
     """The trace context of a NATS message, from its `traceparent` header."""
     return context_of((headers or {}).get(TRACEPARENT))

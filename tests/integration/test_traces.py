@@ -17,6 +17,7 @@ from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 from nats.aio.msg import Msg
 from opentelemetry import trace
 
+from contracts.commands import SubmitCommand
 from contracts.headers import TRACEPARENT
 from contracts.replies import SubmitReply
 from contracts.status import RunStatus
@@ -297,3 +298,32 @@ async def test_service_processes_export_one_trace_per_run_over_otlp(
     assert len({s.trace_id for s in mine}) == 1
     attempts = [s for s in mine if s.name == "attempt"]
     assert sorted(s.attributes["attempt"] for s in attempts) == [1, 2]
+
+
+async def test_without_an_exporter_a_run_still_joins_the_callers_trace(
+    service_env: dict[str, str], tmp_path: Path
+) -> None:
+    # A submitter that records no spans carries the caller's context all the same: the
+    # run's stored trace context, which every later span would descend from, is the
+    # caller's trace.
+    env = {k: v for k, v in service_env.items() if not k.startswith("OTEL_")}
+    stack = ProcessStack({**env, "OTEL_SDK_DISABLED": "true"}, tmp_path)
+    stack.start("submitter")
+    stack.start("relay")
+    try:
+        await stack.open()
+        trace_id, span_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+        body = SubmitCommand(request_id="traced", input={"tokens": ["x"]})
+        msg = await stack.client.nc.request(
+            stack.client.subjects.command("default", "submit"),
+            body.model_dump_json().encode(),
+            timeout=10,
+            headers={TRACEPARENT: f"00-{trace_id}-{span_id}-01"},
+        )
+        run_id = SubmitReply.model_validate_json(msg.data).run.run_id
+        run = await stack.store.get_run_by_id(run_id)
+        assert run is not None
+        assert run.trace_parent is not None
+        assert run.trace_parent.split("-")[1] == trace_id
+    finally:
+        await stack.close()
