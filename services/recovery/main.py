@@ -64,8 +64,10 @@ async def tick(all_duties: list[Duty], store: Store) -> dict[str, int]:
         except RunwireError as exc:
             log.warning("recovery duty %s failed, the next tick tries again: %s", duty.name, exc)
     # Measured after the tick's changes, so the gauges show what is left waiting.
-    with contextlib.suppress(RunwireError):
+    try:
         QUEUE.update(await store.queue_stats())
+    except RunwireError as exc:
+        log.warning("queue gauges not measured, the next tick tries again: %s", exc.message)
     return report
 
 

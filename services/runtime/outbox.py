@@ -23,7 +23,6 @@ Frames a runner emits do not come this way; they go straight to JetStream (the h
 """
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 from collections.abc import Sequence
@@ -45,10 +44,9 @@ SWEEP_BATCH = 500
 
 @dataclass
 class Dispatched:
-    """What a dispatch did: the runs whose job a full queue refused (the submitter fails
-    such a new run with QUEUE_FULL; any other caller leaves the job to the sweep)."""
+    """What a dispatch found: the runs whose job a full queue refused (the submitter
+    fails such a new run with QUEUE_FULL; any other caller leaves the job to the sweep)."""
 
-    published: int = 0
     queue_full: list[str] = field(default_factory=list)
 
 
@@ -116,11 +114,12 @@ class Outbox:
         if not xacts:
             return report
         loop = asyncio.get_running_loop()
-        waiting = [self._waiting.setdefault(x, loop.create_future()) for x in xacts]
+        for xact in xacts - self._waiting.keys():
+            self._waiting[xact] = loop.create_future()
+        waiting = [self._waiting[xact] for xact in xacts]
         if self._dispatcher is None or self._dispatcher.done():
             self._dispatcher = asyncio.create_task(self._dispatch_waiting())
         for done in await asyncio.gather(*waiting):
-            report.published += done.published
             report.queue_full.extend(done.queue_full)
         return report
 
@@ -151,7 +150,6 @@ class Outbox:
         for message, error in await self._publish_all(messages):
             report = reports[of_xact[message.id]]
             if error is None:
-                report.published += 1
                 self._published.append(message.id)
             elif isinstance(error, QueueFull) and message.kind == OutboxKind.JOB:
                 report.queue_full.append(message.run_id)
@@ -178,13 +176,15 @@ class Outbox:
                 self._published.extend(ids)
 
     async def close(self) -> None:
-        """Delete what was published before the process goes."""
+        """Delete what was published before the process goes (a row left is published
+        again by the sweep, and stored once)."""
         if self._deleter is not None:
-            with contextlib.suppress(RunwireError):
-                await self._deleter
+            await self._deleter
         if self._published:
-            with contextlib.suppress(RunwireError):
+            try:
                 await self.store.outbox_delete(self._published)
+            except RunwireError as exc:
+                log.warning("published outbox rows left for the sweep: %s", exc.message)
             self._published = []
 
     def _traced(self, message: OutboxMessage) -> OutboxMessage:

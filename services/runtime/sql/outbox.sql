@@ -49,7 +49,3 @@ UPDATE run_events SET published_at = now() WHERE id = ANY($1::bigint[]);
 -- name: outbox_delete
 -- Published: the rows are done.
 DELETE FROM outbox WHERE id = ANY($1::bigint[]);
-
--- name: outbox_pending
--- Rows waiting to be published, by kind (for tests and the queue gauges).
-SELECT kind::text AS kind, count(*) AS n FROM outbox GROUP BY kind;

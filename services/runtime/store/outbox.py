@@ -29,10 +29,6 @@ class OutboxQueries(Queries):
         """Published messages are done."""
         await self._fetch("outbox_delete", list(ids))
 
-    async def outbox_pending(self) -> dict[str, int]:
-        """Messages waiting in the outbox, by kind."""
-        return {r["kind"]: r["n"] for r in await self._fetch("outbox_pending")}
-
     @contextlib.asynccontextmanager
     async def outbox_due(self, grace_ms: int, limit: int) -> AsyncIterator[OutboxBatch]:
         """The sweep's oldest due messages (outbox rows, then run events), locked until
