@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from bench.results import Results
 from bench.stack import Stack, progress
 from bench.throughput import NOOP_INPUT
-from contracts.frames import FrameType
-from services.client import ClientError
+from runwire.client import ClientError
+from runwire.contracts.frames import FrameType
 
 
 @dataclass

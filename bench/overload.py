@@ -15,8 +15,8 @@ from typing import Any
 
 from bench.results import Results
 from bench.stack import Stack, progress
-from contracts.errors import ErrorCode
-from services.client import ClientError
+from runwire.client import ClientError
+from runwire.contracts.errors import ErrorCode
 
 ATTEMPT_ENDS = {"finished", "failed", "canceled", "retry", "released", "recovering", "interrupted"}
 TERMINAL = ("finished", "failed", "canceled", "interrupted")

@@ -15,8 +15,8 @@ from typing import Any
 
 from bench.results import Results, percentiles
 from bench.stack import Stack, progress
-from contracts.frames import Frame, FrameType
-from contracts.status import RunStatus
+from runwire.contracts.frames import Frame, FrameType
+from runwire.contracts.status import RunStatus
 
 TOKENS = 100
 TOKEN_DELAY_MS = 40

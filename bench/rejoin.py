@@ -15,7 +15,7 @@ import uuid
 from bench.results import Results
 from bench.stack import Stack, progress
 from bench.streaming import wait_frames_closed
-from contracts.frames import FrameType
+from runwire.contracts.frames import FrameType
 
 REPEATS = 3
 

@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 
 from bench.results import Results
-from infra.embedded import nats_server_binary, postgres_bin_dir
+from runwire.infra.embedded import nats_server_binary, postgres_bin_dir
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 RUNWIRE_DEPS = (

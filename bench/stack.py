@@ -26,16 +26,16 @@ from typing import Any
 import asyncpg
 
 from bench.memory import RssSampler
-from contracts.errors import ErrorCode
-from infra.embedded import EmbeddedNats, EmbeddedPostgres
-from services.client import Client, ClientError
+from runwire.client import Client, ClientError
+from runwire.contracts.errors import ErrorCode
+from runwire.infra.embedded import EmbeddedNats, EmbeddedPostgres
 
 ROOT = Path(__file__).resolve().parent.parent
 MODULES = {
-    "submitter": "services.submitter",
-    "executor": "services.executor",
-    "relay": "services.relay",
-    "recovery": "services.recovery",
+    "submitter": "runwire.submitter",
+    "executor": "runwire.executor",
+    "relay": "runwire.relay",
+    "recovery": "runwire.recovery",
 }
 READY_TIMEOUT_S = 60.0
 

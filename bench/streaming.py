@@ -15,7 +15,7 @@ import uuid
 
 from bench.results import Results
 from bench.stack import Stack, progress
-from contracts.frames import FrameType
+from runwire.contracts.frames import FrameType
 
 
 async def stream_run(stack: Stack, frames: int) -> dict[str, float]:

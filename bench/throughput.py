@@ -14,7 +14,7 @@ from typing import Any
 
 from bench.results import Results
 from bench.stack import Stack, progress
-from services.client import Client, ClientError
+from runwire.client import Client, ClientError
 
 OUTSTANDING = 256
 NOOP_INPUT: dict[str, Any] = {"tokens": ["x"]}

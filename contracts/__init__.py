@@ -4,7 +4,7 @@ This package is pure data: pydantic models and subject names, no I/O. Services a
 clients both import it; it imports nothing of ours.
 """
 
-from contracts.commands import (
+from runwire.contracts.commands import (
     AbortSessionCommand,
     CancelCommand,
     GetCommand,
@@ -12,9 +12,9 @@ from contracts.commands import (
     Multitask,
     SubmitCommand,
 )
-from contracts.errors import ErrorBody, ErrorCode, ErrorReply
-from contracts.events import RunEvent, RunEventName
-from contracts.frames import (
+from runwire.contracts.errors import ErrorBody, ErrorCode, ErrorReply
+from runwire.contracts.events import RunEvent, RunEventName
+from runwire.contracts.frames import (
     FRAME_DATA,
     CheckpointData,
     DoneData,
@@ -29,7 +29,7 @@ from contracts.frames import (
     ToolResultData,
     typed_data,
 )
-from contracts.replies import (
+from runwire.contracts.replies import (
     AbortSessionReply,
     FrameChannel,
     JoinReply,
@@ -38,9 +38,9 @@ from contracts.replies import (
     RunSummary,
     SubmitReply,
 )
-from contracts.scripted import ScriptedFailure, ScriptedInput
-from contracts.status import TERMINAL_STATUSES, RunStatus
-from contracts.subjects import DEFAULT_PREFIX, DEFAULT_TENANT, Subjects
+from runwire.contracts.scripted import ScriptedFailure, ScriptedInput
+from runwire.contracts.status import TERMINAL_STATUSES, RunStatus
+from runwire.contracts.subjects import DEFAULT_PREFIX, DEFAULT_TENANT, Subjects
 
 __all__ = [
     "DEFAULT_PREFIX",

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import Field
 
-from contracts.base import Versioned
+from runwire.contracts.base import Versioned
 
 MAX_ID_LENGTH = 200
 RUNNER_NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"

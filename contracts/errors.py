@@ -3,7 +3,7 @@
 from enum import StrEnum
 from typing import Literal
 
-from contracts.base import Versioned, WireModel
+from runwire.contracts.base import Versioned, WireModel
 
 
 class ErrorCode(StrEnum):

@@ -4,8 +4,8 @@ from enum import StrEnum
 
 from pydantic import AwareDatetime
 
-from contracts.base import Versioned
-from contracts.status import RunStatus
+from runwire.contracts.base import Versioned
+from runwire.contracts.status import RunStatus
 
 
 class RunEventName(StrEnum):

@@ -5,9 +5,9 @@ from typing import Any, Self
 
 from pydantic import AwareDatetime, Field, ValidationInfo, model_validator
 
-from contracts.base import Versioned, WireModel
-from contracts.errors import ErrorBody, ErrorCode
-from contracts.status import RunStatus
+from runwire.contracts.base import Versioned, WireModel
+from runwire.contracts.errors import ErrorBody, ErrorCode
+from runwire.contracts.status import RunStatus
 
 
 class FrameType(StrEnum):

@@ -2,7 +2,7 @@
 
 from typing import Literal
 
-from contracts.base import Versioned
+from runwire.contracts.base import Versioned
 
 
 class HealthReply(Versioned):

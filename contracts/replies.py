@@ -4,10 +4,10 @@ from typing import Any, Literal
 
 from pydantic import AwareDatetime, Field
 
-from contracts.base import Versioned, WireModel
-from contracts.errors import ErrorBody
-from contracts.frames import Frame
-from contracts.status import RunStatus
+from runwire.contracts.base import Versioned, WireModel
+from runwire.contracts.errors import ErrorBody
+from runwire.contracts.frames import Frame
+from runwire.contracts.status import RunStatus
 
 
 class RunSummary(WireModel):

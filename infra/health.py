@@ -4,7 +4,7 @@ supervisord calls a program RUNNING once it has stayed up for a second, which sa
 nothing about whether it has connected, migrated and subscribed: a command sent then
 finds no service to answer it. A service answers its health request
 (`<prefix>.health.<service>`, see `services/runtime/health.py`) only once it serves its
-commands, so `infra.stack up` waits for a healthy answer from each service instead.
+commands, so `runwire.infra.stack up` waits for a healthy answer from each service instead.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import nats.errors
 from nats.aio.client import Client as NatsClient
 from pydantic import ValidationError
 
-from contracts.health import HealthReply
-from contracts.subjects import Subjects
+from runwire.contracts.health import HealthReply
+from runwire.contracts.subjects import Subjects
 
 # A service that is up answers in milliseconds; one that is not has no subscriber, and
 # NATS says so at once (no responders), so this only bounds a service stuck mid-answer.

@@ -1,10 +1,10 @@
 """The local runwire stack: nats-server, Postgres and the four services under supervisord.
 
-Run as `python -m infra.stack {up,down,logs,status,run}` from the repository root (the
+Run as `python -m runwire.infra.stack {up,down,logs,status,run}` from the repository root (the
 Makefile does). Everything lives in `.runwire/` there (or in `--root`): server data, logs,
 the supervisord configuration, the chosen ports (kept across restarts) and an `env` file
 with the URLs. `up` returns once every service answers its health request, so a command
-sent right after it is served. supervisord (configured and queried by `infra.supervisor`)
+sent right after it is served. supervisord (configured and queried by `runwire.infra.supervisor`)
 restarts any process that dies; `down` stops all of them and checks that none is left.
 
 The services read the `RUNWIRE_*` settings of the shell that runs `up`, with two
@@ -34,11 +34,11 @@ import asyncpg
 import nats.errors
 from pydantic import ValidationError
 
-from contracts.subjects import DEFAULT_PREFIX
-from infra.embedded import EmbeddedNats, EmbeddedPostgres, find_free_port, port_is_free
-from infra.health import HealthProbe
-from infra.supervisor import Program, Supervisor, environment, venv_tool
-from services.runtime.settings import CommonSettings
+from runwire.contracts.subjects import DEFAULT_PREFIX
+from runwire.infra.embedded import EmbeddedNats, EmbeddedPostgres, find_free_port, port_is_free
+from runwire.infra.health import HealthProbe
+from runwire.infra.supervisor import Program, Supervisor, environment, venv_tool
+from runwire.runtime.settings import CommonSettings
 
 SERVICES = ("submitter", "executor", "relay", "recovery")
 SERVERS = ("nats", "postgres")
@@ -242,7 +242,7 @@ def _programs(
         programs.append(
             Program(
                 service,
-                [str(venv_tool("python")), "-m", f"services.{service}"],
+                [str(venv_tool("python")), "-m", f"runwire.{service}"],
                 layout.repo,
                 {
                     "priority": "100",
@@ -668,7 +668,7 @@ def _unblock(signals: set[signal.Signals]) -> Callable[[], None]:
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     parser = argparse.ArgumentParser(
-        prog="python -m infra.stack",
+        prog="python -m runwire.infra.stack",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

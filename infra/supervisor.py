@@ -1,6 +1,6 @@
 """One supervisord instance of the local stack: its configuration file and its control socket.
 
-`infra.stack` decides what runs (the two servers and the four services); this module
+`runwire.infra.stack` decides what runs (the two servers and the four services); this module
 writes that down as a supervisord configuration, starts supervisord, and asks it about
 its programs, over XML-RPC on the unix socket for the frequent polls and through
 `supervisorctl` for `shutdown` and `status`.
@@ -51,7 +51,7 @@ class Supervisor:
     ) -> None:
         """(Re)write the configuration: the control socket, supervisord, every program."""
         header = f"""\
-; Written by `python -m infra.stack up`; regenerated on every start.
+; Written by `python -m runwire.infra.stack up`; regenerated on every start.
 [unix_http_server]
 file={self.socket}
 chmod=0700

@@ -1,1 +1,38 @@
-"""runwire's services: runtime (shared), submitter, executor, relay, recovery, client."""
+"""runwire: durable execution for AI agent runs over NATS JetStream and Postgres.
+
+The public names, importable from `runwire` itself:
+
+- the client: `Client`, `ClientError`, `Transcript`;
+- the runner API: `AttemptContext`, `RunnerError`, `runner` (declares a runner with its
+  input model), `Runner`.
+
+The contract models live in `runwire.contracts`, the test kit in `runwire.testing`. Names
+load on first use, so a client-only install never imports the services' dependencies.
+"""
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from runwire.client.sdk import Client, ClientError, Transcript
+    from runwire.executor.runners.base import AttemptContext, Runner, RunnerError
+
+_PUBLIC = {
+    "Client": "runwire.client.sdk",
+    "ClientError": "runwire.client.sdk",
+    "Transcript": "runwire.client.sdk",
+    "AttemptContext": "runwire.executor.runners.base",
+    "Runner": "runwire.executor.runners.base",
+    "RunnerError": "runwire.executor.runners.base",
+}
+
+__all__ = ["AttemptContext", "Client", "ClientError", "Runner", "RunnerError", "Transcript"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'runwire' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value

@@ -4,7 +4,7 @@ Each service's FastStream application is built as the service builds it (default
 settings, prefix `rw`), never connected, and FastStream writes the AsyncAPI 3.0 document
 of all four: every subscriber (commands, health, cancel notices) with the contract model
 its handler takes and the handler's docstring, every publisher the services declare for
-what they publish through the `Broker` seam (`services.runtime.publications`). Two
+what they publish through the `Broker` seam (`runwire.runtime.publications`). Two
 things FastStream 0.7 leaves out are added from the same applications:
 
 - channel parameters: each `{tenant}` or `{run_id}` in an address, described;
@@ -31,19 +31,19 @@ from urllib.parse import unquote
 from faststream.specification import AsyncAPI
 from pydantic import TypeAdapter
 
-from contracts.subjects import DEFAULT_PREFIX
-from services.executor.main import ExecutorService
-from services.recovery.main import RecoveryService
-from services.relay.main import RelayService
-from services.runtime.app import Service
-from services.runtime.settings import (
+from runwire.contracts.subjects import DEFAULT_PREFIX
+from runwire.executor.main import ExecutorService
+from runwire.recovery.main import RecoveryService
+from runwire.relay.main import RelayService
+from runwire.runtime.app import Service
+from runwire.runtime.settings import (
     DEFAULT_NATS_URL,
     ExecutorSettings,
     RecoverySettings,
     RelaySettings,
     SubmitterSettings,
 )
-from services.submitter.main import SubmitterService
+from runwire.submitter.main import SubmitterService
 
 DOCS_DIR = Path(__file__).resolve().parents[1] / "docs"
 JSON_PATH = DOCS_DIR / "asyncapi.json"

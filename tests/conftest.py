@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import asyncpg
 import pytest
 
-from services.runtime.store import migrate
+from runwire.runtime.store import migrate
 from tests.infra import choose_provider, provide
 from tests.traces import InProcessSpans
 

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
-from infra.embedded import EmbeddedNats, EmbeddedPostgres
+from runwire.infra.embedded import EmbeddedNats, EmbeddedPostgres
 
 PROVIDERS = ("external", "docker", "embedded")
 NATS_IMAGE = "nats:2.11"

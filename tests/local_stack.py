@@ -1,6 +1,6 @@
 """The local stack of `make up`, started by a test in a folder of its own.
 
-`python -m infra.stack --root <folder>/.runwire up` is what `make up` runs (supervisord,
+`python -m runwire.infra.stack --root <folder>/.runwire up` is what `make up` runs (supervisord,
 nats-server, Postgres and the four services, on free ports), with its files in the
 test's folder instead of the repository's `.runwire/`, so tests can each run one in
 parallel, next to a developer's own stack. The environment is the test process's minus
@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # Longer than `up` itself may wait (for the servers, then for the services).
 COMMAND_TIMEOUT_S = 150.0
-SERVICE_MODULES = ("services.submitter", "services.executor", "services.relay", "services.recovery")
+SERVICE_MODULES = ("runwire.submitter", "runwire.executor", "runwire.relay", "runwire.recovery")
 # Python imports `sitecustomize` from the path at start-up, before the service's code.
 SLOW_START = """\
 # Written by tests/local_stack.py: a runwire service starts {delay} s late.
@@ -68,11 +68,11 @@ def clean_shell(**settings: str) -> dict[str, str]:
 async def stack_command(
     folder: Path, command: str, shell: dict[str, str], *options: str
 ) -> tuple[int, str]:
-    """Run `python -m infra.stack <command>` for the stack in `folder`: exit status, output."""
+    """`python -m runwire.infra.stack <command>` for the stack in `folder`: exit status, output."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "infra.stack",
+        "runwire.infra.stack",
         "--root",
         str(folder / ".runwire"),
         *options,

@@ -18,20 +18,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from contracts.errors import ErrorCode
-from contracts.frames import Frame, FrameType
-from services.client import Client, ClientError, Transcript
-from services.executor.main import serve as serve_executor
-from services.recovery.main import serve as serve_recovery
-from services.relay.main import serve as serve_relay
-from services.runtime.settings import (
+from runwire.client import Client, ClientError, Transcript
+from runwire.contracts.errors import ErrorCode
+from runwire.contracts.frames import Frame, FrameType
+from runwire.executor.main import serve as serve_executor
+from runwire.recovery.main import serve as serve_recovery
+from runwire.relay.main import serve as serve_relay
+from runwire.runtime.settings import (
     ExecutorSettings,
     RecoverySettings,
     RelaySettings,
     SubmitterSettings,
 )
-from services.runtime.store import Store
-from services.submitter.main import serve as serve_submitter
+from runwire.runtime.store import Store
+from runwire.submitter.main import serve as serve_submitter
 from tests.support import eventually
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -278,10 +278,10 @@ def max_running(timeline: list[dict[str, Any]]) -> int:
 
 
 MODULES = {
-    "submitter": "services.submitter",
-    "executor": "services.executor",
-    "relay": "services.relay",
-    "recovery": "services.recovery",
+    "submitter": "runwire.submitter",
+    "executor": "runwire.executor",
+    "relay": "runwire.relay",
+    "recovery": "runwire.recovery",
 }
 
 

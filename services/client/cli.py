@@ -10,10 +10,10 @@ import json
 import sys
 from typing import Any
 
-from contracts.frames import Frame, FrameType
-from services.client.sdk import Client, ClientError, Transcript
-from services.client.settings import load_settings
-from services.client.top import run_top
+from runwire.client.sdk import Client, ClientError, Transcript
+from runwire.client.settings import load_settings
+from runwire.client.top import run_top
+from runwire.contracts.frames import Frame, FrameType
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2

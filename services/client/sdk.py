@@ -20,23 +20,29 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from opentelemetry import propagate
 from pydantic import BaseModel, ValidationError
 
-from contracts.commands import (
+from runwire.contracts.commands import (
     AbortSessionCommand,
     CancelCommand,
     GetCommand,
     JoinCommand,
     SubmitCommand,
 )
-from contracts.errors import ErrorBody, ErrorCode, ErrorReply
-from contracts.events import RunEvent
-from contracts.frames import CHECKED, Frame, FrameType
-from contracts.replies import AbortSessionReply, JoinReply, RunReply, RunSummary, SubmitReply
-from contracts.subjects import DEFAULT_PREFIX, DEFAULT_TENANT, Subjects
+from runwire.contracts.errors import ErrorBody, ErrorCode, ErrorReply
+from runwire.contracts.events import RunEvent
+from runwire.contracts.frames import CHECKED, Frame, FrameType
+from runwire.contracts.replies import (
+    AbortSessionReply,
+    JoinReply,
+    RunReply,
+    RunSummary,
+    SubmitReply,
+)
+from runwire.contracts.subjects import DEFAULT_PREFIX, DEFAULT_TENANT, Subjects
 
 log = logging.getLogger(__name__)
 
 # Validation context for what runwire's relay sends: frames it stored after their data
-# was checked (see `contracts.frames.CHECKED`).
+# was checked (see `runwire.contracts.frames.CHECKED`).
 STORED_FRAMES = {CHECKED: True}
 
 REQUEST_TIMEOUT_S = 10.0

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from contracts.subjects import DEFAULT_PREFIX, DEFAULT_TENANT
+from runwire.contracts.subjects import DEFAULT_PREFIX, DEFAULT_TENANT
 
 ENV_FILE = Path(".runwire") / "env"
 

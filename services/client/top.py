@@ -28,10 +28,10 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from contracts.events import RunEvent, RunEventName
-from contracts.health import HealthReply
-from contracts.status import RunStatus
-from contracts.subjects import Subjects
+from runwire.contracts.events import RunEvent, RunEventName
+from runwire.contracts.health import HealthReply
+from runwire.contracts.status import RunStatus
+from runwire.contracts.subjects import Subjects
 
 log = logging.getLogger(__name__)
 

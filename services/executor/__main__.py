@@ -1,5 +1,5 @@
-"""`python -m services.executor`."""
+"""`python -m runwire.executor`."""
 
-from services.executor.main import main
+from runwire.executor.main import main
 
 main()

@@ -18,21 +18,21 @@ from typing import Any
 from opentelemetry import trace
 from pydantic import ValidationError
 
-from contracts.errors import ErrorBody, ErrorCode
-from contracts.frames import FrameType, RawFrame
-from services.executor.runners.base import AttemptClosed, AttemptContext, Runner, RunnerError
-from services.runtime import tracing
-from services.runtime.broker import Broker
-from services.runtime.commands import describe
-from services.runtime.errors import (
+from runwire.contracts.errors import ErrorBody, ErrorCode
+from runwire.contracts.frames import FrameType, RawFrame
+from runwire.executor.runners.base import AttemptClosed, AttemptContext, Runner, RunnerError
+from runwire.runtime import tracing
+from runwire.runtime.broker import Broker
+from runwire.runtime.commands import describe
+from runwire.runtime.errors import (
     InvalidRequest,
     LostRace,
     PayloadTooLarge,
     RunwireError,
     Unavailable,
 )
-from services.runtime.settings import ExecutorSettings
-from services.runtime.store import Run, Store
+from runwire.runtime.settings import ExecutorSettings
+from runwire.runtime.store import Run, Store
 
 log = logging.getLogger(__name__)
 

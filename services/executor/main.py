@@ -1,6 +1,6 @@
 """The executor as a FastStream application: pull jobs, claim, run attempts, settle;
-drain on SIGTERM. `faststream run services.executor.main:app`, `runwire-executor` or
-`python -m services.executor`.
+drain on SIGTERM. `faststream run runwire.executor.main:app`, `runwire-executor` or
+`python -m runwire.executor`.
 
 Cancel notices are a FastStream subscriber. The jobs consumer stays our own code
 (`DurablePull` and `Executor.run`): it fetches only as many jobs as there are free
@@ -26,25 +26,25 @@ from nats.aio.msg import Msg
 from opentelemetry.trace import SpanKind
 from pydantic import ValidationError
 
-from contracts.errors import ErrorBody
-from contracts.frames import Job
-from contracts.status import RunStatus
-from services.executor.attempt import AbortReason, Attempt, Outcome
-from services.executor.outcome import Settler
-from services.executor.runners import RUNNERS, Runner
-from services.executor.runners.base import RunnerError
-from services.runtime import publications, tracing
-from services.runtime.app import Service
-from services.runtime.broker import EXECUTOR_CONSUMER, Broker, StreamLimits
-from services.runtime.consumer import DurablePull
-from services.runtime.errors import RunwireError
-from services.runtime.health import serve_health
-from services.runtime.lifecycle import run
-from services.runtime.logs import bind, fields
-from services.runtime.metrics import ATTEMPT_DURATION, ATTEMPTS_IN_FLIGHT
-from services.runtime.outbox import Outbox
-from services.runtime.settings import ExecutorSettings
-from services.runtime.store import Run, Store
+from runwire.contracts.errors import ErrorBody
+from runwire.contracts.frames import Job
+from runwire.contracts.status import RunStatus
+from runwire.executor.attempt import AbortReason, Attempt, Outcome
+from runwire.executor.outcome import Settler
+from runwire.executor.runners import RUNNERS, Runner
+from runwire.executor.runners.base import RunnerError
+from runwire.runtime import publications, tracing
+from runwire.runtime.app import Service
+from runwire.runtime.broker import EXECUTOR_CONSUMER, Broker, StreamLimits
+from runwire.runtime.consumer import DurablePull
+from runwire.runtime.errors import RunwireError
+from runwire.runtime.health import serve_health
+from runwire.runtime.lifecycle import run
+from runwire.runtime.logs import bind, fields
+from runwire.runtime.metrics import ATTEMPT_DURATION, ATTEMPTS_IN_FLIGHT
+from runwire.runtime.outbox import Outbox
+from runwire.runtime.settings import ExecutorSettings
+from runwire.runtime.store import Run, Store
 
 log = logging.getLogger(__name__)
 

@@ -20,16 +20,16 @@ from dataclasses import dataclass
 
 from nats.aio.msg import Msg
 
-from contracts.errors import ErrorBody, ErrorCode
-from contracts.status import RunStatus
-from services.executor.attempt import AbortReason, Attempt, Outcome
-from services.runtime import tracing
-from services.runtime.errors import CANCELED_ERROR, LostRace
-from services.runtime.logs import fields
-from services.runtime.metrics import ATTEMPT_OUTCOMES, RETRIES
-from services.runtime.outbox import Outbox
-from services.runtime.settings import ExecutorSettings
-from services.runtime.store import Run, Store
+from runwire.contracts.errors import ErrorBody, ErrorCode
+from runwire.contracts.status import RunStatus
+from runwire.executor.attempt import AbortReason, Attempt, Outcome
+from runwire.runtime import tracing
+from runwire.runtime.errors import CANCELED_ERROR, LostRace
+from runwire.runtime.logs import fields
+from runwire.runtime.metrics import ATTEMPT_OUTCOMES, RETRIES
+from runwire.runtime.outbox import Outbox
+from runwire.runtime.settings import ExecutorSettings
+from runwire.runtime.store import Run, Store
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
-"""`python -m services.recovery`."""
+"""`python -m runwire.recovery`."""
 
-from services.recovery.main import main
+from runwire.recovery.main import main
 
 main()

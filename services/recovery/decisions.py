@@ -4,8 +4,8 @@ from contextlib import AbstractContextManager
 
 from opentelemetry.trace import Span
 
-from services.runtime import tracing
-from services.runtime.store import Run
+from runwire.runtime import tracing
+from runwire.runtime.store import Run
 
 ACTOR = "recovery"
 

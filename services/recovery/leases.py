@@ -7,16 +7,16 @@ and leaves through the outbox.
 
 import logging
 
-from contracts.status import RunStatus
-from services.recovery.decisions import ACTOR, decision_span
-from services.runtime import tracing
-from services.runtime.broker import Broker
-from services.runtime.errors import CANCELED_ERROR, INTERRUPTED_ERROR
-from services.runtime.logs import bind
-from services.runtime.metrics import INTERRUPTED, RECOVERIES
-from services.runtime.outbox import Outbox
-from services.runtime.settings import RecoverySettings
-from services.runtime.store import Store
+from runwire.contracts.status import RunStatus
+from runwire.recovery.decisions import ACTOR, decision_span
+from runwire.runtime import tracing
+from runwire.runtime.broker import Broker
+from runwire.runtime.errors import CANCELED_ERROR, INTERRUPTED_ERROR
+from runwire.runtime.logs import bind
+from runwire.runtime.metrics import INTERRUPTED, RECOVERIES
+from runwire.runtime.outbox import Outbox
+from runwire.runtime.settings import RecoverySettings
+from runwire.runtime.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -8,10 +8,10 @@ in a long queue is not copied: the stream is listed once per look for the whole 
 
 import logging
 
-from services.runtime.broker import Broker
-from services.runtime.outbox import Outbox
-from services.runtime.settings import RecoverySettings
-from services.runtime.store import Store
+from runwire.runtime.broker import Broker
+from runwire.runtime.outbox import Outbox
+from runwire.runtime.settings import RecoverySettings
+from runwire.runtime.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """The recovery service as a FastStream application: `faststream run
-services.recovery.main:app`, `runwire-recovery` or `python -m services.recovery`.
+runwire.recovery.main:app`, `runwire-recovery` or `python -m runwire.recovery`.
 
 Recovery is the suite's clock; FastStream serves its health. Every
 `recovery_interval_ms` it runs its duties, each a module of its own and each a guarded
@@ -14,22 +14,22 @@ import contextlib
 import logging
 from typing import Protocol
 
-from services.recovery.leases import ExpiredLeases
-from services.recovery.lost_jobs import LostJobs
-from services.recovery.queue_timeouts import QueueTimeouts
-from services.recovery.retention import Retention
-from services.recovery.sessions import SessionTurns
-from services.runtime import publications
-from services.runtime.app import Service
-from services.runtime.broker import Broker, StreamLimits
-from services.runtime.errors import RunwireError
-from services.runtime.health import serve_health
-from services.runtime.lifecycle import run
-from services.runtime.logs import fields
-from services.runtime.metrics import QUEUE
-from services.runtime.outbox import SWEEP_BATCH, Outbox
-from services.runtime.settings import RecoverySettings
-from services.runtime.store import Store
+from runwire.recovery.leases import ExpiredLeases
+from runwire.recovery.lost_jobs import LostJobs
+from runwire.recovery.queue_timeouts import QueueTimeouts
+from runwire.recovery.retention import Retention
+from runwire.recovery.sessions import SessionTurns
+from runwire.runtime import publications
+from runwire.runtime.app import Service
+from runwire.runtime.broker import Broker, StreamLimits
+from runwire.runtime.errors import RunwireError
+from runwire.runtime.health import serve_health
+from runwire.runtime.lifecycle import run
+from runwire.runtime.logs import fields
+from runwire.runtime.metrics import QUEUE
+from runwire.runtime.outbox import SWEEP_BATCH, Outbox
+from runwire.runtime.settings import RecoverySettings
+from runwire.runtime.store import Store
 
 log = logging.getLogger(__name__)
 

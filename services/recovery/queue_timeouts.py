@@ -3,11 +3,11 @@ attempt fails with QUEUE_TIMEOUT (its closing frames leave through the outbox)."
 
 import logging
 
-from services.recovery.decisions import ACTOR, decision_span
-from services.runtime.errors import QUEUE_TIMEOUT_ERROR
-from services.runtime.outbox import Outbox
-from services.runtime.settings import RecoverySettings
-from services.runtime.store import Store
+from runwire.recovery.decisions import ACTOR, decision_span
+from runwire.runtime.errors import QUEUE_TIMEOUT_ERROR
+from runwire.runtime.outbox import Outbox
+from runwire.runtime.settings import RecoverySettings
+from runwire.runtime.store import Store
 
 log = logging.getLogger(__name__)
 

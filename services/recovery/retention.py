@@ -2,9 +2,9 @@
 all its frames by then), and its segments leave Postgres after the frame retention (its
 row, with the result, stays)."""
 
-from services.runtime.broker import Broker
-from services.runtime.settings import RecoverySettings
-from services.runtime.store import Store
+from runwire.runtime.broker import Broker
+from runwire.runtime.settings import RecoverySettings
+from runwire.runtime.store import Store
 
 
 class Retention:

@@ -3,9 +3,9 @@ its session once its grace has passed, and the next run of the session gets its 
 (When a run of a session ends, the same write gives the next run its job; this duty is
 only for the grace.)"""
 
-from services.recovery.decisions import ACTOR
-from services.runtime.settings import RecoverySettings
-from services.runtime.store import Store
+from runwire.recovery.decisions import ACTOR
+from runwire.runtime.settings import RecoverySettings
+from runwire.runtime.store import Store
 
 
 class SessionTurns:

@@ -1,5 +1,5 @@
-"""`python -m services.relay`."""
+"""`python -m runwire.relay`."""
 
-from services.relay.main import main
+from runwire.relay.main import main
 
 main()

@@ -9,13 +9,13 @@ import json
 
 from pydantic import TypeAdapter
 
-from contracts.commands import JoinCommand
-from contracts.frames import CHECKED, Frame, FrameType
-from contracts.replies import JoinReply, LiveCursor
-from services.runtime.broker import HDR_FRAME_TYPE, Broker, StoredMsg
-from services.runtime.errors import NotFound
-from services.runtime.settings import RelaySettings
-from services.runtime.store import Store
+from runwire.contracts.commands import JoinCommand
+from runwire.contracts.frames import CHECKED, Frame, FrameType
+from runwire.contracts.replies import JoinReply, LiveCursor
+from runwire.runtime.broker import HDR_FRAME_TYPE, Broker, StoredMsg
+from runwire.runtime.errors import NotFound
+from runwire.runtime.settings import RelaySettings
+from runwire.runtime.store import Store
 
 _FRAMES = TypeAdapter(list[Frame])
 

@@ -1,8 +1,8 @@
-"""The relay as a FastStream application: `faststream run services.relay.main:app`,
-`runwire-relay` or `python -m services.relay`.
+"""The relay as a FastStream application: `faststream run runwire.relay.main:app`,
+`runwire-relay` or `python -m runwire.relay`.
 
 `join` is a FastStream command. The raw-frames consumers stay our own code
-(`services.relay.pipeline`): each partition's durable consumer is taken and given up as
+(`runwire.relay.pipeline`): each partition's durable consumer is taken and given up as
 the relay wins and loses its Postgres advisory lock, reconciled from settings and
 re-declared when deleted, fetched in batches that are published pipelined and flushed
 to Postgres together; a FastStream subscriber is declared once and runs for the life of
@@ -11,16 +11,16 @@ the application, and handles one message at a time.
 
 import asyncio
 
-from contracts.commands import JoinCommand
-from contracts.replies import JoinReply
-from services.relay.join import Joiner
-from services.relay.pipeline import Pipeline
-from services.runtime import publications
-from services.runtime.app import Service
-from services.runtime.commands import Commands, tenant
-from services.runtime.health import serve_health
-from services.runtime.lifecycle import run
-from services.runtime.settings import RelaySettings
+from runwire.contracts.commands import JoinCommand
+from runwire.contracts.replies import JoinReply
+from runwire.relay.join import Joiner
+from runwire.relay.pipeline import Pipeline
+from runwire.runtime import publications
+from runwire.runtime.app import Service
+from runwire.runtime.commands import Commands, tenant
+from runwire.runtime.health import serve_health
+from runwire.runtime.lifecycle import run
+from runwire.runtime.settings import RelaySettings
 
 QUEUE_GROUP = "relay"
 JOIN_MAX_BYTES = 64 * 1024

@@ -15,9 +15,9 @@ import random
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from services.runtime.errors import RunwireError
-from services.runtime.settings import DEFAULT_PARTITION_TIMEOUT_MS
-from services.runtime.store import LockSession
+from runwire.runtime.errors import RunwireError
+from runwire.runtime.settings import DEFAULT_PARTITION_TIMEOUT_MS
+from runwire.runtime.store import LockSession
 
 log = logging.getLogger(__name__)
 

@@ -27,12 +27,12 @@ from typing import TypeGuard
 from nats.aio.msg import Msg
 from pydantic import ValidationError
 
-from contracts.frames import URGENT_FRAME_TYPES, Frame, FrameType, RawFrame
-from contracts.headers import TRACEPARENT
-from services.relay.partitions import PartitionOwner
-from services.relay.sequencer import RunCursor, Verdict
-from services.runtime import faults, tracing
-from services.runtime.broker import (
+from runwire.contracts.frames import URGENT_FRAME_TYPES, Frame, FrameType, RawFrame
+from runwire.contracts.headers import TRACEPARENT
+from runwire.relay.partitions import PartitionOwner
+from runwire.relay.sequencer import RunCursor, Verdict
+from runwire.runtime import faults, tracing
+from runwire.runtime.broker import (
     HDR_FRAME_SEQ,
     HDR_FRAME_TYPE,
     HDR_GENERATION,
@@ -43,12 +43,12 @@ from services.runtime.broker import (
     StreamLimits,
     relay_consumer,
 )
-from services.runtime.consumer import DurablePull
-from services.runtime.errors import RunwireError
-from services.runtime.logs import bind
-from services.runtime.metrics import FRAMES_RELAYED, RELAY_LAG
-from services.runtime.settings import RelaySettings
-from services.runtime.store import Segment, SegmentCount, Store
+from runwire.runtime.consumer import DurablePull
+from runwire.runtime.errors import RunwireError
+from runwire.runtime.logs import bind
+from runwire.runtime.metrics import FRAMES_RELAYED, RELAY_LAG
+from runwire.runtime.settings import RelaySettings
+from runwire.runtime.store import Segment, SegmentCount, Store
 
 log = logging.getLogger(__name__)
 

@@ -32,13 +32,13 @@ from faststream.nats import NatsBroker
 from nats.aio.client import Client as NatsClient
 from opentelemetry.sdk.trace import TracerProvider
 
-from contracts.subjects import Subjects
-from services.runtime import tracing
-from services.runtime.broker import Broker, StreamLimits
-from services.runtime.lifecycle import setup_process, teardown_process
-from services.runtime.outbox import Outbox
-from services.runtime.settings import CommonSettings
-from services.runtime.store import Store
+from runwire.contracts.subjects import Subjects
+from runwire.runtime import tracing
+from runwire.runtime.broker import Broker, StreamLimits
+from runwire.runtime.lifecycle import setup_process, teardown_process
+from runwire.runtime.outbox import Outbox
+from runwire.runtime.settings import CommonSettings
+from runwire.runtime.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class ServiceBroker(NatsBroker):
 
     `replies` names, by AsyncAPI channel title, what each request/reply subscriber
     answers (FastStream 0.7 documents a subscriber's request but not its reply);
-    `services.asyncapi` puts them in the document.
+    `runwire.asyncapi` puts them in the document.
     """
 
     def __init__(self, settings: CommonSettings, *, service: str) -> None:

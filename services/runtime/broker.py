@@ -28,11 +28,11 @@ from nats.js.api import (
     SubjectTransform,
 )
 
-from contracts.frames import Frame, RawFrame
-from contracts.headers import TRACEPARENT
-from contracts.subjects import Subjects
-from services.runtime.errors import PayloadTooLarge, QueueFull, Unavailable
-from services.runtime.settings import CommonSettings
+from runwire.contracts.frames import Frame, RawFrame
+from runwire.contracts.headers import TRACEPARENT
+from runwire.contracts.subjects import Subjects
+from runwire.runtime.errors import PayloadTooLarge, QueueFull, Unavailable
+from runwire.runtime.settings import CommonSettings
 
 log = logging.getLogger(__name__)
 

@@ -52,13 +52,13 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from pydantic import BaseModel, ValidationError
 
-from contracts.errors import ErrorBody, ErrorCode, ErrorReply
-from contracts.subjects import valid_tenant
-from services.runtime import tracing
-from services.runtime.app import Service
-from services.runtime.errors import InvalidRequest, NotFound, PayloadTooLarge, RunwireError
-from services.runtime.logs import fields
-from services.runtime.metrics import COMMAND_DURATION
+from runwire.contracts.errors import ErrorBody, ErrorCode, ErrorReply
+from runwire.contracts.subjects import valid_tenant
+from runwire.runtime import tracing
+from runwire.runtime.app import Service
+from runwire.runtime.errors import InvalidRequest, NotFound, PayloadTooLarge, RunwireError
+from runwire.runtime.logs import fields
+from runwire.runtime.metrics import COMMAND_DURATION
 
 log = logging.getLogger(__name__)
 

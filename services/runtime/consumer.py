@@ -21,7 +21,7 @@ import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from services.runtime.broker import Broker, StreamLimits
+from runwire.runtime.broker import Broker, StreamLimits
 
 log = logging.getLogger(__name__)
 

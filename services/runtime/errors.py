@@ -1,6 +1,6 @@
 """One root exception; subclasses carry the wire code and whether a retry may help."""
 
-from contracts.errors import ErrorBody, ErrorCode
+from runwire.contracts.errors import ErrorBody, ErrorCode
 
 INTERRUPTED_MESSAGE = (
     "the reply could not be completed after repeated failures of its executor; it may be retried"

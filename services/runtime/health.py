@@ -10,10 +10,10 @@ from typing import Any
 
 from faststream import Context
 
-from contracts.health import HealthReply
-from services.runtime import package_version
-from services.runtime.app import Service
-from services.runtime.errors import RunwireError
+from runwire.contracts.health import HealthReply
+from runwire.runtime import package_version
+from runwire.runtime.app import Service
+from runwire.runtime.errors import RunwireError
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Starting and stopping a service process: logs, traces, metrics, a clean exit.
 
-A service is a FastStream application (`services.runtime.app`), started either by
+A service is a FastStream application (`runwire.runtime.app`), started either by
 `faststream run services.<name>.main:app` or by its `runwire-<name>` script (and
 `python -m services.<name>`), which runs the same application through `run`. Either
 way the application sets up the process when it starts (`setup_process`) and tears it
@@ -14,10 +14,10 @@ from typing import Protocol
 from faststream import FastStream
 from opentelemetry.sdk.trace import TracerProvider
 
-from services.runtime import faults, logs, tracing
-from services.runtime.errors import Unavailable
-from services.runtime.metrics import serve_metrics
-from services.runtime.settings import CommonSettings
+from runwire.runtime import faults, logs, tracing
+from runwire.runtime.errors import Unavailable
+from runwire.runtime.metrics import serve_metrics
+from runwire.runtime.settings import CommonSettings
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from services.runtime.tracing import current_ids
+from runwire.runtime.tracing import current_ids
 
 _context: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
     "runwire_log_context", default=None

@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 
 from opentelemetry.trace import SpanKind
 
-from services.runtime import faults, tracing
-from services.runtime.broker import Broker
-from services.runtime.errors import QueueFull, RunwireError
-from services.runtime.store import OutboxKind, OutboxMessage, Run, Store
+from runwire.runtime import faults, tracing
+from runwire.runtime.broker import Broker
+from runwire.runtime.errors import QueueFull, RunwireError
+from runwire.runtime.store import OutboxKind, OutboxMessage, Run, Store
 
 log = logging.getLogger(__name__)
 

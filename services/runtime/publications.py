@@ -2,21 +2,21 @@
 
 Jobs, raw frames, client frames and run events leave through our own code (pipelined
 JetStream publishes whose acknowledgement errors become QUEUE_FULL or UNAVAILABLE; jobs,
-closing frames and run events from the outbox, `services.runtime.outbox`),
+closing frames and run events from the outbox, `runwire.runtime.outbox`),
 not through FastStream publishers, and the executor's jobs and the relay's raw frames
-are consumed by our own consumers (`services.runtime.consumer`). A service declares here
+are consumed by our own consumers (`runwire.runtime.consumer`). A service declares here
 what it publishes, as FastStream publishers of its application that are never called,
-so that the AsyncAPI document (`services.asyncapi`) lists them with their contract
+so that the AsyncAPI document (`runwire.asyncapi`) lists them with their contract
 schemas, next to the subscribers FastStream does serve. Each declaration says who
 consumes the subject.
 """
 
 from typing import Any
 
-from contracts.events import RunEvent
-from contracts.frames import Frame, Job, RawFrame
-from services.runtime.app import Service
-from services.runtime.broker import EXECUTOR_CONSUMER, RELAY_PARTITIONS
+from runwire.contracts.events import RunEvent
+from runwire.contracts.frames import Frame, Job, RawFrame
+from runwire.runtime.app import Service
+from runwire.runtime.broker import EXECUTOR_CONSUMER, RELAY_PARTITIONS
 
 TENANT = "{tenant}"
 RUN_ID = "{run_id}"

@@ -9,7 +9,7 @@ from typing import Literal, Self
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from contracts.subjects import DEFAULT_PREFIX, PREFIX_PATTERN
+from runwire.contracts.subjects import DEFAULT_PREFIX, PREFIX_PATTERN
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/runwire"

@@ -36,8 +36,8 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from contracts.headers import TRACEPARENT
-from services.runtime import package_version
+from runwire.contracts.headers import TRACEPARENT
+from runwire.runtime import package_version
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
-"""`python -m services.submitter`."""
+"""`python -m runwire.submitter`."""
 
-from services.submitter.main import main
+from runwire.submitter.main import main
 
 main()

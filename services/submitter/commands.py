@@ -14,21 +14,21 @@ import uuid
 from opentelemetry import trace
 from pydantic import ValidationError
 
-from contracts.commands import (
+from runwire.contracts.commands import (
     AbortSessionCommand,
     CancelCommand,
     GetCommand,
     Multitask,
     SubmitCommand,
 )
-from contracts.errors import ErrorCode
-from contracts.replies import AbortSessionReply, FrameChannel, RunReply, SubmitReply
-from contracts.scripted import ScriptedInput
-from contracts.status import RunStatus
-from services.runtime import tracing
-from services.runtime.broker import Broker
-from services.runtime.commands import describe
-from services.runtime.errors import (
+from runwire.contracts.errors import ErrorCode
+from runwire.contracts.replies import AbortSessionReply, FrameChannel, RunReply, SubmitReply
+from runwire.contracts.scripted import ScriptedInput
+from runwire.contracts.status import RunStatus
+from runwire.runtime import tracing
+from runwire.runtime.broker import Broker
+from runwire.runtime.commands import describe
+from runwire.runtime.errors import (
     CANCELED_ERROR,
     QUEUE_FULL_ERROR,
     SUPERSEDED_ERROR,
@@ -39,10 +39,10 @@ from services.runtime.errors import (
     RunwireError,
     Unavailable,
 )
-from services.runtime.logs import bind, fields
-from services.runtime.outbox import Outbox
-from services.runtime.settings import SubmitterSettings
-from services.runtime.store import Run, Store
+from runwire.runtime.logs import bind, fields
+from runwire.runtime.outbox import Outbox
+from runwire.runtime.settings import SubmitterSettings
+from runwire.runtime.store import Run, Store
 
 log = logging.getLogger(__name__)
 

@@ -1,17 +1,17 @@
-"""The submitter as a FastStream application: `faststream run services.submitter.main:app`,
-`runwire-submitter` or `python -m services.submitter`."""
+"""The submitter as a FastStream application: `faststream run runwire.submitter.main:app`,
+`runwire-submitter` or `python -m runwire.submitter`."""
 
 import asyncio
 
-from contracts.commands import AbortSessionCommand, CancelCommand, GetCommand, SubmitCommand
-from contracts.replies import AbortSessionReply, RunReply, SubmitReply
-from services.runtime import publications
-from services.runtime.app import Service
-from services.runtime.commands import Commands, tenant
-from services.runtime.health import serve_health
-from services.runtime.lifecycle import run
-from services.runtime.settings import SubmitterSettings
-from services.submitter.commands import Submitter
+from runwire.contracts.commands import AbortSessionCommand, CancelCommand, GetCommand, SubmitCommand
+from runwire.contracts.replies import AbortSessionReply, RunReply, SubmitReply
+from runwire.runtime import publications
+from runwire.runtime.app import Service
+from runwire.runtime.commands import Commands, tenant
+from runwire.runtime.health import serve_health
+from runwire.runtime.lifecycle import run
+from runwire.runtime.settings import SubmitterSettings
+from runwire.submitter.commands import Submitter
 
 QUEUE_GROUP = "submitter"
 

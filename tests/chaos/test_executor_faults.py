@@ -5,8 +5,8 @@ import signal
 
 import pytest
 
-from contracts.frames import FrameType
-from contracts.status import RunStatus
+from runwire.contracts.frames import FrameType
+from runwire.contracts.status import RunStatus
 from tests.services import ProcessStack, assert_well_formed, collect, max_running
 from tests.support import eventually
 

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from nats.aio.msg import Msg
 
-from contracts.events import RunEvent
-from contracts.frames import FrameType, RawFrame
-from contracts.status import RunStatus
-from services.client import ClientError
-from services.runtime.faults import OUTBOX_COMMITTED, OUTBOX_SWEPT
+from runwire.client import ClientError
+from runwire.contracts.events import RunEvent
+from runwire.contracts.frames import FrameType, RawFrame
+from runwire.contracts.status import RunStatus
+from runwire.runtime.faults import OUTBOX_COMMITTED, OUTBOX_SWEPT
 from tests.services import ProcessStack, assert_well_formed, collect
 from tests.support import eventually
 

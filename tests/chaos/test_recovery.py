@@ -8,9 +8,9 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from contracts.status import RunStatus
-from infra.embedded import EmbeddedNats, EmbeddedPostgres
-from services.client import ClientError
+from runwire.client import ClientError
+from runwire.contracts.status import RunStatus
+from runwire.infra.embedded import EmbeddedNats, EmbeddedPostgres
 from tests.services import ProcessStack, assert_well_formed, collect
 from tests.support import eventually
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from services.runtime.faults import RELAY_UNWRITTEN
+from runwire.runtime.faults import RELAY_UNWRITTEN
 from tests.services import ProcessStack, all_frames_stored, assert_well_formed, collect
 from tests.support import eventually
 

@@ -5,8 +5,8 @@ from typing import Any
 
 import pytest
 
-from contracts.status import RunStatus
-from services.runtime.store import Run
+from runwire.contracts.status import RunStatus
+from runwire.runtime.store import Run
 from tests.services import ProcessStack, assert_well_formed, collect
 from tests.support import eventually
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from contracts.status import RunStatus
+from runwire.contracts.status import RunStatus
 from tests.services import ProcessStack, collect
 
 pytestmark = [pytest.mark.soak, pytest.mark.timeout(900)]

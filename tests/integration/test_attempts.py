@@ -6,15 +6,15 @@ import time
 import nats.js.errors
 import pytest
 
-from contracts.errors import ErrorCode
-from contracts.frames import FrameType
-from contracts.status import RunStatus
-from contracts.subjects import Subjects
-from services.executor.main import Executor
-from services.executor.runners.base import AttemptContext
-from services.runtime.broker import Broker
-from services.runtime.settings import ExecutorSettings
-from services.runtime.store import Store
+from runwire.contracts.errors import ErrorCode
+from runwire.contracts.frames import FrameType
+from runwire.contracts.status import RunStatus
+from runwire.contracts.subjects import Subjects
+from runwire.executor.main import Executor
+from runwire.executor.runners.base import AttemptContext
+from runwire.runtime.broker import Broker
+from runwire.runtime.settings import ExecutorSettings
+from runwire.runtime.store import Store
 from tests.conftest import TestInfra
 from tests.services import InProcessStack, assert_well_formed, collect
 from tests.support import eventually

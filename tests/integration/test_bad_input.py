@@ -5,8 +5,8 @@ import uuid
 
 import pytest
 
-from contracts.errors import ErrorCode, ErrorReply
-from contracts.status import RunStatus
+from runwire.contracts.errors import ErrorCode, ErrorReply
+from runwire.contracts.status import RunStatus
 from tests.services import InProcessStack, collect
 
 pytestmark = pytest.mark.integration

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from contracts.status import RunStatus
+from runwire.contracts.status import RunStatus
 from tests.services import InProcessStack
 
 pytestmark = pytest.mark.integration
@@ -17,7 +17,7 @@ async def _runwire(*args: str, cwd: Path, env: dict[str, str]) -> tuple[int, str
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "services.client.cli",
+        "runwire.client.cli",
         *args,
         cwd=cwd,
         env=env,

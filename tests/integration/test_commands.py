@@ -9,13 +9,13 @@ import asyncpg
 import nats.errors
 import pytest
 
-from contracts.commands import GetCommand
-from contracts.errors import ErrorCode, ErrorReply
-from contracts.health import HealthReply
-from contracts.replies import AbortSessionReply, RunReply, SubmitReply
-from services.runtime.app import Service
-from services.runtime.commands import Commands
-from services.runtime.settings import SubmitterSettings
+from runwire.contracts.commands import GetCommand
+from runwire.contracts.errors import ErrorCode, ErrorReply
+from runwire.contracts.health import HealthReply
+from runwire.contracts.replies import AbortSessionReply, RunReply, SubmitReply
+from runwire.runtime.app import Service
+from runwire.runtime.commands import Commands
+from runwire.runtime.settings import SubmitterSettings
 from tests.conftest import TestInfra
 from tests.services import InProcessStack
 from tests.support import eventually

@@ -2,9 +2,9 @@
 
 import pytest
 
-from contracts.frames import FrameType
-from contracts.status import RunStatus
-from services.runtime.store import Run
+from runwire.contracts.frames import FrameType
+from runwire.contracts.status import RunStatus
+from runwire.runtime.store import Run
 from tests.services import InProcessStack, assert_well_formed, collect
 from tests.support import eventually
 

@@ -4,8 +4,8 @@ import asyncio
 
 import pytest
 
-from contracts.events import RunEvent
-from contracts.health import HealthReply
+from runwire.contracts.events import RunEvent
+from runwire.contracts.health import HealthReply
 from tests.services import InProcessStack, collect
 from tests.support import eventually
 

@@ -7,7 +7,7 @@ import asyncpg
 import nats
 import pytest
 
-from contracts.subjects import PREFIX_PATTERN
+from runwire.contracts.subjects import PREFIX_PATTERN
 from tests.conftest import TestInfra
 
 pytestmark = pytest.mark.integration

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from contracts.frames import Frame, FrameType
+from runwire.contracts.frames import Frame, FrameType
 from tests.conftest import TestInfra
 from tests.services import InProcessStack, all_frames_stored, assert_well_formed, collect
 from tests.support import eventually

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from contracts.errors import ErrorCode
-from contracts.health import HealthReply
-from contracts.status import RunStatus
-from contracts.subjects import Subjects
-from services.client import Client, ClientError
+from runwire.client import Client, ClientError
+from runwire.contracts.errors import ErrorCode
+from runwire.contracts.health import HealthReply
+from runwire.contracts.status import RunStatus
+from runwire.contracts.subjects import Subjects
 from tests.local_stack import ROOT, local_stack
 from tests.services import collect
 
@@ -57,7 +57,7 @@ async def test_a_run_submitted_right_after_up_finishes(tmp_path: Path) -> None:
         cli = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "services.client.cli",
+            "runwire.client.cli",
             "submit",
             "--tokens",
             "hi",

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from contracts.status import RunStatus
-from infra.embedded import find_free_port, port_is_free
-from services.client import Client
+from runwire.client import Client
+from runwire.contracts.status import RunStatus
+from runwire.infra.embedded import find_free_port, port_is_free
 from tests.local_stack import local_stack
 from tests.services import MODULES, ProcessStack, collect
 from tests.support import eventually

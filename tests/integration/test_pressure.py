@@ -6,10 +6,10 @@ from datetime import datetime
 
 import pytest
 
-from contracts.errors import ErrorBody, ErrorCode
-from contracts.frames import FrameType
-from contracts.status import RunStatus
-from services.client import ClientError
+from runwire.client import ClientError
+from runwire.contracts.errors import ErrorBody, ErrorCode
+from runwire.contracts.frames import FrameType
+from runwire.contracts.status import RunStatus
 from tests.conftest import TestInfra
 from tests.services import InProcessStack, assert_well_formed, collect, max_running
 from tests.support import eventually

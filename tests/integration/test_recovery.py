@@ -6,10 +6,10 @@ renewing their lease: exactly what a kill -9 leaves behind.
 
 import pytest
 
-from contracts.errors import ErrorBody, ErrorCode
-from contracts.frames import FrameType
-from contracts.status import RunStatus
-from services.runtime.store import Run
+from runwire.contracts.errors import ErrorBody, ErrorCode
+from runwire.contracts.frames import FrameType
+from runwire.contracts.status import RunStatus
+from runwire.runtime.store import Run
 from tests.conftest import TestInfra
 from tests.services import InProcessStack, collect
 from tests.support import eventually

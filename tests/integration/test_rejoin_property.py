@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from contracts.frames import Frame, FrameType
-from services.client import Transcript
+from runwire.client import Transcript
+from runwire.contracts.frames import Frame, FrameType
 from tests.conftest import TestInfra
 from tests.services import InProcessStack
 

@@ -5,8 +5,8 @@ import asyncio
 import asyncpg
 import pytest
 
-from services.relay.partitions import PARTITION_LOCKS
-from services.runtime.broker import RELAY_PARTITIONS
+from runwire.relay.partitions import PARTITION_LOCKS
+from runwire.runtime.broker import RELAY_PARTITIONS
 from tests.services import InProcessStack, assert_well_formed, collect
 from tests.support import eventually
 

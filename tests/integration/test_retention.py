@@ -4,8 +4,8 @@ from datetime import timedelta
 
 import pytest
 
-from contracts.errors import ErrorCode
-from services.client import ClientError
+from runwire.client import ClientError
+from runwire.contracts.errors import ErrorCode
 from tests.conftest import TestInfra
 from tests.services import InProcessStack, collect
 from tests.support import eventually

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from contracts.errors import ErrorCode
-from contracts.status import RunStatus
-from services.client import Client, ClientError
-from services.runtime.settings import SubmitterSettings
-from services.runtime.store import Run
-from services.submitter.main import serve as serve_submitter
+from runwire.client import Client, ClientError
+from runwire.contracts.errors import ErrorCode
+from runwire.contracts.status import RunStatus
+from runwire.runtime.settings import SubmitterSettings
+from runwire.runtime.store import Run
+from runwire.submitter.main import serve as serve_submitter
 from tests.conftest import TestInfra
 from tests.services import InProcessStack, assert_well_formed, collect, max_running
 from tests.support import eventually

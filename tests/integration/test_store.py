@@ -8,12 +8,12 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-import services.runtime
-from contracts.events import RunEventName
-from contracts.status import RunStatus
-from services.runtime.errors import MigrationFailed
-from services.runtime.store import OutboxKind, Store, migrate
-from services.runtime.store.schema import QUERIES
+import runwire.runtime
+from runwire.contracts.events import RunEventName
+from runwire.contracts.status import RunStatus
+from runwire.runtime.errors import MigrationFailed
+from runwire.runtime.store import OutboxKind, Store, migrate
+from runwire.runtime.store.schema import QUERIES
 from tests.conftest import TestInfra
 
 pytestmark = pytest.mark.integration
@@ -104,7 +104,7 @@ async def test_fresh_and_migrated_databases_have_the_same_schema(
     await conn.close()
     try:
         fresh = infra.database_url(name)
-        folder = Path(services.runtime.__file__).parent / "migrations"
+        folder = Path(runwire.runtime.__file__).parent / "migrations"
         assert await migrate(fresh) == sorted(p.name for p in folder.glob("*.sql"))
         assert await _schema(fresh) == await _schema(db_url)
     finally:
@@ -113,7 +113,7 @@ async def test_fresh_and_migrated_databases_have_the_same_schema(
 
 async def test_every_named_query_prepares(db_url: str) -> None:
     """Catches a query whose parameters or columns do not fit the schema."""
-    from services.runtime.store import QUERIES
+    from runwire.runtime.store import QUERIES
 
     conn = await asyncpg.connect(db_url)
     try:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from contracts.status import RunStatus
-from services.client.top import TopCollector, render_text
+from runwire.client.top import TopCollector, render_text
+from runwire.contracts.status import RunStatus
 from tests.services import InProcessStack, collect
 from tests.support import eventually
 
@@ -65,7 +65,7 @@ async def test_runwire_top_once_prints_a_snapshot(stack: InProcessStack, tmp_pat
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "services.client.cli",
+        "runwire.client.cli",
         "--nats-url",
         stack.nats_url,
         "top",

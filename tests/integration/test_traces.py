@@ -17,11 +17,11 @@ from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 from nats.aio.msg import Msg
 from opentelemetry import trace
 
-from contracts.commands import SubmitCommand
-from contracts.headers import TRACEPARENT
-from contracts.replies import SubmitReply
-from contracts.status import RunStatus
-from services.runtime.logs import JsonFormatter
+from runwire.contracts.commands import SubmitCommand
+from runwire.contracts.headers import TRACEPARENT
+from runwire.contracts.replies import SubmitReply
+from runwire.contracts.status import RunStatus
+from runwire.runtime.logs import JsonFormatter
 from tests.services import MODULES, InProcessStack, ProcessStack, collect
 from tests.support import eventually
 from tests.traces import InProcessSpans, OtlpCollector, SeenSpan, of_run

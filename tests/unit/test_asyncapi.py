@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from contracts import (
+from runwire.asyncapi import HTML_PATH, JSON_PATH, render, services, validate
+from runwire.contracts import (
     AbortSessionCommand,
     AbortSessionReply,
     CancelCommand,
@@ -22,11 +23,10 @@ from contracts import (
     SubmitCommand,
     SubmitReply,
 )
-from contracts.events import RunEvent
-from contracts.frames import Job, RawFrame
-from contracts.health import HealthReply
-from contracts.subjects import COMMANDS
-from services.asyncapi import HTML_PATH, JSON_PATH, render, services, validate
+from runwire.contracts.events import RunEvent
+from runwire.contracts.frames import Job, RawFrame
+from runwire.contracts.health import HealthReply
+from runwire.contracts.subjects import COMMANDS
 
 pytestmark = pytest.mark.unit
 

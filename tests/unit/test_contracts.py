@@ -5,7 +5,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from contracts import (
+from runwire.contracts import (
     FRAME_DATA,
     DoneData,
     Frame,
@@ -15,8 +15,8 @@ from contracts import (
     SubmitCommand,
     typed_data,
 )
-from contracts.errors import ErrorCode
-from contracts.schemas import SCHEMA_DIR, render
+from runwire.contracts.errors import ErrorCode
+from runwire.contracts.schemas import SCHEMA_DIR, render
 
 pytestmark = pytest.mark.unit
 

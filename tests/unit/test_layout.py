@@ -23,13 +23,17 @@ def _imports(folder: Path) -> set[tuple[Path, str]]:
 
 
 def test_contracts_import_nothing_of_ours() -> None:
-    bad = [(p, m) for p, m in _imports(ROOT / "contracts") if m.startswith(("services", "infra"))]
+    bad = [
+        (p, m)
+        for p, m in _imports(ROOT / "contracts")
+        if m.startswith("runwire") and not m.startswith("runwire.contracts")
+    ]
     assert bad == []
 
 
 @pytest.mark.parametrize("service", SERVICES)
 def test_no_service_imports_another(service: str) -> None:
-    others = tuple(f"services.{s}" for s in SERVICES if s != service)
+    others = tuple(f"runwire.{s}" for s in SERVICES if s != service)
     bad = [(p, m) for p, m in _imports(ROOT / "services" / service) if m.startswith(others)]
     assert bad == []
 
@@ -38,7 +42,7 @@ def test_client_never_imports_the_runtime() -> None:
     bad = [
         (p, m)
         for p, m in _imports(ROOT / "services" / "client")
-        if m.startswith(("services.runtime", "asyncpg"))
+        if m.startswith(("runwire.runtime", "asyncpg"))
     ]
     assert bad == []
 

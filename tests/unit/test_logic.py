@@ -4,10 +4,10 @@ import random
 
 import pytest
 
-from services.executor.outcome import backoff_ms
-from services.executor.runners.scripted import tokens_delivered
-from services.relay.sequencer import RunCursor, Verdict
-from services.runtime.store import QUERIES, load_queries
+from runwire.executor.outcome import backoff_ms
+from runwire.executor.runners.scripted import tokens_delivered
+from runwire.relay.sequencer import RunCursor, Verdict
+from runwire.runtime.store import QUERIES, load_queries
 
 pytestmark = pytest.mark.unit
 

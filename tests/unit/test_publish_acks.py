@@ -5,8 +5,8 @@ import json
 import pytest
 from nats.aio.msg import Msg
 
-from services.runtime.broker import _stream_seq
-from services.runtime.errors import PayloadTooLarge, QueueFull, Unavailable
+from runwire.runtime.broker import _stream_seq
+from runwire.runtime.errors import PayloadTooLarge, QueueFull, Unavailable
 
 pytestmark = pytest.mark.unit
 

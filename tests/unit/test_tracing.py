@@ -10,8 +10,8 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from services.runtime import tracing
-from services.runtime.tracing import TracingConfigError, exporters_from_env
+from runwire.runtime import tracing
+from runwire.runtime.tracing import TracingConfigError, exporters_from_env
 
 pytestmark = pytest.mark.unit
 
@@ -56,7 +56,7 @@ def test_a_disabled_sdk_installs_no_tracer_provider() -> None:
 def test_a_service_with_an_unknown_exporter_stops_at_once_with_one_clear_line() -> None:
     env = {"PATH": "/usr/bin:/bin", "OTEL_TRACES_EXPORTER": "zipkin", "RUNWIRE_LOG_FORMAT": "json"}
     done = subprocess.run(
-        [sys.executable, "-m", "services.relay"],
+        [sys.executable, "-m", "runwire.relay"],
         env=env,
         cwd=ROOT,
         capture_output=True,

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from contracts.frames import FrameType
+from runwire.contracts.frames import FrameType
 
 
 class RunnerError(Exception):

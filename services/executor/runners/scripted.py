@@ -9,8 +9,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from contracts.scripted import ScriptedInput
-from services.executor.runners.base import AttemptContext, RunnerError
+from runwire.contracts.scripted import ScriptedInput
+from runwire.executor.runners.base import AttemptContext, RunnerError
 
 HANG_FOREVER_S = 3600.0
 

@@ -7,8 +7,8 @@ transition is one guarded statement: a method returns the changed run, or None /
 LostRace when the guard did not hold (another writer or a newer attempt got there first).
 """
 
-from services.runtime.store.locks import LockSession
-from services.runtime.store.rows import (
+from runwire.runtime.store.locks import LockSession
+from runwire.runtime.store.rows import (
     OutboxBatch,
     OutboxKind,
     OutboxMessage,
@@ -18,8 +18,8 @@ from services.runtime.store.rows import (
     StoredSegment,
     parse_run_id,
 )
-from services.runtime.store.schema import QUERIES, load_queries, migrate
-from services.runtime.store.store import Store
+from runwire.runtime.store.schema import QUERIES, load_queries, migrate
+from runwire.runtime.store.store import Store
 
 __all__ = [
     "QUERIES",

@@ -10,11 +10,11 @@ what it implies in the run's trace).
 import uuid
 from typing import Any
 
-from contracts.errors import ErrorBody
-from contracts.status import RunStatus
-from services.runtime.errors import CANCELED_ERROR, LostRace
-from services.runtime.store.queries import Queries
-from services.runtime.store.rows import Run
+from runwire.contracts.errors import ErrorBody
+from runwire.contracts.status import RunStatus
+from runwire.runtime.errors import CANCELED_ERROR, LostRace
+from runwire.runtime.store.queries import Queries
+from runwire.runtime.store.rows import Run
 
 CANCELED_BODY = CANCELED_ERROR.model_dump(mode="json")
 

@@ -5,8 +5,8 @@ from typing import Any
 
 import asyncpg
 
-from services.runtime.errors import Unavailable
-from services.runtime.store.schema import QUERIES
+from runwire.runtime.errors import Unavailable
+from runwire.runtime.store.schema import QUERIES
 
 log = logging.getLogger(__name__)
 

@@ -6,10 +6,10 @@ from collections.abc import AsyncIterator, Sequence
 
 import asyncpg
 
-from services.runtime.errors import StoreError, Unavailable
-from services.runtime.store.queries import Queries
-from services.runtime.store.rows import OutboxBatch, OutboxKind, OutboxMessage
-from services.runtime.store.schema import QUERIES
+from runwire.runtime.errors import StoreError, Unavailable
+from runwire.runtime.store.queries import Queries
+from runwire.runtime.store.rows import OutboxBatch, OutboxKind, OutboxMessage
+from runwire.runtime.store.schema import QUERIES
 
 OUTBOX_LOCK_KEY = 7_240_113_002
 

@@ -6,9 +6,9 @@ from typing import Any
 
 import asyncpg
 
-from services.runtime.errors import LostRace, StoreError, Unavailable
-from services.runtime.store.rows import Run
-from services.runtime.store.schema import QUERIES
+from runwire.runtime.errors import LostRace, StoreError, Unavailable
+from runwire.runtime.store.rows import Run
+from runwire.runtime.store.schema import QUERIES
 
 
 class Queries:

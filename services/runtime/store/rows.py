@@ -8,9 +8,9 @@ from typing import Any
 
 import asyncpg
 
-from contracts.errors import ErrorBody
-from contracts.replies import RunSummary
-from contracts.status import RunStatus
+from runwire.contracts.errors import ErrorBody
+from runwire.contracts.replies import RunSummary
+from runwire.contracts.status import RunStatus
 
 
 def parse_run_id(run_id: str) -> uuid.UUID | None:

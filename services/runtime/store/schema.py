@@ -8,7 +8,7 @@ from importlib import resources
 
 import asyncpg
 
-from services.runtime.errors import MigrationFailed
+from runwire.runtime.errors import MigrationFailed
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ def load_all() -> dict[str, str]:
     """Every named query of `sql/*.sql` (one file per service that uses them); a name
     defined twice is an error."""
     queries: dict[str, str] = {}
-    folder = resources.files("services.runtime").joinpath("sql")
+    folder = resources.files("runwire.runtime").joinpath("sql")
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         if not entry.name.endswith(".sql"):
             continue
@@ -48,7 +48,7 @@ async def init_connection(conn: asyncpg.Connection) -> None:
 
 
 def _migrations() -> list[tuple[int, str, str]]:
-    folder = resources.files("services.runtime").joinpath("migrations")
+    folder = resources.files("runwire.runtime").joinpath("migrations")
     found = []
     for entry in folder.iterdir():
         match = re.match(r"^(\d+)_\w+\.sql$", entry.name)

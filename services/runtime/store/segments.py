@@ -4,8 +4,8 @@ write per flush."""
 import uuid
 from collections.abc import Sequence
 
-from services.runtime.store.queries import Queries
-from services.runtime.store.rows import Segment, SegmentCount, StoredSegment, parse_run_id
+from runwire.runtime.store.queries import Queries
+from runwire.runtime.store.rows import Segment, SegmentCount, StoredSegment, parse_run_id
 
 
 class RelayQueries(Queries):

@@ -17,14 +17,14 @@ from typing import Any
 
 import asyncpg
 
-from services.runtime.errors import StoreError, Unavailable
-from services.runtime.store.attempts import ExecutorQueries
-from services.runtime.store.outbox import OutboxQueries
-from services.runtime.store.rows import Run, parse_run_id
-from services.runtime.store.schema import QUERIES, init_connection, migrate
-from services.runtime.store.segments import RelayQueries
-from services.runtime.store.submits import SubmitterQueries
-from services.runtime.store.upkeep import RecoveryQueries
+from runwire.runtime.errors import StoreError, Unavailable
+from runwire.runtime.store.attempts import ExecutorQueries
+from runwire.runtime.store.outbox import OutboxQueries
+from runwire.runtime.store.rows import Run, parse_run_id
+from runwire.runtime.store.schema import QUERIES, init_connection, migrate
+from runwire.runtime.store.segments import RelayQueries
+from runwire.runtime.store.submits import SubmitterQueries
+from runwire.runtime.store.upkeep import RecoveryQueries
 
 log = logging.getLogger(__name__)
 

@@ -3,10 +3,10 @@
 import uuid
 from typing import Any
 
-from contracts.errors import ErrorBody
-from services.runtime.settings import DEFAULT_SUPERSEDE_GRACE_MS
-from services.runtime.store.queries import Queries
-from services.runtime.store.rows import Run, parse_run_id
+from runwire.contracts.errors import ErrorBody
+from runwire.runtime.settings import DEFAULT_SUPERSEDE_GRACE_MS
+from runwire.runtime.store.queries import Queries
+from runwire.runtime.store.rows import Run, parse_run_id
 
 
 class SubmitterQueries(Queries):

@@ -5,9 +5,9 @@ LOCKED`, so replicas never act twice on a run."""
 import uuid
 from collections.abc import Sequence
 
-from contracts.errors import ErrorBody
-from services.runtime.store.queries import Queries
-from services.runtime.store.rows import Run
+from runwire.contracts.errors import ErrorBody
+from runwire.runtime.store.queries import Queries
+from runwire.runtime.store.rows import Run
 
 
 class RecoveryQueries(Queries):
