@@ -9,9 +9,9 @@ from typing import Any
 from pydantic import Field
 
 from runwire.contracts.base import Versioned
+from runwire.contracts.subjects import RUNNER_NAME_PATTERN
 
 MAX_ID_LENGTH = 200
-RUNNER_NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
 
 
 class Multitask(StrEnum):

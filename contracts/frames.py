@@ -8,6 +8,7 @@ from pydantic import AwareDatetime, Field, ValidationInfo, model_validator
 from runwire.contracts.base import Versioned, WireModel
 from runwire.contracts.errors import ErrorBody, ErrorCode
 from runwire.contracts.status import RunStatus
+from runwire.contracts.subjects import RUNNER_NAME_PATTERN
 
 
 class FrameType(StrEnum):
@@ -150,4 +151,5 @@ class Job(Versioned):
 
     run_id: str
     tenant: str
+    runner: str = Field(pattern=RUNNER_NAME_PATTERN)
     generation: int = Field(ge=0)

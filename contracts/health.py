@@ -2,6 +2,8 @@
 
 from typing import Literal
 
+from pydantic import Field
+
 from runwire.contracts.base import Versioned
 
 
@@ -14,3 +16,6 @@ class HealthReply(Versioned):
     version: str
     uptime_s: float
     dependencies: dict[str, Literal["ok", "unavailable"]]
+    # The runners this replica serves: an executor's take jobs of these runners only;
+    # a submitter's are the runners it accepts runs for. Empty for the other services.
+    runners: list[str] = Field(default_factory=list)

@@ -10,6 +10,8 @@ DEFAULT_PREFIX = "rw"
 DEFAULT_TENANT = "default"
 TENANT_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 PREFIX_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+# A runner's name is one subject token (its jobs' subjects carry it) and a consumer name.
+RUNNER_NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
 COMMANDS = ("submit", "cancel", "get", "abort_session", "join")
 
 
@@ -52,14 +54,25 @@ class Subjects:
         """The tenant token of a command subject."""
         return subject.split(".")[1]
 
-    def job(self, run_id: str) -> str:
-        """A run's job: one subject per run, so that recovery can see whether it is there.
-        (Three tokens: no stream's subjects may overlap another's, whatever the tenant.)"""
-        return f"{self.prefix}.jobs.{run_id}"
+    def job(self, runner: str, run_id: str) -> str:
+        """A run's job: one subject per run, so that recovery can see whether it is there,
+        under its runner's name, so that only executors with that runner take it. (Five
+        tokens ending in `job`: no stream's subjects may overlap another's, whatever the
+        tenant or the runner is called.)"""
+        return f"{self.prefix}.jobs.{runner}.{run_id}.job"
+
+    def jobs_of(self, runner: str) -> str:
+        """Every job of one runner (the filter of that runner's consumer)."""
+        return f"{self.prefix}.jobs.{runner}.*.job"
 
     @property
     def jobs_wildcard(self) -> str:
-        return f"{self.prefix}.jobs.*"
+        return f"{self.prefix}.jobs.*.*.job"
+
+    @staticmethod
+    def run_of_job(subject: str) -> str:
+        """The run id of a job subject."""
+        return subject.split(".")[3]
 
     def frames_in(self, tenant: str, run_id: str) -> str:
         """Where an attempt publishes its raw frames."""

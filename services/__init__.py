@@ -15,18 +15,29 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from runwire.client.sdk import Client, ClientError, Transcript
-    from runwire.executor.runners.base import AttemptContext, Runner, RunnerError
+    from runwire.runners.base import AttemptContext, Runner, RunnerError, RunnerSpec, runner
 
 _PUBLIC = {
     "Client": "runwire.client.sdk",
     "ClientError": "runwire.client.sdk",
     "Transcript": "runwire.client.sdk",
-    "AttemptContext": "runwire.executor.runners.base",
-    "Runner": "runwire.executor.runners.base",
-    "RunnerError": "runwire.executor.runners.base",
+    "AttemptContext": "runwire.runners.base",
+    "Runner": "runwire.runners.base",
+    "RunnerError": "runwire.runners.base",
+    "RunnerSpec": "runwire.runners.base",
+    "runner": "runwire.runners.base",
 }
 
-__all__ = ["AttemptContext", "Client", "ClientError", "Runner", "RunnerError", "Transcript"]
+__all__ = [
+    "AttemptContext",
+    "Client",
+    "ClientError",
+    "Runner",
+    "RunnerError",
+    "RunnerSpec",
+    "Transcript",
+    "runner",
+]
 
 
 def __getattr__(name: str) -> Any:

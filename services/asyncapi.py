@@ -67,6 +67,10 @@ PARAMETERS = {
         "command's tenant is taken from its subject, never from its body."
     ),
     "run_id": "A run's id (a UUID).",
+    "runner": (
+        "A runner's name: lower-case letters, digits, `_` and `-`, starting with a letter "
+        "(at most 64)."
+    ),
 }
 _PARAMETER = re.compile(r"\{(\w+)\}")
 _SCHEMA_REF = "#/components/schemas/{model}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -70,6 +71,8 @@ class InProcessStack:
     overrides: dict[str, Any] = field(default_factory=dict)
     # Executors started by `async with` (0: jobs stay queued until a test starts one).
     executors: int = 1
+    # Runners handed to the submitter and the executors, beside the installed ones.
+    runners: dict[str, Any] = field(default_factory=dict)
     client: Client = field(init=False)
     store: Store = field(init=False)
     _services: dict[str, tuple[asyncio.Task[None], asyncio.Event]] = field(
@@ -96,7 +99,11 @@ class InProcessStack:
 
     async def start(self, *, executors: int = 1) -> InProcessStack:
         self.store = await Store.connect(self.db_url, pool_size=2)
-        self._start("submitter", serve_submitter, self.settings(SubmitterSettings))
+        self._start(
+            "submitter",
+            functools.partial(serve_submitter, runners=self.runners),
+            self.settings(SubmitterSettings),
+        )
         self._start("relay", serve_relay, self.settings(RelaySettings))
         self._start("recovery", serve_recovery, self.settings(RecoverySettings))
         for i in range(executors):
@@ -117,9 +124,14 @@ class InProcessStack:
     def start_relay(self, name: str) -> None:
         self._start(name, serve_relay, self.settings(RelaySettings))
 
-    def start_executor(self, name: str = "executor-0", **extra: Any) -> None:
+    def start_executor(
+        self, name: str = "executor-0", runners: dict[str, Any] | None = None, **extra: Any
+    ) -> None:
+        """An executor with `runners` (the stack's by default) beside the installed ones."""
         self._start(
-            name, serve_executor, self.settings(ExecutorSettings, executor_id=name, **extra)
+            name,
+            functools.partial(serve_executor, runners=self.runners if runners is None else runners),
+            self.settings(ExecutorSettings, executor_id=name, **extra),
         )
 
     async def stop_service(self, name: str, timeout: float = 15.0) -> None:

@@ -20,6 +20,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from opentelemetry import propagate
 from pydantic import BaseModel, ValidationError
 
+from runwire.client.settings import load_settings
 from runwire.contracts.commands import (
     AbortSessionCommand,
     CancelCommand,
@@ -30,6 +31,7 @@ from runwire.contracts.commands import (
 from runwire.contracts.errors import ErrorBody, ErrorCode, ErrorReply
 from runwire.contracts.events import RunEvent
 from runwire.contracts.frames import CHECKED, Frame, FrameType
+from runwire.contracts.health import HealthReply
 from runwire.contracts.replies import (
     AbortSessionReply,
     JoinReply,
@@ -37,7 +39,7 @@ from runwire.contracts.replies import (
     RunSummary,
     SubmitReply,
 )
-from runwire.contracts.subjects import DEFAULT_PREFIX, DEFAULT_TENANT, Subjects
+from runwire.contracts.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,7 @@ STORED_FRAMES = {CHECKED: True}
 
 REQUEST_TIMEOUT_S = 10.0
 CONNECT_TIMEOUT_S = 5.0
+HEALTH_WAIT_S = 0.5
 REJOIN_DELAY_S = 0.2
 JOIN_FIRST_TIMEOUT_S = 2.0
 # With no frame for this long, the client re-joins to check the run is still alive.
@@ -94,13 +97,23 @@ class Client:
     @classmethod
     async def connect(
         cls,
-        url: str,
+        url: str | None = None,
         *,
-        tenant: str = DEFAULT_TENANT,
-        prefix: str = DEFAULT_PREFIX,
+        tenant: str | None = None,
+        prefix: str | None = None,
         connect_timeout: float = CONNECT_TIMEOUT_S,
     ) -> "Client":
-        """Connect to NATS; after the first connection, reconnect for as long as it takes."""
+        """Connect to NATS; after the first connection, reconnect for as long as it takes.
+
+        What is not given is found the way the CLI finds it: `RUNWIRE_NATS_URL`,
+        `RUNWIRE_TENANT` and `RUNWIRE_PREFIX`, then the nearest `.runwire/env` (which
+        `make up` writes), then the defaults.
+        """
+        if url is None or tenant is None or prefix is None:
+            found = load_settings()
+            url = found.nats_url if url is None else url
+            tenant = found.tenant if tenant is None else tenant
+            prefix = found.prefix if prefix is None else prefix
         try:
             nc = await asyncio.wait_for(
                 nats.connect(
@@ -120,6 +133,26 @@ class Client:
                 )
             ) from exc
         return cls(nc, tenant=tenant, prefix=prefix)
+
+    async def health(self, service: str, *, wait: float = HEALTH_WAIT_S) -> list[HealthReply]:
+        """The health of every replica of `service` (submitter, executor, relay,
+        recovery) that answers within `wait` seconds; an executor's lists its runners."""
+        inbox = self.nc.new_inbox()
+        sub = await self.nc.subscribe(inbox)
+        replies: list[HealthReply] = []
+        try:
+            await self.nc.publish(self.subjects.health(service), b"", reply=inbox)
+            deadline = asyncio.get_running_loop().time() + wait
+            while (left := deadline - asyncio.get_running_loop().time()) > 0:
+                try:
+                    msg = await sub.next_msg(timeout=left)
+                except nats.errors.TimeoutError:
+                    break
+                with contextlib.suppress(ValidationError):
+                    replies.append(HealthReply.model_validate_json(msg.data))
+        finally:
+            await sub.unsubscribe()
+        return replies
 
     async def close(self) -> None:
         if not self.nc.is_closed:

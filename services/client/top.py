@@ -35,7 +35,8 @@ from runwire.contracts.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
-EXECUTOR_CONSUMER = "executor"  # the executors' durable consumer on the jobs stream
+# The executors' durable consumers on the jobs stream: `executor-<runner>`, one per runner.
+EXECUTOR_CONSUMERS = "executor-"
 REFRESH_S = 1.0
 HEALTH_WINDOW_S = 0.2  # replicas answer one health request each: collect them this long
 THROUGHPUT_WINDOW_S = 10.0
@@ -222,9 +223,13 @@ class TopCollector:
         except (nats.errors.Error, nats.js.errors.Error) as exc:
             problems.append(f"jobs stream {stream}: {exc}")
         try:
-            in_flight = (await js.consumer_info(stream, EXECUTOR_CONSUMER)).num_ack_pending
+            in_flight = sum(
+                info.num_ack_pending or 0
+                for info in await js.consumers_info(stream)
+                if (info.name or "").startswith(EXECUTOR_CONSUMERS)
+            )
         except (nats.errors.Error, nats.js.errors.Error) as exc:
-            problems.append(f"consumer {EXECUTOR_CONSUMER}: {exc}")
+            problems.append(f"the executors' consumers: {exc}")
         return stored, oldest, in_flight
 
     async def _executors(self) -> list[ExecutorInfo]:

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from runwire.contracts.errors import ErrorBody, ErrorCode
 from runwire.contracts.frames import FrameType, RawFrame
-from runwire.executor.runners.base import AttemptClosed, AttemptContext, Runner, RunnerError
+from runwire.runners.base import AttemptClosed, AttemptContext, Runner, RunnerError
 from runwire.runtime import tracing
 from runwire.runtime.broker import Broker
 from runwire.runtime.commands import describe

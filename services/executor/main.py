@@ -17,6 +17,7 @@ import random
 import socket
 import time
 import uuid
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -31,15 +32,15 @@ from runwire.contracts.frames import Job
 from runwire.contracts.status import RunStatus
 from runwire.executor.attempt import AbortReason, Attempt, Outcome
 from runwire.executor.outcome import Settler
-from runwire.executor.runners import RUNNERS, Runner
-from runwire.executor.runners.base import RunnerError
+from runwire.runners.base import RunnerError, RunnerSpec
+from runwire.runners.registry import RunnerConfigError, input_schema, load_runners
 from runwire.runtime import publications, tracing
 from runwire.runtime.app import Service
-from runwire.runtime.broker import EXECUTOR_CONSUMER, Broker, StreamLimits
+from runwire.runtime.broker import EXECUTOR_CONSUMER, LEGACY_EXECUTOR_CONSUMER, Broker, StreamLimits
 from runwire.runtime.consumer import DurablePull
 from runwire.runtime.errors import RunwireError
 from runwire.runtime.health import serve_health
-from runwire.runtime.lifecycle import run
+from runwire.runtime.lifecycle import CannotStart, run
 from runwire.runtime.logs import bind, fields
 from runwire.runtime.metrics import ATTEMPT_DURATION, ATTEMPTS_IN_FLIGHT
 from runwire.runtime.outbox import Outbox
@@ -58,70 +59,107 @@ async def _unknown_runner(ctx: object) -> None:
     raise RunnerError("no runner of that name is registered on this executor", retryable=False)
 
 
+def executor_consumer(runner: str) -> str:
+    """The durable consumer that the executors of one runner share."""
+    return f"{EXECUTOR_CONSUMER}-{runner}"
+
+
 class Executor:
-    """Runs up to `max_in_flight` attempts at once; the consumer caps the global total."""
+    """Runs the jobs of its runners: per runner, up to its `max_in_flight` (or the
+    executor's) attempts at once, a cap its consumer also holds over all executors."""
 
     def __init__(
         self,
         settings: ExecutorSettings,
         store: Store,
         broker: Broker,
-        runners: dict[str, Runner] | None = None,
+        runners: Mapping[str, RunnerSpec],
         outbox: Outbox | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.broker = broker
-        self.runners = RUNNERS if runners is None else runners
+        self.runners = dict(runners)
         self.owner = settings.executor_id or (
             f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         )
         self.attempts: dict[str, Attempt] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._slot_freed = asyncio.Event()
         self._draining = False
         self.outbox = outbox or Outbox(store, broker)
         self._settler = Settler(store, self.outbox, settings, self.owner, random.Random())
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Fetch and run jobs until `stop`, then drain."""
+        """Fetch and run jobs of every runner until `stop`, then drain."""
         subjects = self.broker.subjects
-        jobs = DurablePull(
-            self.broker,
-            subjects.jobs_stream,
-            EXECUTOR_CONSUMER,
-            limits=StreamLimits.of(self.settings),
-            max_ack_pending=self.settings.max_in_flight,
-            ack_wait_s=self.settings.ack_wait_ms / 1000,
+        limits = StreamLimits.of(self.settings)
+        # The one consumer of every runner that executors before per-runner jobs shared:
+        # on a work-queue stream it would overlap the per-runner ones.
+        if await self.broker.delete_consumer(subjects.jobs_stream, LEGACY_EXECUTOR_CONSUMER):
+            log.info("removed the jobs consumer of executors before per-runner jobs")
+        pulls: dict[str, tuple[DurablePull, int]] = {}
+        for name, spec in self.runners.items():
+            cap = spec.max_in_flight or self.settings.max_in_flight
+            pulls[name] = (
+                DurablePull(
+                    self.broker,
+                    subjects.jobs_stream,
+                    executor_consumer(name),
+                    limits=limits,
+                    max_ack_pending=cap,
+                    ack_wait_s=self.settings.ack_wait_ms / 1000,
+                    filter_subject=subjects.jobs_of(name),
+                    declare_streams=False,
+                ),
+                cap,
+            )
+        for pull, _ in pulls.values():
+            await pull.open()
+        await self.store.register_runners(
+            {name: input_schema(spec) for name, spec in self.runners.items()}, self.owner
         )
-        await jobs.open()
-        log.info("executor ready", extra=fields(owner=self.owner))
+        log.info(
+            "executor ready",
+            extra=fields(owner=self.owner, runners=sorted(self.runners)),
+        )
         try:
-            while not stop.is_set():
-                free = self.settings.max_in_flight - len(self._tasks)
-                if free <= 0:
-                    await self._wait_for_slot(stop)
-                    continue
-                msgs = await jobs.fetch(min(free, FETCH_BATCH), stop)
-                if msgs is None:
-                    break
-                for msg in msgs:
-                    task = asyncio.create_task(self._handle(msg))
-                    self._tasks.add(task)
-                    task.add_done_callback(self._done)
+            async with asyncio.TaskGroup() as group:
+                for name, (pull, cap) in pulls.items():
+                    group.create_task(self._serve(name, pull, cap, stop), name=f"jobs-{name}")
         finally:
             await self._drain()
 
-    async def _wait_for_slot(self, stop: asyncio.Event) -> None:
-        self._slot_freed.clear()
-        waiters = {asyncio.create_task(self._slot_freed.wait()), asyncio.create_task(stop.wait())}
+    async def _serve(self, runner: str, jobs: DurablePull, cap: int, stop: asyncio.Event) -> None:
+        """Fetch one runner's jobs, at most `cap` attempts of it at once, until `stop`."""
+        running: set[asyncio.Task[None]] = set()
+        freed = asyncio.Event()
+
+        def done(task: "asyncio.Task[None]") -> None:
+            running.discard(task)
+            freed.set()
+
+        while not stop.is_set():
+            free = cap - len(running)
+            if free <= 0:
+                freed.clear()
+                await self._wait_for(freed, stop)
+                continue
+            msgs = await jobs.fetch(min(free, FETCH_BATCH), stop)
+            if msgs is None:
+                break
+            for msg in msgs:
+                task = asyncio.create_task(self._handle(msg))
+                self._tasks.add(task)
+                running.add(task)
+                task.add_done_callback(self._tasks.discard)
+                task.add_done_callback(done)
+
+    @staticmethod
+    async def _wait_for(freed: asyncio.Event, stop: asyncio.Event) -> None:
+        waiters = {asyncio.create_task(freed.wait()), asyncio.create_task(stop.wait())}
         await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         for waiter in waiters:
             waiter.cancel()
-
-    def _done(self, task: "asyncio.Task[None]") -> None:
-        self._tasks.discard(task)
-        self._slot_freed.set()
 
     async def _drain(self) -> None:
         self._draining = True
@@ -261,8 +299,16 @@ class ExecutorService(Service[ExecutorSettings]):
     name = "executor"
     executor: Executor
 
-    def __init__(self, settings: ExecutorSettings, *, own_process: bool = True) -> None:
+    def __init__(
+        self,
+        settings: ExecutorSettings,
+        *,
+        own_process: bool = True,
+        runners: Mapping[str, object] | None = None,
+    ) -> None:
         super().__init__(settings, own_process=own_process)
+        self._given_runners = runners
+        self.runners: dict[str, RunnerSpec] = {}
 
         @self.faststream.subscriber(
             self.subjects.cancel_notice("{run_id}"),
@@ -279,8 +325,21 @@ class ExecutorService(Service[ExecutorSettings]):
         publications.jobs(self)
         publications.raw_frames(self)
 
+    def prepare(self) -> None:
+        try:
+            self.runners = load_runners(self.settings.runners, self._given_runners)
+        except RunnerConfigError as exc:
+            raise CannotStart(str(exc)) from exc
+        if not self.runners:
+            raise CannotStart("no runner is registered: this executor would take no job")
+
+    def runner_names(self) -> list[str]:
+        return sorted(self.runners)
+
     def opened(self) -> None:
-        self.executor = Executor(self.settings, self.store, self.broker, outbox=self.outbox)
+        self.executor = Executor(
+            self.settings, self.store, self.broker, self.runners, outbox=self.outbox
+        )
 
     async def work(self, stop: asyncio.Event) -> None:
         await self.executor.run(stop)
@@ -290,9 +349,14 @@ service = ExecutorService(ExecutorSettings())
 app = service.app
 
 
-async def serve(settings: ExecutorSettings, stop: asyncio.Event) -> None:
-    """Run attempts in this process until `stop` is set, then drain."""
-    await ExecutorService(settings, own_process=False).serve(stop)
+async def serve(
+    settings: ExecutorSettings,
+    stop: asyncio.Event,
+    runners: Mapping[str, object] | None = None,
+) -> None:
+    """Run attempts in this process until `stop` is set, then drain; `runners` are
+    registered beside those the entry points and the settings name."""
+    await ExecutorService(settings, own_process=False, runners=runners).serve(stop)
 
 
 def main() -> None:

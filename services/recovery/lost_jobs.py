@@ -40,9 +40,11 @@ class LostJobs:
         waiting = await self.broker.jobs_waiting()
         lost = [
             run_id
-            for run_id in stale
+            for run_id, runner in stale.items()
             if not (
-                run_id in waiting if waiting is not None else await self.broker.job_queued(run_id)
+                run_id in waiting
+                if waiting is not None
+                else await self.broker.job_queued(runner, run_id)
             )
         ]
         if lost:

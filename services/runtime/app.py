@@ -129,6 +129,14 @@ class Service(Generic[S]):
         self.stopping: list[Callable[[], Awaitable[None]]] = []
 
     # -- what a service provides --------------------------------------------------
+    def prepare(self) -> None:
+        """Check and load what the service is configured with, before it connects;
+        raise CannotStart to stop it with the reason (exit status 2)."""
+
+    def runner_names(self) -> list[str]:
+        """The runners this replica serves or accepts, for its health reply."""
+        return []
+
     def opened(self) -> None:
         """Make the service's parts; the store and the broker are connected."""
 
@@ -171,6 +179,7 @@ class Service(Generic[S]):
         log.info("%s starting", self.name)
         settings = self.settings
         try:
+            self.prepare()
             self._store = await Store.connect(
                 settings.database_url, pool_size=settings.db_pool_size
             )

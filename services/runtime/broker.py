@@ -44,7 +44,10 @@ DECLARE_TRIES = 5
 EVENTS_MAX_AGE_S = 7 * 24 * 3600
 ERR_STREAM_FULL = 10077
 ERR_MSG_TOO_LARGE = 10054
+# The executors' durable consumers on the jobs stream: `executor-<runner>`, one per runner.
 EXECUTOR_CONSUMER = "executor"
+# Before per-runner jobs, one consumer named `executor` took every job.
+LEGACY_EXECUTOR_CONSUMER = "executor"
 # Raw frames are split into this many partitions by a hash of the run id. Changing it
 # moves runs between partitions: only do so with no run in flight.
 RELAY_PARTITIONS = 16
@@ -433,11 +436,13 @@ class Broker:
         subjects = info.state.subjects or {}
         if sum(subjects.values()) < info.state.messages:
             return None
-        return {subject.rsplit(".", 1)[-1] for subject in subjects}
+        return {self.subjects.run_of_job(subject) for subject in subjects}
 
-    async def job_queued(self, run_id: str) -> bool:
+    async def job_queued(self, runner: str, run_id: str) -> bool:
         """Whether the jobs stream still holds a job of this run."""
-        last = await self.last_on_subject(self.subjects.jobs_stream, self.subjects.job(run_id))
+        last = await self.last_on_subject(
+            self.subjects.jobs_stream, self.subjects.job(runner, run_id)
+        )
         return last is not None
 
     async def first_seq_on_subject(self, stream: str, subject: str) -> int | None:

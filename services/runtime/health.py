@@ -45,6 +45,7 @@ def serve_health(service: Service[Any]) -> None:
             version=version,
             uptime_s=round(time.monotonic() - service.started, 3),
             dependencies=deps,
+            runners=service.runner_names(),
         )
 
     service.faststream.replies[title] = (HealthReply,)

@@ -66,7 +66,8 @@ class Outbox:
         """The subject and the stream of a message, by its kind."""
         s = self.broker.subjects
         if message.kind == OutboxKind.JOB:
-            return s.job(message.run_id), s.jobs_stream
+            # Jobs written before jobs carried their runner were all `scripted` runs'.
+            return s.job(message.runner or "scripted", message.run_id), s.jobs_stream
         if message.kind == OutboxKind.FRAME:
             return s.frames_in(message.tenant, message.run_id), s.frames_in_stream
         return s.events(message.tenant, message.run_id), s.events_stream

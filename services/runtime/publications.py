@@ -26,14 +26,15 @@ def jobs(service: Service[Any]) -> None:
     """A run's job, from the outbox (the submitter, executors, recovery's sweep)."""
     s = service.subjects
     service.faststream.publisher(
-        s.job(RUN_ID),
+        s.job("{runner}", RUN_ID),
         title="jobs",
         description=(
             f"Internal. A run's job, stored in the work-queue stream `{s.jobs_stream}`: "
             "written to the outbox by the transition that queues an attempt, published by "
             "the service that committed it (a submit, an executor's shutdown) or, once "
             "due, by recovery's outbox sweep (a retry after its backoff, a recovered run). "
-            f"Executors take it through the durable pull consumer `{EXECUTOR_CONSUMER}`."
+            "Only executors that have the run's runner take it, through that runner's "
+            f"durable pull consumer `{EXECUTOR_CONSUMER}-<runner>`."
         ),
         schema=Job,
     )

@@ -62,6 +62,9 @@ class CommonSettings(BaseSettings):
     # Address it listens on: every interface by default (a scraper on another host or
     # pod); 127.0.0.1 keeps it to this host.
     metrics_host: str = "0.0.0.0"
+    # Runners that are not packaged: `name=package.module:object,...` (entry-point group
+    # `runwire.runners` registers packaged ones). Read by the submitter and the executor.
+    runners: str = ""
     # Test only: fault points to arm (`outbox.committed=kill`; see services/runtime/faults.py).
     fault_points: str = ""
 

@@ -12,7 +12,6 @@ import logging
 import uuid
 
 from opentelemetry import trace
-from pydantic import ValidationError
 
 from runwire.contracts.commands import (
     AbortSessionCommand,
@@ -23,16 +22,13 @@ from runwire.contracts.commands import (
 )
 from runwire.contracts.errors import ErrorCode
 from runwire.contracts.replies import AbortSessionReply, FrameChannel, RunReply, SubmitReply
-from runwire.contracts.scripted import ScriptedInput
 from runwire.contracts.status import RunStatus
 from runwire.runtime import tracing
 from runwire.runtime.broker import Broker
-from runwire.runtime.commands import describe
 from runwire.runtime.errors import (
     CANCELED_ERROR,
     QUEUE_FULL_ERROR,
     SUPERSEDED_ERROR,
-    InvalidRequest,
     NotFound,
     PayloadTooLarge,
     QueueFull,
@@ -43,6 +39,7 @@ from runwire.runtime.logs import bind, fields
 from runwire.runtime.outbox import Outbox
 from runwire.runtime.settings import SubmitterSettings
 from runwire.runtime.store import Run, Store
+from runwire.submitter.runners import RunnerCatalog
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +47,6 @@ ACTOR = "submitter"
 CANCELED = CANCELED_ERROR
 SUPERSEDED = SUPERSEDED_ERROR
 QUEUE_FULL = QUEUE_FULL_ERROR
-# Input schemas the submitter checks before accepting a run, by runner name.
-INPUT_MODELS = {"scripted": ScriptedInput}
 
 
 class SessionBusy(RunwireError):
@@ -71,31 +66,29 @@ class Submitter:
     """The submitter's command handlers."""
 
     def __init__(
-        self, settings: SubmitterSettings, store: Store, broker: Broker, outbox: Outbox
+        self,
+        settings: SubmitterSettings,
+        store: Store,
+        broker: Broker,
+        outbox: Outbox,
+        runners: RunnerCatalog,
     ) -> None:
         self.settings = settings
         self.store = store
         self.broker = broker
         self.outbox = outbox
+        self.runners = runners
 
-    def _check_input(self, cmd: SubmitCommand) -> None:
+    async def _check_input(self, cmd: SubmitCommand) -> None:
         size = len(json.dumps(cmd.input).encode())
         if size > self.settings.max_input_bytes:
             raise PayloadTooLarge(
                 f"input of {size} bytes is over the limit of {self.settings.max_input_bytes}"
             )
-        model = INPUT_MODELS.get(cmd.runner)
-        if model is None:
-            raise InvalidRequest(
-                f"unknown runner {cmd.runner!r}; known runners: {', '.join(INPUT_MODELS)}"
-            )
-        try:
-            model.model_validate(cmd.input)
-        except ValidationError as exc:
-            raise InvalidRequest(f"input for runner {cmd.runner!r}: {describe(exc)}") from exc
+        await self.runners.check(cmd.runner, cmd.input)
 
     async def submit(self, tenant: str, cmd: SubmitCommand) -> SubmitReply:
-        self._check_input(cmd)
+        await self._check_input(cmd)
         # A request_id used before is found by the insert (ON CONFLICT), or for a session
         # by `_make_room` under the session's lock, before it changes anything.
         canceled: list[Run] = []

@@ -2,16 +2,20 @@
 `runwire-submitter` or `python -m runwire.submitter`."""
 
 import asyncio
+from collections.abc import Mapping
 
 from runwire.contracts.commands import AbortSessionCommand, CancelCommand, GetCommand, SubmitCommand
 from runwire.contracts.replies import AbortSessionReply, RunReply, SubmitReply
+from runwire.runners.base import RunnerSpec
+from runwire.runners.registry import RunnerConfigError, load_runners
 from runwire.runtime import publications
 from runwire.runtime.app import Service
 from runwire.runtime.commands import Commands, tenant
 from runwire.runtime.health import serve_health
-from runwire.runtime.lifecycle import run
+from runwire.runtime.lifecycle import CannotStart, run
 from runwire.runtime.settings import SubmitterSettings
 from runwire.submitter.commands import Submitter
+from runwire.submitter.runners import RunnerCatalog
 
 QUEUE_GROUP = "submitter"
 
@@ -22,8 +26,17 @@ class SubmitterService(Service[SubmitterSettings]):
     name = "submitter"
     submitter: Submitter
 
-    def __init__(self, settings: SubmitterSettings, *, own_process: bool = True) -> None:
+    def __init__(
+        self,
+        settings: SubmitterSettings,
+        *,
+        own_process: bool = True,
+        runners: Mapping[str, object] | None = None,
+    ) -> None:
         super().__init__(settings, own_process=own_process)
+        self._given_runners = runners
+        self.runners: dict[str, RunnerSpec] = {}
+        self.catalog: RunnerCatalog | None = None
         command = Commands(self, QUEUE_GROUP)
 
         @command("submit", max_bytes=settings.max_input_bytes)
@@ -51,17 +64,34 @@ class SubmitterService(Service[SubmitterSettings]):
         publications.jobs(self)
         publications.raw_frames(self)
 
+    def prepare(self) -> None:
+        try:
+            self.runners = load_runners(self.settings.runners, self._given_runners)
+        except RunnerConfigError as exc:
+            raise CannotStart(str(exc)) from exc
+
+    def runner_names(self) -> list[str]:
+        return self.catalog.names() if self.catalog is not None else sorted(self.runners)
+
     def opened(self) -> None:
-        self.submitter = Submitter(self.settings, self.store, self.broker, self.outbox)
+        self.catalog = RunnerCatalog(self.store, self.runners)
+        self.submitter = Submitter(
+            self.settings, self.store, self.broker, self.outbox, self.catalog
+        )
 
 
 service = SubmitterService(SubmitterSettings())
 app = service.app
 
 
-async def serve(settings: SubmitterSettings, stop: asyncio.Event) -> None:
-    """Serve the submitter's commands in this process until `stop` is set."""
-    await SubmitterService(settings, own_process=False).serve(stop)
+async def serve(
+    settings: SubmitterSettings,
+    stop: asyncio.Event,
+    runners: Mapping[str, object] | None = None,
+) -> None:
+    """Serve the submitter's commands in this process until `stop` is set; `runners` are
+    accepted beside those the entry points, the settings and the executors name."""
+    await SubmitterService(settings, own_process=False, runners=runners).serve(stop)
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ from runwire.contracts.frames import FrameType
 from runwire.contracts.status import RunStatus
 from runwire.contracts.subjects import Subjects
 from runwire.executor.main import Executor
-from runwire.executor.runners.base import AttemptContext
+from runwire.runners.base import AttemptContext, RunnerSpec
 from runwire.runtime.broker import Broker
 from runwire.runtime.settings import ExecutorSettings
 from runwire.runtime.store import Store
@@ -148,7 +148,7 @@ async def _job_gone(stack: InProcessStack, run_id: str) -> bool:
     js = stack.client.nc.jetstream()
     subjects = stack.client.subjects
     try:
-        await js.get_last_msg(subjects.jobs_stream, subjects.job(run_id))
+        await js.get_last_msg(subjects.jobs_stream, subjects.job("scripted", run_id))
     except nats.js.errors.NotFoundError:
         return True
     return False
@@ -172,7 +172,7 @@ async def test_a_frame_whose_data_does_not_fit_its_type_fails_the_run_without_a_
         stop = asyncio.Event()
         settings = stack.settings(ExecutorSettings, executor_id="sloppy")
         executor = asyncio.create_task(
-            Executor(settings, store, broker, runners={"scripted": sloppy}).run(stop)
+            Executor(settings, store, broker, runners={"scripted": RunnerSpec(sloppy)}).run(stop)
         )
         try:
             reply = await stack.client.submit({"tokens": ["unused"]})

@@ -70,7 +70,7 @@ async def test_a_run_longer_than_ack_wait_is_delivered_once(
         run = await stack.client.get(reply.run.run_id)
         assert (run.status, run.attempts) == (RunStatus.FINISHED, 1)
         js = stack.client.nc.jetstream()
-        info = await js.consumer_info(stack.client.subjects.jobs_stream, "executor")
+        info = await js.consumer_info(stack.client.subjects.jobs_stream, "executor-scripted")
         assert info.num_redelivered == 0
     finally:
         await stack.close()

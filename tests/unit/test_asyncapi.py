@@ -154,7 +154,7 @@ def test_submit_command_schema_is_the_contract_model(doc: dict[str, Any]) -> Non
 
 @pytest.mark.parametrize(
     ("address", "model"),
-    [(S.events(T, R), RunEvent), (S.job(R), Job), (S.frames_in(T, R), RawFrame)],
+    [(S.events(T, R), RunEvent), (S.job("{runner}", R), Job), (S.frames_in(T, R), RawFrame)],
 )
 def test_what_the_services_publish_is_listed(
     doc: dict[str, Any], address: str, model: type[BaseModel]

@@ -5,8 +5,8 @@ import random
 import pytest
 
 from runwire.executor.outcome import backoff_ms
-from runwire.executor.runners.scripted import tokens_delivered
 from runwire.relay.sequencer import RunCursor, Verdict
+from runwire.runners.scripted import tokens_delivered
 from runwire.runtime.store import QUERIES, load_queries
 
 pytestmark = pytest.mark.unit

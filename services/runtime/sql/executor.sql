@@ -128,3 +128,11 @@ WITH upd AS (
            attempts, $4, error->>'code', 'executor shutting down' FROM upd
 )
 SELECT *, pg_current_xact_id()::text AS xact FROM upd;
+
+-- name: register_runner
+-- An executor serves runner $1 (input schema $2, NULL for any object); the latest wins.
+INSERT INTO runners (name, input_schema, registered_by)
+VALUES ($1, $2, $3)
+ON CONFLICT (name) DO UPDATE
+   SET input_schema = EXCLUDED.input_schema, registered_by = EXCLUDED.registered_by,
+       registered_at = now();

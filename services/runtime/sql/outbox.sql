@@ -12,7 +12,7 @@ SELECT pg_try_advisory_xact_lock($1) AS locked;
 -- What committed transactions imply that their service publishes at once: their jobs
 -- and frames that were due when written (run events and later jobs are the sweep's).
 SELECT xact::text AS xact, id, kind, tenant, run_id, msg_id, body::text AS body,
-       trace_parent
+       trace_parent, body->>'runner' AS runner
   FROM outbox
  WHERE xact = ANY($1::text[]::xid8[]) AND kind <> 'event' AND due_at <= created_at
  ORDER BY id;
@@ -20,7 +20,8 @@ SELECT xact::text AS xact, id, kind, tenant, run_id, msg_id, body::text AS body,
 -- name: outbox_due
 -- The sweep's outbox rows, oldest first (the caller holds outbox_lock): rows that became
 -- due after they were written, and rows their service left (after $1 ms).
-SELECT id, kind, tenant, run_id, msg_id, body::text AS body, trace_parent
+SELECT id, kind, tenant, run_id, msg_id, body::text AS body, trace_parent,
+       body->>'runner' AS runner
   FROM outbox
  WHERE due_at <= now()
    AND (due_at > created_at OR created_at < now() - make_interval(secs => $1 / 1000.0))

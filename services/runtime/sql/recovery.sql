@@ -61,7 +61,7 @@ UPDATE runs r
                < now() - make_interval(secs => $1 / 1000.0)
          LIMIT $2
          FOR UPDATE SKIP LOCKED)
-RETURNING r.run_id;
+RETURNING r.run_id, r.runner;
 
 -- name: reissue_jobs
 -- Runs whose job is gone from the stream (deleted or purged): each gets a new job.

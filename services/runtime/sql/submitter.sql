@@ -97,3 +97,7 @@ WITH upd AS (
     SELECT run_id, 'failed', status, attempts, $3, $2->>'code', $2->>'message' FROM upd
 )
 SELECT *, pg_current_xact_id()::text AS xact FROM upd;
+
+-- name: runner_catalog
+-- Every runner some executor has served, with the JSON Schema of its input.
+SELECT name, input_schema FROM runners ORDER BY name;

@@ -22,6 +22,11 @@ CANCELED_BODY = CANCELED_ERROR.model_dump(mode="json")
 class ExecutorQueries(Queries):
     """Attempts as the executor runs them."""
 
+    async def register_runners(self, schemas: dict[str, dict[str, Any] | None], owner: str) -> None:
+        """Record that `owner` serves these runners (name → input JSON Schema or None)."""
+        for name, schema in schemas.items():
+            await self._fetch("register_runner", name, schema, owner)
+
     async def claim(
         self, run_id: str, generation: int, owner: str, lease_ms: int, job_ack: str | None = None
     ) -> Run | None:

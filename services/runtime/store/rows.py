@@ -172,6 +172,8 @@ class OutboxMessage:
     msg_id: str
     body: str
     trace_parent: str | None
+    # A job's runner (its subject carries it); None for frames and events.
+    runner: str | None = None
 
     @classmethod
     def from_record(cls, rec: asyncpg.Record) -> "OutboxMessage":
@@ -183,6 +185,7 @@ class OutboxMessage:
             rec["msg_id"],
             rec["body"],
             rec["trace_parent"],
+            rec.get("runner"),
         )
 
 

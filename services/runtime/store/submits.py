@@ -12,6 +12,10 @@ from runwire.runtime.store.rows import Run, parse_run_id
 class SubmitterQueries(Queries):
     """Runs as the submitter writes them."""
 
+    async def runner_catalog(self) -> dict[str, dict[str, Any] | None]:
+        """Every runner an executor has served: name → input JSON Schema (or None)."""
+        return {r["name"]: r["input_schema"] for r in await self._fetch("runner_catalog")}
+
     async def session_active(self, tenant: str, session_id: str) -> list[str]:
         return [str(r["run_id"]) for r in await self._fetch("session_active", tenant, session_id)]
 

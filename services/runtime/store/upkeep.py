@@ -41,10 +41,12 @@ class RecoveryQueries(Queries):
         rec = await self._fetchrow("release_sessions", limit, actor)
         return int(rec["released"]) if rec else 0
 
-    async def stale_jobs(self, after_ms: int, limit: int) -> list[str]:
+    async def stale_jobs(self, after_ms: int, limit: int) -> dict[str, str]:
         """Runs waiting for an attempt whose job was issued or checked more than
-        `after_ms` ago (marked checked now): the caller looks for their job."""
-        return [str(r["run_id"]) for r in await self._fetch("stale_jobs", after_ms, limit)]
+        `after_ms` ago (marked checked now), with their runners: the caller looks for
+        their job."""
+        rows = await self._fetch("stale_jobs", after_ms, limit)
+        return {str(r["run_id"]): r["runner"] for r in rows}
 
     async def retrace_job(self, run_id: str, traceparent: str) -> None:
         """Make `traceparent` the parent of the attempt the run's pending job starts."""

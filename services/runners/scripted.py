@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from runwire.contracts.scripted import ScriptedInput
-from runwire.executor.runners.base import AttemptContext, RunnerError
+from runwire.runners.base import AttemptContext, RunnerError, runner
 
 HANG_FOREVER_S = 3600.0
 
@@ -26,6 +26,7 @@ def tokens_delivered(tokens: list[str], text: str) -> int:
     return count
 
 
+@runner(input=ScriptedInput)
 async def scripted(ctx: AttemptContext) -> dict[str, Any] | None:
     """Emit the script; fail, hang or pause where the script says."""
     try:

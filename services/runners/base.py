@@ -1,0 +1,116 @@
+"""The runner interface: what one attempt of a run receives and may do.
+
+A runner is an async callable taking an `AttemptContext` and returning an optional
+result dict. It fails by raising `RunnerError(retryable=...)`; it should stop soon
+after `ctx.abort` is set (cancel, deadline, shutdown), or it is abandoned. `runner()`
+declares one with what the services need to know about it: the model its input must
+fit (checked by the submitter) and how many of its attempts may run at once.
+"""
+
+import asyncio
+import contextlib
+import inspect
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from runwire.contracts.frames import FrameType
+
+
+class RunnerError(Exception):
+    """A runner's failure; `retryable` decides between a retry and failing the run."""
+
+    def __init__(self, message: str, *, retryable: bool) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retryable = retryable
+
+
+class AttemptClosed(Exception):
+    """Raised by `emit` once the attempt has been closed: nothing it does counts now."""
+
+
+@dataclass
+class AttemptContext:
+    """Everything an attempt may know and do."""
+
+    run_id: str
+    tenant: str
+    input: dict[str, Any]
+    attempt: int
+    resumed: bool
+    continuation: str
+    checkpoint_state: Any
+    abort: asyncio.Event
+    _emit: Callable[[FrameType, dict[str, Any]], Awaitable[None]]
+    _checkpoint: Callable[[Any], Awaitable[None]]
+
+    async def emit(self, type: FrameType, data: dict[str, Any]) -> None:
+        """Publish a frame of this attempt."""
+        await self._emit(type, data)
+
+    async def message(self, text: str) -> None:
+        """Publish a text delta."""
+        await self._emit(FrameType.MESSAGE, {"text": text})
+
+    async def checkpoint(self, state: Any) -> None:
+        """Save progress that a resumed attempt receives as `checkpoint_state`."""
+        await self._checkpoint(state)
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep, waking early if the attempt is aborted."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.abort.wait(), timeout=seconds)
+
+
+Runner = Callable[[AttemptContext], Coroutine[Any, Any, dict[str, Any] | None]]
+
+
+@dataclass(frozen=True)
+class RunnerSpec:
+    """A runner with what the services know about it (see `runner`)."""
+
+    run: Runner
+    # The model a run's `input` must fit; the submitter refuses a run whose input does
+    # not (`INVALID_REQUEST`). None: any JSON object.
+    input_model: type[BaseModel] | None = None
+    # Attempts of this runner in flight at once, over all executors (a model provider's
+    # concurrency limit); None: the executor's `max_in_flight`.
+    max_in_flight: int | None = None
+
+    async def __call__(self, ctx: AttemptContext) -> dict[str, Any] | None:
+        return await self.run(ctx)
+
+    @classmethod
+    def of(cls, obj: object, *, where: str) -> "RunnerSpec":
+        """`obj` as a declaration: a `RunnerSpec`, or an async function taking an
+        `AttemptContext`. Anything else is refused with `where` in the message."""
+        if isinstance(obj, RunnerSpec):
+            return obj
+        if inspect.iscoroutinefunction(obj):
+            return cls(run=obj)
+        raise TypeError(
+            f"{where} is {type(obj).__name__}, not a runner: expected an async function "
+            "taking an AttemptContext, or one declared with runwire.runner(...)"
+        )
+
+
+def runner(
+    *, input: type[BaseModel] | None = None, max_in_flight: int | None = None
+) -> Callable[[Runner], RunnerSpec]:
+    """Declare a runner: `@runwire.runner(input=MyInput, max_in_flight=8)` over an async
+    function taking an `AttemptContext`. Register it under a name with the entry-point
+    group `runwire.runners` or the `RUNWIRE_RUNNERS` setting."""
+    if input is not None and not (isinstance(input, type) and issubclass(input, BaseModel)):
+        raise TypeError(f"input must be a pydantic model class, not {input!r}")
+    if max_in_flight is not None and max_in_flight < 1:
+        raise ValueError(f"max_in_flight must be at least 1, not {max_in_flight}")
+
+    def declare(fn: Runner) -> RunnerSpec:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError(f"{fn!r} is not an async function")
+        return RunnerSpec(run=fn, input_model=input, max_in_flight=max_in_flight)
+
+    return declare

@@ -1,0 +1,86 @@
+"""Which runners the submitter accepts runs for, and the check of a run's input.
+
+A runner is known when this process has it (entry points, `RUNWIRE_RUNNERS`), or when
+an executor has recorded that it serves it (the `runners` table, with the JSON Schema of
+its input): a runner installed only beside some executors is still accepted and its
+input still checked. Anything else is refused with `INVALID_REQUEST`.
+"""
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError, best_match
+from pydantic import ValidationError
+
+from runwire.runners.base import RunnerSpec
+from runwire.runtime.commands import describe
+from runwire.runtime.errors import InvalidRequest
+from runwire.runtime.store import Store
+
+log = logging.getLogger(__name__)
+
+# How old the executors' list may get before a submit reads it again; a runner not in it
+# is looked up again at most this often (a new executor's runner is known that soon).
+REFRESH_S = 5.0
+MISS_REFRESH_S = 0.5
+
+
+class RunnerCatalog:
+    """The runners a submit may name, with their input checks."""
+
+    def __init__(self, store: Store, local: Mapping[str, RunnerSpec]) -> None:
+        self.store = store
+        self.local = dict(local)
+        self._remote: dict[str, Draft202012Validator | None] = {}
+        self._loaded_at = float("-inf")
+        self._loading: asyncio.Lock = asyncio.Lock()
+
+    def names(self) -> list[str]:
+        return sorted(self.local.keys() | self._remote.keys())
+
+    async def _load(self, older_than: float) -> None:
+        async with self._loading:
+            if time.monotonic() - self._loaded_at < older_than:
+                return  # another submit has just read it
+            catalog = await self.store.runner_catalog()
+            remote: dict[str, Draft202012Validator | None] = {}
+            for name, schema in catalog.items():
+                if schema is None:
+                    remote[name] = None
+                    continue
+                try:
+                    Draft202012Validator.check_schema(schema)
+                except SchemaError as exc:
+                    log.error("runner %s: its input schema is not valid: %s", name, exc.message)
+                    continue
+                remote[name] = Draft202012Validator(schema)
+            self._remote = remote
+            self._loaded_at = time.monotonic()
+
+    async def check(self, runner: str, value: dict[str, Any]) -> None:
+        """Raise InvalidRequest unless `runner` is known and `value` fits its input."""
+        spec = self.local.get(runner)
+        if spec is not None:
+            if spec.input_model is not None:
+                try:
+                    spec.input_model.model_validate(value)
+                except ValidationError as exc:
+                    raise InvalidRequest(f"input for runner {runner!r}: {describe(exc)}") from exc
+            return
+        age = time.monotonic() - self._loaded_at
+        if age >= REFRESH_S or (runner not in self._remote and age >= MISS_REFRESH_S):
+            await self._load(MISS_REFRESH_S if runner not in self._remote else REFRESH_S)
+        if runner not in self._remote:
+            known = ", ".join(self.names()) or "none"
+            raise InvalidRequest(f"unknown runner {runner!r}; known runners: {known}")
+        validator = self._remote[runner]
+        if validator is None:
+            return
+        error = best_match(validator.iter_errors(value))
+        if error is not None:
+            where = "/".join(str(part) for part in error.absolute_path) or "input"
+            raise InvalidRequest(f"input for runner {runner!r}: {where}: {error.message}")

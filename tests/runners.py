@@ -1,0 +1,51 @@
+"""Runners that tests register the way users do: declared with `runwire.runner`, found
+through `RUNWIRE_RUNNERS` or handed to the stack in code."""
+
+import asyncio
+from typing import Any
+
+from pydantic import Field
+
+import runwire
+from runwire.contracts.base import WireModel
+
+
+class EchoInput(WireModel):
+    """What `echo` takes: a text, said back in `times` frames."""
+
+    text: str = Field(min_length=1)
+    times: int = Field(default=1, ge=1, le=100)
+
+
+@runwire.runner(input=EchoInput)
+async def echo(ctx: runwire.AttemptContext) -> dict[str, Any]:
+    """Say the text back, once per `times`; the result names the executor's runner."""
+    args = EchoInput.model_validate(ctx.input)
+    for _ in range(args.times):
+        await ctx.message(args.text)
+    return {"echoed": args.times}
+
+
+# Attempts of `slow` that run right now, in this process (the test reads it).
+SLOW_RUNNING: list[str] = []
+SLOW_MOST = [0]
+
+
+@runwire.runner(max_in_flight=2)
+async def slow(ctx: runwire.AttemptContext) -> dict[str, Any]:
+    """Hold the attempt for `ms` milliseconds; counts how many hold one at once."""
+    SLOW_RUNNING.append(ctx.run_id)
+    SLOW_MOST[0] = max(SLOW_MOST[0], len(SLOW_RUNNING))
+    try:
+        await asyncio.sleep(int(ctx.input.get("ms", 200)) / 1000)
+    finally:
+        SLOW_RUNNING.remove(ctx.run_id)
+    return {}
+
+
+async def plain(ctx: runwire.AttemptContext) -> None:
+    """An undeclared runner: any input object."""
+    await ctx.message(str(sorted(ctx.input)))
+
+
+NOT_A_RUNNER = "a string"

@@ -1,0 +1,43 @@
+"""Declaring and naming runners: what is refused, and with what reason (pure logic)."""
+
+import pytest
+from pydantic import BaseModel
+
+import runwire
+from runwire.runners.registry import RunnerConfigError, load_runners, parse_setting
+from tests.runners import echo, plain
+
+pytestmark = pytest.mark.unit
+
+
+def test_the_setting_names_runners_and_refuses_what_it_cannot_read() -> None:
+    assert parse_setting(" a=pkg.mod:obj , b-2=pkg:x.y ,") == {"a": "pkg.mod:obj", "b-2": "pkg:x.y"}
+    with pytest.raises(RunnerConfigError, match="named twice"):
+        parse_setting("a=pkg:x,a=pkg:y")
+    with pytest.raises(RunnerConfigError, match=r"expected name=package\.module:object"):
+        parse_setting("a=pkg.x")
+
+
+def test_installed_runners_include_scripted_and_code_given_ones_win() -> None:
+    runners = load_runners("echo=tests.runners:echo", {"plain": plain})
+    assert {"scripted", "echo", "plain"} <= runners.keys()
+    assert runners["echo"] is echo
+    assert runners["plain"].input_model is None
+    assert runners["scripted"].input_model is not None
+
+
+def test_a_declaration_checks_what_it_is_given() -> None:
+    class Model(BaseModel):
+        x: int
+
+    with pytest.raises(TypeError, match="pydantic model"):
+        runwire.runner(input=dict)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="at least 1"):
+        runwire.runner(max_in_flight=0)
+
+    def not_async(ctx: runwire.AttemptContext) -> None: ...
+
+    with pytest.raises(TypeError, match="not an async function"):
+        runwire.runner(input=Model)(not_async)  # type: ignore[arg-type]
+    with pytest.raises(RunnerConfigError, match="is int, not a runner"):
+        load_runners(extra={"x": 3})
