@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from runwire.client.sdk import Client, ClientError, Transcript
-    from runwire.runners.base import AttemptContext, Runner, RunnerError, RunnerSpec, runner
+    from runwire.runners.base import (
+        AttemptContext,
+        Runner,
+        RunnerError,
+        RunnerSpec,
+        ToolOutcome,
+        runner,
+    )
+    from runwire.runners.tools import ToolError, ToolSpec, tool
 
 _PUBLIC = {
     "Client": "runwire.client.sdk",
@@ -26,6 +34,10 @@ _PUBLIC = {
     "RunnerError": "runwire.runners.base",
     "RunnerSpec": "runwire.runners.base",
     "runner": "runwire.runners.base",
+    "ToolOutcome": "runwire.runners.base",
+    "ToolError": "runwire.runners.tools",
+    "ToolSpec": "runwire.runners.tools",
+    "tool": "runwire.runners.tools",
 }
 
 __all__ = [
@@ -35,8 +47,12 @@ __all__ = [
     "Runner",
     "RunnerError",
     "RunnerSpec",
+    "ToolError",
+    "ToolOutcome",
+    "ToolSpec",
     "Transcript",
     "runner",
+    "tool",
 ]
 
 

@@ -10,6 +10,7 @@ import contextlib
 import io
 import logging
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -21,6 +22,7 @@ from pydantic import ValidationError
 from runwire.contracts.errors import ErrorBody, ErrorCode
 from runwire.contracts.frames import FrameType, RawFrame
 from runwire.runners.base import AttemptClosed, AttemptContext, Runner, RunnerError
+from runwire.runners.tools import ToolSpec
 from runwire.runtime import tracing
 from runwire.runtime.broker import Broker
 from runwire.runtime.commands import describe
@@ -71,10 +73,12 @@ class Attempt:
         settings: ExecutorSettings,
         owner: str,
         on_heartbeat: Any = None,
+        tools: Mapping[str, ToolSpec] | None = None,
     ) -> None:
         self.run = run
         self.generation = run.generation
         self._runner = runner
+        self._tools = tools or {}
         self._store = store
         self._broker = broker
         self._settings = settings
@@ -208,6 +212,7 @@ class Attempt:
             abort=self.abort_signal,
             _emit=self._emit,
             _checkpoint=self._checkpoint,
+            tools=self._tools,
         )
         runner_span = tracing.tracer.start_span(
             "runner", attributes={**self._span_attributes(), "runner": self.run.runner}

@@ -34,6 +34,7 @@ from runwire.executor.attempt import AbortReason, Attempt, Outcome
 from runwire.executor.outcome import Settler
 from runwire.runners.base import RunnerError, RunnerSpec
 from runwire.runners.registry import RunnerConfigError, input_schema, load_runners
+from runwire.runners.tools import ToolSpec, load_tools
 from runwire.runtime import publications, tracing
 from runwire.runtime.app import Service
 from runwire.runtime.broker import EXECUTOR_CONSUMER, LEGACY_EXECUTOR_CONSUMER, Broker, StreamLimits
@@ -75,11 +76,13 @@ class Executor:
         broker: Broker,
         runners: Mapping[str, RunnerSpec],
         outbox: Outbox | None = None,
+        tools: Mapping[str, ToolSpec] | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.broker = broker
         self.runners = dict(runners)
+        self.tools = dict(tools or {})
         self.owner = settings.executor_id or (
             f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         )
@@ -233,6 +236,7 @@ class Executor:
             settings=self.settings,
             owner=self.owner,
             on_heartbeat=msg.in_progress,
+            tools=self.tools,
         )
         if self._draining:
             # Claimed while this executor is shutting down: hand it straight back.
@@ -305,10 +309,13 @@ class ExecutorService(Service[ExecutorSettings]):
         *,
         own_process: bool = True,
         runners: Mapping[str, object] | None = None,
+        tools: Mapping[str, object] | None = None,
     ) -> None:
         super().__init__(settings, own_process=own_process)
         self._given_runners = runners
+        self._given_tools = tools
         self.runners: dict[str, RunnerSpec] = {}
+        self.tools: dict[str, ToolSpec] = {}
 
         @self.faststream.subscriber(
             self.subjects.cancel_notice("{run_id}"),
@@ -328,6 +335,7 @@ class ExecutorService(Service[ExecutorSettings]):
     def prepare(self) -> None:
         try:
             self.runners = load_runners(self.settings.runners, self._given_runners)
+            self.tools = load_tools(self.settings.tools, self._given_tools)
         except RunnerConfigError as exc:
             raise CannotStart(str(exc)) from exc
         if not self.runners:
@@ -338,7 +346,7 @@ class ExecutorService(Service[ExecutorSettings]):
 
     def opened(self) -> None:
         self.executor = Executor(
-            self.settings, self.store, self.broker, self.runners, outbox=self.outbox
+            self.settings, self.store, self.broker, self.runners, self.outbox, self.tools
         )
 
     async def work(self, stop: asyncio.Event) -> None:
@@ -353,10 +361,11 @@ async def serve(
     settings: ExecutorSettings,
     stop: asyncio.Event,
     runners: Mapping[str, object] | None = None,
+    tools: Mapping[str, object] | None = None,
 ) -> None:
-    """Run attempts in this process until `stop` is set, then drain; `runners` are
-    registered beside those the entry points and the settings name."""
-    await ExecutorService(settings, own_process=False, runners=runners).serve(stop)
+    """Run attempts in this process until `stop` is set, then drain; `runners` and
+    `tools` are registered beside those the entry points and the settings name."""
+    await ExecutorService(settings, own_process=False, runners=runners, tools=tools).serve(stop)
 
 
 def main() -> None:

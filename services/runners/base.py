@@ -10,13 +10,17 @@ fit (checked by the submitter) and how many of its attempts may run at once.
 import asyncio
 import contextlib
 import inspect
-from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
-from typing import Any
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from runwire.contracts.frames import FrameType
+
+if TYPE_CHECKING:
+    from runwire.runners.tools import ToolSpec
 
 
 class RunnerError(Exception):
@@ -30,6 +34,16 @@ class RunnerError(Exception):
 
 class AttemptClosed(Exception):
     """Raised by `emit` once the attempt has been closed: nothing it does counts now."""
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    """What a tool call gave: `output`, or `error` when it failed."""
+
+    id: str
+    name: str
+    output: Any
+    error: str | None
 
 
 @dataclass
@@ -46,6 +60,8 @@ class AttemptContext:
     abort: asyncio.Event
     _emit: Callable[[FrameType, dict[str, Any]], Awaitable[None]]
     _checkpoint: Callable[[Any], Awaitable[None]]
+    # The tools this executor has (`runwire.tools`), by name.
+    tools: Mapping[str, "ToolSpec"] = field(default_factory=dict)
 
     async def emit(self, type: FrameType, data: dict[str, Any]) -> None:
         """Publish a frame of this attempt."""
@@ -58,6 +74,32 @@ class AttemptContext:
     async def checkpoint(self, state: Any) -> None:
         """Save progress that a resumed attempt receives as `checkpoint_state`."""
         await self._checkpoint(state)
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], *, call_id: str | None = None
+    ) -> "ToolOutcome":
+        """Call a registered tool: a `tool_call` frame, the call, a `tool_result` frame.
+        An unknown tool, bad arguments or the tool's own failure come back as the
+        outcome's `error` (also in the frame), for the runner or the model to handle."""
+        from runwire.runners.tools import ToolError
+
+        call_id = call_id or f"call_{uuid.uuid4().hex[:12]}"
+        await self._emit(FrameType.TOOL_CALL, {"id": call_id, "name": name, "arguments": arguments})
+        spec = self.tools.get(name)
+        output: Any = None
+        error: str | None = None
+        if spec is None:
+            error = f"no tool named {name!r} is registered"
+        else:
+            try:
+                output = await spec.call(arguments)
+            except ToolError as exc:
+                error = str(exc)
+            except Exception as exc:  # noqa: BLE001 - a tool's failure is the call's result
+                error = f"{type(exc).__name__}: {exc}"
+        result = {"id": call_id, "name": name, "output": output, "error": error}
+        await self._emit(FrameType.TOOL_RESULT, result)
+        return ToolOutcome(call_id, name, output, error)
 
     async def sleep(self, seconds: float) -> None:
         """Sleep, waking early if the attempt is aborted."""

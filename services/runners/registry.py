@@ -17,7 +17,7 @@ import importlib
 import logging
 import re
 from collections.abc import Mapping
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import entry_points
 from typing import Any
 
 from runwire.contracts.subjects import RUNNER_NAME_PATTERN
@@ -26,7 +26,14 @@ from runwire.runners.base import RunnerSpec
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "runwire.runners"
-_NAME = re.compile(RUNNER_NAME_PATTERN)
+_NAMES = {
+    "runner": (
+        re.compile(RUNNER_NAME_PATTERN),
+        "lower-case letters, digits, '_' and '-', starting with a letter, at most 64",
+    ),
+    # What a model provider accepts as a function's name.
+    "tool": (re.compile(r"^[A-Za-z0-9_-]{1,64}$"), "letters, digits, '_' and '-', at most 64"),
+}
 _TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
@@ -34,15 +41,15 @@ class RunnerConfigError(Exception):
     """A runner that cannot be registered: bad name, import error, not a runner."""
 
 
-def _check_name(name: str, where: str) -> None:
-    if not _NAME.match(name):
-        raise RunnerConfigError(
-            f"{where}: {name!r} is not a runner name (lower-case letters, digits, '_' and "
-            "'-', starting with a letter, at most 64)"
-        )
+def check_name(name: str, where: str, *, what: str = "runner") -> None:
+    """Refuse a name that is not a valid runner (or tool) name."""
+    pattern, rule = _NAMES[what]
+    if not pattern.match(name):
+        raise RunnerConfigError(f"{where}: {name!r} is not a {what} name ({rule})")
 
 
-def _import(target: str, where: str) -> object:
+def import_object(target: str, where: str) -> object:
+    """The object `package.module:attribute` names; any failure is a RunnerConfigError."""
     module_name, _, attribute = target.partition(":")
     try:
         obj: Any = importlib.import_module(module_name)
@@ -60,33 +67,36 @@ def _spec(obj: object, where: str) -> RunnerSpec:
         raise RunnerConfigError(str(exc)) from exc
 
 
-def parse_setting(setting: str) -> dict[str, str]:
+def parse_setting(
+    setting: str, variable: str = "RUNWIRE_RUNNERS", *, what: str = "runner"
+) -> dict[str, str]:
     """`name=module:object,...` → {name: "module:object"}; a malformed entry is an error."""
     targets: dict[str, str] = {}
     for item in (part.strip() for part in setting.split(",")):
         if not item:
             continue
         name, sep, target = (piece.strip() for piece in item.partition("="))
-        where = f"RUNWIRE_RUNNERS entry {item!r}"
+        where = f"{variable} entry {item!r}"
         if not sep or not _TARGET.match(target):
             raise RunnerConfigError(f"{where}: expected name=package.module:object")
-        _check_name(name, where)
+        check_name(name, where, what=what)
         if name in targets:
-            raise RunnerConfigError(f"{where}: runner {name!r} is named twice")
+            raise RunnerConfigError(f"{where}: {what} {name!r} is named twice")
         targets[name] = target
     return targets
 
 
-def _entry_points() -> dict[str, EntryPoint]:
-    found: dict[str, EntryPoint] = {}
-    for point in entry_points(group=ENTRY_POINT_GROUP):
+def installed(group: str, what: str = "runner") -> dict[str, str]:
+    """Name → `module:object` of each entry point of `group` in the installed packages."""
+    found: dict[str, str] = {}
+    for point in entry_points(group=group):
         other = found.get(point.name)
-        if other is not None and other.value != point.value:
+        if other is not None and other != point.value:
             raise RunnerConfigError(
-                f"two installed packages register the runner {point.name!r}: "
-                f"{other.value!r} and {point.value!r}"
+                f"two installed packages register the {what} {point.name!r}: "
+                f"{other!r} and {point.value!r}"
             )
-        found[point.name] = point
+        found[point.name] = point.value
     return found
 
 
@@ -96,21 +106,17 @@ def load_runners(
     """Every runner this process has: entry points, then the setting, then `extra`
     (runners handed over in code, as the test kit does), each winning over the one before."""
     runners: dict[str, RunnerSpec] = {}
-    for name, point in _entry_points().items():
-        where = f"entry point {name} = {point.value!r} (group {ENTRY_POINT_GROUP})"
-        _check_name(name, where)
-        try:
-            obj = point.load()
-        except Exception as exc:
-            raise RunnerConfigError(f"{where}: cannot load it: {exc}") from exc
-        runners[name] = _spec(obj, where)
+    for name, target in installed(ENTRY_POINT_GROUP).items():
+        where = f"entry point {name} = {target!r} (group {ENTRY_POINT_GROUP})"
+        check_name(name, where)
+        runners[name] = _spec(import_object(target, where), where)
     for name, target in parse_setting(setting).items():
         where = f"RUNWIRE_RUNNERS runner {name} = {target!r}"
         if name in runners:
             log.info("runner %s: the setting's %s replaces the entry point", name, target)
-        runners[name] = _spec(_import(target, where), where)
+        runners[name] = _spec(import_object(target, where), where)
     for name, obj in (extra or {}).items():
-        _check_name(name, f"runner {name!r}")
+        check_name(name, f"runner {name!r}")
         runners[name] = _spec(obj, f"runner {name!r}")
     return runners
 

@@ -84,6 +84,9 @@ class ExecutorSettings(CommonSettings):
     """The executor: in-flight limit, heartbeats, leases, retries, shutdown."""
 
     executor_id: str = ""
+    # Tools that are not packaged: `name=package.module:object,...` (entry-point group
+    # `runwire.tools` registers packaged ones).
+    tools: str = ""
     max_in_flight: int = Field(default=DEFAULT_MAX_IN_FLIGHT, ge=1)
     ack_wait_ms: int = Field(default=DEFAULT_ACK_WAIT_MS, ge=500)
     heartbeat_ms: int = Field(default=DEFAULT_HEARTBEAT_MS, ge=50)

@@ -22,8 +22,8 @@ from runwire.contracts.events import RunEvent
 from runwire.contracts.frames import FrameType, RawFrame
 from runwire.contracts.status import RunStatus
 from runwire.runtime.faults import OUTBOX_COMMITTED, OUTBOX_SWEPT
+from runwire.testing.waiting import eventually
 from tests.services import ProcessStack, assert_well_formed, collect
-from tests.support import eventually
 
 pytestmark = pytest.mark.chaos
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from runwire.runtime.faults import RELAY_UNWRITTEN
+from runwire.testing.waiting import eventually
 from tests.services import ProcessStack, all_frames_stored, assert_well_formed, collect
-from tests.support import eventually
 
 pytestmark = pytest.mark.chaos
 

@@ -4,12 +4,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.conftest import TestInfra
+from runwire.testing.servers import Servers
 from tests.services import InProcessStack
 
 
 @pytest.fixture
-async def stack(infra: TestInfra, db_url: str, prefix: str) -> AsyncIterator[InProcessStack]:
+async def stack(infra: Servers, db_url: str, prefix: str) -> AsyncIterator[InProcessStack]:
     """Submitter, executor, relay and recovery, wired to this test's database and prefix."""
     async with InProcessStack(infra.nats_url, db_url, prefix) as running:
         yield running

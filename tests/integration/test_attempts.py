@@ -15,9 +15,9 @@ from runwire.runners.base import AttemptContext, RunnerSpec
 from runwire.runtime.broker import Broker
 from runwire.runtime.settings import ExecutorSettings
 from runwire.runtime.store import Store
-from tests.conftest import TestInfra
+from runwire.testing.servers import Servers
+from runwire.testing.waiting import eventually
 from tests.services import InProcessStack, assert_well_formed, collect
-from tests.support import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -159,7 +159,7 @@ async def _status(stack: InProcessStack, run_id: str, status: RunStatus) -> bool
 
 
 async def test_a_frame_whose_data_does_not_fit_its_type_fails_the_run_without_a_gap(
-    infra: TestInfra, db_url: str, prefix: str
+    infra: Servers, db_url: str, prefix: str
 ) -> None:
     async def sloppy(ctx: AttemptContext) -> dict[str, object]:
         await ctx.message("before ")

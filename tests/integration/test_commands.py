@@ -16,9 +16,9 @@ from runwire.contracts.replies import AbortSessionReply, RunReply, SubmitReply
 from runwire.runtime.app import Service
 from runwire.runtime.commands import Commands
 from runwire.runtime.settings import SubmitterSettings
-from tests.conftest import TestInfra
+from runwire.testing.servers import Servers
+from runwire.testing.waiting import eventually
 from tests.services import InProcessStack
-from tests.support import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -137,7 +137,7 @@ class _Faulty(Service[SubmitterSettings]):
 
 
 async def test_a_failing_handler_is_answered_and_logged_and_the_service_goes_on(
-    infra: TestInfra, db_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+    infra: Servers, db_url: str, prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     settings = SubmitterSettings(nats_url=infra.nats_url, database_url=db_url, prefix=prefix)
     service = _Faulty(settings)

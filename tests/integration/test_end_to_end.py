@@ -5,8 +5,8 @@ import pytest
 from runwire.contracts.frames import FrameType
 from runwire.contracts.status import RunStatus
 from runwire.runtime.store import Run
+from runwire.testing.waiting import eventually
 from tests.services import InProcessStack, assert_well_formed, collect
-from tests.support import eventually
 
 pytestmark = pytest.mark.integration
 

@@ -6,8 +6,8 @@ import pytest
 
 from runwire.contracts.events import RunEvent
 from runwire.contracts.health import HealthReply
+from runwire.testing.waiting import eventually
 from tests.services import InProcessStack, collect
-from tests.support import eventually
 
 pytestmark = pytest.mark.integration
 

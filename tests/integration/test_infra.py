@@ -8,14 +8,14 @@ import nats
 import pytest
 
 from runwire.contracts.subjects import PREFIX_PATTERN
-from tests.conftest import TestInfra
+from runwire.testing.servers import Servers
 
 pytestmark = pytest.mark.integration
 
 EIGHT_MEGABYTES = 8 * 1024 * 1024
 
 
-async def test_nats_stores_messages_in_jetstream(infra: TestInfra, prefix: str) -> None:
+async def test_nats_stores_messages_in_jetstream(infra: Servers, prefix: str) -> None:
     assert PREFIX_PATTERN.match(prefix)
     client = await nats.connect(infra.nats_url)
     try:
@@ -50,7 +50,7 @@ async def test_each_test_gets_a_fresh_migrated_database(db_url: str, turn: int) 
         await conn.close()
 
 
-async def test_databases_are_distinct_and_dropped(infra: TestInfra, db_url: str) -> None:
+async def test_databases_are_distinct_and_dropped(infra: Servers, db_url: str) -> None:
     other_url = await infra.create_database()
     other_name = other_url.rsplit("/", 1)[1]
     try:
@@ -74,7 +74,7 @@ async def test_databases_are_distinct_and_dropped(infra: TestInfra, db_url: str)
 
 
 def test_service_env_points_services_at_this_test(
-    service_env: dict[str, str], infra: TestInfra, db_url: str, prefix: str
+    service_env: dict[str, str], infra: Servers, db_url: str, prefix: str
 ) -> None:
     assert service_env["RUNWIRE_NATS_URL"] == infra.nats_url
     assert service_env["RUNWIRE_DATABASE_URL"] == db_url

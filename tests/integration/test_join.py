@@ -5,9 +5,9 @@ import asyncio
 import pytest
 
 from runwire.contracts.frames import Frame, FrameType
-from tests.conftest import TestInfra
+from runwire.testing.servers import Servers
+from runwire.testing.waiting import eventually
 from tests.services import InProcessStack, all_frames_stored, assert_well_formed, collect
-from tests.support import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -114,7 +114,7 @@ async def _closed(stack: InProcessStack, run_id: str) -> bool:
 
 
 async def test_a_replay_over_its_size_limit_is_cut_and_the_rest_comes_by_joining_again(
-    infra: TestInfra, db_url: str, prefix: str
+    infra: Servers, db_url: str, prefix: str
 ) -> None:
     async with InProcessStack(
         infra.nats_url, db_url, prefix, overrides={"replay_max_bytes": 4096}

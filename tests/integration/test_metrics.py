@@ -14,9 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from runwire.client import Client
 from runwire.contracts.status import RunStatus
 from runwire.infra.embedded import find_free_port, port_is_free
+from runwire.testing.waiting import eventually
 from tests.local_stack import local_stack
 from tests.services import MODULES, ProcessStack, collect
-from tests.support import eventually
 
 pytestmark = pytest.mark.integration
 

@@ -10,15 +10,15 @@ from runwire.client import ClientError
 from runwire.contracts.errors import ErrorBody, ErrorCode
 from runwire.contracts.frames import FrameType
 from runwire.contracts.status import RunStatus
-from tests.conftest import TestInfra
+from runwire.testing.servers import Servers
+from runwire.testing.waiting import eventually
 from tests.services import InProcessStack, assert_well_formed, collect, max_running
-from tests.support import eventually
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-async def small_queue(infra: TestInfra, db_url: str, prefix: str):  # type: ignore[no-untyped-def]
+async def small_queue(infra: Servers, db_url: str, prefix: str):  # type: ignore[no-untyped-def]
     stack = InProcessStack(infra.nats_url, db_url, prefix, overrides={"queue_capacity": 3})
     await stack.start(executors=0)
     try:
@@ -54,7 +54,7 @@ async def test_a_full_queue_answers_queue_full_and_records_the_run(
 
 
 async def test_a_run_longer_than_ack_wait_is_delivered_once(
-    infra: TestInfra, db_url: str, prefix: str
+    infra: Servers, db_url: str, prefix: str
 ) -> None:
     stack = InProcessStack(
         infra.nats_url, db_url, prefix, overrides={"ack_wait_ms": 1000, "heartbeat_ms": 200}
@@ -93,7 +93,7 @@ async def test_cancel_aborts_the_attempt_within_100_ms(stack: InProcessStack) ->
 
 
 async def test_cancel_is_noticed_by_polling_when_the_notice_is_lost(
-    infra: TestInfra, db_url: str, prefix: str
+    infra: Servers, db_url: str, prefix: str
 ) -> None:
     stack = InProcessStack(infra.nats_url, db_url, prefix, overrides={"cancel_poll_ms": 50})
     await stack.start()
@@ -119,7 +119,7 @@ async def _frames_at_least(stack: InProcessStack, run_id: str, n: int) -> bool:
 
 
 async def test_many_runs_with_a_small_in_flight_limit_all_finish(
-    infra: TestInfra, db_url: str, prefix: str
+    infra: Servers, db_url: str, prefix: str
 ) -> None:
     stack = InProcessStack(infra.nats_url, db_url, prefix, overrides={"max_in_flight": 2})
     await stack.start(executors=2)

@@ -10,15 +10,15 @@ from runwire.contracts.errors import ErrorBody, ErrorCode
 from runwire.contracts.frames import FrameType
 from runwire.contracts.status import RunStatus
 from runwire.runtime.store import Run
-from tests.conftest import TestInfra
+from runwire.testing.servers import Servers
+from runwire.testing.waiting import eventually
 from tests.services import InProcessStack, collect
-from tests.support import eventually
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-async def no_executor(infra: TestInfra, db_url: str, prefix: str):  # type: ignore[no-untyped-def]
+async def no_executor(infra: Servers, db_url: str, prefix: str):  # type: ignore[no-untyped-def]
     stack = InProcessStack(infra.nats_url, db_url, prefix, overrides={"max_recoveries": 2})
     await stack.start(executors=0)
     try:
@@ -155,7 +155,7 @@ async def test_a_cancel_that_lands_while_an_attempt_ends_closes_the_run(
 
 
 async def test_jobs_purged_from_the_stream_are_published_again(
-    infra: TestInfra, db_url: str, prefix: str
+    infra: Servers, db_url: str, prefix: str
 ) -> None:
     # Re-published within the stream's duplicate window, where a plain repeat of the
     # message id would be dropped as a duplicate.
@@ -168,7 +168,7 @@ async def test_jobs_purged_from_the_stream_are_published_again(
 
 
 async def test_jobs_still_waiting_in_a_long_queue_are_not_copied(
-    infra: TestInfra, db_url: str, prefix: str
+    infra: Servers, db_url: str, prefix: str
 ) -> None:
     async with _queued_only(infra, db_url, prefix) as stack:  # the jobs wait in the stream
         ids = [(await stack.client.submit({"tokens": [f"w{i}"]})).run.run_id for i in range(5)]
@@ -192,7 +192,7 @@ async def test_jobs_still_waiting_in_a_long_queue_are_not_copied(
         await _each_finishes(stack, ids, "w")
 
 
-def _queued_only(infra: TestInfra, db_url: str, prefix: str) -> InProcessStack:
+def _queued_only(infra: Servers, db_url: str, prefix: str) -> InProcessStack:
     """A stack with no executor (jobs stay queued) and a short republish delay."""
     return InProcessStack(
         infra.nats_url, db_url, prefix, overrides={"republish_after_ms": 300}, executors=0

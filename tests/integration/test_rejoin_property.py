@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from runwire.client import Transcript
 from runwire.contracts.frames import Frame, FrameType
-from tests.conftest import TestInfra
+from runwire.testing.servers import Servers
 from tests.services import InProcessStack
 
 pytestmark = pytest.mark.integration
@@ -44,7 +44,7 @@ class Background:
 
 @pytest.fixture
 def resumed_run(
-    infra: TestInfra, db_url: str, prefix: str
+    infra: Servers, db_url: str, prefix: str
 ) -> Iterator[tuple[Background, InProcessStack, str]]:
     bg = Background()
     stack = bg.call(InProcessStack(infra.nats_url, db_url, prefix).start())

@@ -7,8 +7,8 @@ import pytest
 
 from runwire.relay.partitions import PARTITION_LOCKS
 from runwire.runtime.broker import RELAY_PARTITIONS
+from runwire.testing.waiting import eventually
 from tests.services import InProcessStack, assert_well_formed, collect
-from tests.support import eventually
 
 pytestmark = pytest.mark.integration
 

@@ -6,9 +6,9 @@ import pytest
 
 from runwire.client import ClientError
 from runwire.contracts.errors import ErrorCode
-from tests.conftest import TestInfra
+from runwire.testing.servers import Servers
+from runwire.testing.waiting import eventually
 from tests.services import InProcessStack, collect
-from tests.support import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +28,7 @@ async def _stream_empty(stack: InProcessStack, run_id: str) -> bool:
 
 
 async def test_purged_from_the_stream_then_served_from_postgres(
-    infra: TestInfra, db_url: str, prefix: str
+    infra: Servers, db_url: str, prefix: str
 ) -> None:
     overrides = {"stream_purge_grace": timedelta(milliseconds=300)}
     stack = await InProcessStack(infra.nats_url, db_url, prefix, overrides=overrides).start()
@@ -48,7 +48,7 @@ async def test_purged_from_the_stream_then_served_from_postgres(
 
 
 async def test_after_the_retention_join_says_the_frames_are_gone(
-    infra: TestInfra, db_url: str, prefix: str
+    infra: Servers, db_url: str, prefix: str
 ) -> None:
     overrides = {
         "stream_purge_grace": timedelta(milliseconds=200),

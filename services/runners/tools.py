@@ -1,0 +1,102 @@
+"""Tools a runner may call: declared with `runwire.tool`, found like runners.
+
+A tool is an async function taking its arguments as a pydantic model and returning
+something JSON can hold. It is registered under a name through the entry-point group
+`runwire.tools` (`lookup_order = "my_agents.tools:lookup_order"`) or the setting
+`RUNWIRE_TOOLS` (`name=module:object,...`). A runner calls one with
+`ctx.call_tool(name, arguments)`: the call and its result are frames of the run
+(`tool_call`, `tool_result`), so a client sees them as they happen. The `openai` runner
+offers every registered tool to the model, described by its docstring and its model's
+JSON Schema.
+"""
+
+import inspect
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from runwire.runners.registry import (
+    RunnerConfigError,
+    check_name,
+    import_object,
+    installed,
+    parse_setting,
+)
+
+ENTRY_POINT_GROUP = "runwire.tools"
+
+ToolFunction = Callable[[Any], Awaitable[Any]]
+
+
+class ToolError(Exception):
+    """A tool's failure, reported to the runner (and the model) as the call's `error`."""
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A tool with what a model needs to call it."""
+
+    run: ToolFunction
+    input_model: type[BaseModel]
+    description: str
+
+    def schema(self) -> dict[str, Any]:
+        """The JSON Schema of the tool's arguments."""
+        return self.input_model.model_json_schema()
+
+    async def call(self, arguments: dict[str, Any]) -> Any:
+        """Run the tool; bad arguments and its own failures raise ToolError."""
+        try:
+            args = self.input_model.model_validate(arguments)
+        except ValidationError as exc:
+            raise ToolError(f"invalid arguments: {exc.errors(include_url=False)}") from exc
+        output = await self.run(args)
+        try:
+            json.dumps(output)
+        except (TypeError, ValueError) as exc:
+            raise ToolError(f"the tool returned something JSON cannot hold: {exc}") from exc
+        return output
+
+
+def tool(
+    *, input: type[BaseModel], description: str | None = None
+) -> Callable[[ToolFunction], ToolSpec]:
+    """Declare a tool: `@runwire.tool(input=Args)` over an async function taking `Args`.
+    Its description (for a model) is `description` or the function's docstring."""
+    if not (isinstance(input, type) and issubclass(input, BaseModel)):
+        raise TypeError(f"input must be a pydantic model class, not {input!r}")
+
+    def declare(fn: ToolFunction) -> ToolSpec:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError(f"{fn!r} is not an async function")
+        text = description or inspect.getdoc(fn) or ""
+        return ToolSpec(run=fn, input_model=input, description=text)
+
+    return declare
+
+
+def _spec(obj: object, where: str) -> ToolSpec:
+    if isinstance(obj, ToolSpec):
+        return obj
+    raise RunnerConfigError(
+        f"{where} is {type(obj).__name__}, not a tool: declare it with runwire.tool(input=...)"
+    )
+
+
+def load_tools(setting: str = "", extra: Mapping[str, object] | None = None) -> dict[str, ToolSpec]:
+    """Every tool this process has: entry points, then `RUNWIRE_TOOLS`, then `extra`."""
+    tools: dict[str, ToolSpec] = {}
+    for name, target in installed(ENTRY_POINT_GROUP, "tool").items():
+        where = f"entry point {name} = {target!r} (group {ENTRY_POINT_GROUP})"
+        check_name(name, where, what="tool")
+        tools[name] = _spec(import_object(target, where), where)
+    for name, target in parse_setting(setting, "RUNWIRE_TOOLS", what="tool").items():
+        where = f"RUNWIRE_TOOLS tool {name} = {target!r}"
+        tools[name] = _spec(import_object(target, where), where)
+    for name, obj in (extra or {}).items():
+        check_name(name, f"tool {name!r}", what="tool")
+        tools[name] = _spec(obj, f"tool {name!r}")
+    return tools
