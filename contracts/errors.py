@@ -18,6 +18,9 @@ class ErrorCode(StrEnum):
     ATTEMPT_TIMEOUT = "ATTEMPT_TIMEOUT"
     RUNNER_ERROR = "RUNNER_ERROR"
     RUNNER_FATAL = "RUNNER_FATAL"
+    # The configuration a run was pinned to (for a model runner: model, base URL,
+    # sampling settings) is not the one its attempt would run with. Not retryable.
+    MODEL_CHANGED = "MODEL_CHANGED"
     CANCELED = "CANCELED"
     SUPERSEDED = "SUPERSEDED"
     INTERRUPTED = "INTERRUPTED"

@@ -18,6 +18,7 @@ class FrameType(StrEnum):
     MESSAGE = "message"
     TOOL_CALL = "tool_call"
     TOOL_RESULT = "tool_result"
+    USAGE = "usage"
     CHECKPOINT = "checkpoint"
     STATUS = "status"
     ERROR = "error"
@@ -62,6 +63,15 @@ class ToolResultData(WireModel):
     error: str | None = None
 
 
+class UsageData(WireModel):
+    """`usage`: the tokens one model call of the run took (one frame per call)."""
+
+    input_tokens: int = Field(ge=0)
+    output_tokens: int = Field(ge=0)
+    total_tokens: int = Field(ge=0)
+    model: str | None = None
+
+
 class CheckpointData(WireModel):
     """`checkpoint`: progress saved; a resumed attempt starts from `state`."""
 
@@ -87,6 +97,7 @@ FRAME_DATA: dict[FrameType, type[WireModel]] = {
     FrameType.MESSAGE: MessageData,
     FrameType.TOOL_CALL: ToolCallData,
     FrameType.TOOL_RESULT: ToolResultData,
+    FrameType.USAGE: UsageData,
     FrameType.CHECKPOINT: CheckpointData,
     FrameType.STATUS: StatusData,
     FrameType.ERROR: ErrorBody,

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from runwire.contracts.errors import ErrorBody, ErrorCode
 from runwire.contracts.frames import FrameType, RawFrame
-from runwire.runners.base import AttemptClosed, AttemptContext, Runner, RunnerError
+from runwire.runners.base import AttemptClosed, AttemptContext, Runner, RunnerError, RunnerSpec
 from runwire.runners.tools import ToolSpec
 from runwire.runtime import tracing
 from runwire.runtime.broker import Broker
@@ -58,6 +58,8 @@ class Outcome:
     result: dict[str, Any] | None = None
     error: ErrorBody | None = None
     abort: AbortReason | None = None
+    # The soonest the next attempt may start after a retryable error (Retry-After).
+    retry_after_ms: int | None = None
 
 
 class Attempt:
@@ -190,8 +192,40 @@ class Attempt:
             self.abort(AbortReason.LOST)
             raise AttemptClosed("lease lost") from None
 
+    async def _pinned(self) -> ErrorBody | None:
+        """MODEL_CHANGED when the run's pinned configuration is not this attempt's; pins
+        it when the run has none yet."""
+        spec = self._runner
+        if not isinstance(spec, RunnerSpec) or spec.pin is None:
+            return None
+        try:
+            pin = spec.pin(self.run.input)
+        except Exception as exc:  # noqa: BLE001 - a pin that cannot be made fails the run
+            return ErrorBody(
+                code=ErrorCode.RUNNER_FATAL,
+                message=f"the runner's configuration cannot be read: {exc}",
+                retryable=False,
+            )
+        if self.run.config_pin is None:
+            await self._store.pin_config(self.run.run_id, self.generation, pin)
+            return None
+        if pin == self.run.config_pin:
+            return None
+        return ErrorBody(
+            code=ErrorCode.MODEL_CHANGED,
+            message=(
+                f"the run was pinned to configuration {self.run.config_pin[:12]}, but this "
+                f"attempt would run with {pin[:12]} (model, base URL or sampling settings "
+                "changed); submit a new run to use the new configuration"
+            ),
+            retryable=False,
+        )
+
     async def execute(self) -> Outcome:
         """Run the runner under heartbeat, deadline and abort; return how it ended."""
+        changed = await self._pinned()
+        if changed is not None:
+            return Outcome(error=changed)
         resumed = self.run.attempts > 1 or bool(self.continuation)
         await self.publish(
             FrameType.RUN,
@@ -258,8 +292,11 @@ class Attempt:
         if exc is None:
             return Outcome(result=task.result() or {})
         if isinstance(exc, RunnerError):
-            code = ErrorCode.RUNNER_ERROR if exc.retryable else ErrorCode.RUNNER_FATAL
-            return Outcome(error=ErrorBody(code=code, message=exc.message, retryable=exc.retryable))
+            wait = exc.retry_after_s
+            return Outcome(
+                error=ErrorBody(code=exc.code, message=exc.message, retryable=exc.retryable),
+                retry_after_ms=None if wait is None else max(0, round(wait * 1000)),
+            )
         if isinstance(exc, AttemptClosed):
             return Outcome(abort=self.abort_reason or AbortReason.LOST)
         if isinstance(exc, RunwireError):

@@ -125,6 +125,8 @@ class Settler:
             delay = backoff_ms(
                 run.attempts, self.settings.retry_base_ms, self.settings.retry_max_ms, self.rng
             )
+            if outcome.retry_after_ms is not None:
+                delay = max(delay, outcome.retry_after_ms)
             ended = await self.store.requeue(
                 run.run_id,
                 gen,

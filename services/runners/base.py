@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from runwire.contracts.errors import ErrorCode
 from runwire.contracts.frames import FrameType
 
 if TYPE_CHECKING:
@@ -24,12 +25,26 @@ if TYPE_CHECKING:
 
 
 class RunnerError(Exception):
-    """A runner's failure; `retryable` decides between a retry and failing the run."""
+    """A runner's failure; `retryable` decides between a retry and failing the run.
 
-    def __init__(self, message: str, *, retryable: bool) -> None:
+    `retry_after_s`: the next attempt starts no sooner (a provider's `Retry-After`), even
+    when the executor's backoff is shorter. `code`: the run's error code when it fails
+    (by default RUNNER_ERROR for a retryable failure, RUNNER_FATAL otherwise).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool,
+        retry_after_s: float | None = None,
+        code: ErrorCode | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.retryable = retryable
+        self.retry_after_s = retry_after_s
+        self.code = code or (ErrorCode.RUNNER_ERROR if retryable else ErrorCode.RUNNER_FATAL)
 
 
 class AttemptClosed(Exception):
@@ -121,6 +136,11 @@ class RunnerSpec:
     # Attempts of this runner in flight at once, over all executors (a model provider's
     # concurrency limit); None: the executor's `max_in_flight`.
     max_in_flight: int | None = None
+    # The fingerprint of the configuration a run must keep (for a model: model, base
+    # URL, sampling settings), from its input and this process's settings. Pinned when
+    # the run is submitted (or by its first attempt); an attempt whose fingerprint
+    # differs fails with MODEL_CHANGED. None: nothing is pinned.
+    pin: Callable[[dict[str, Any]], str] | None = None
 
     async def __call__(self, ctx: AttemptContext) -> dict[str, Any] | None:
         return await self.run(ctx)
@@ -140,7 +160,10 @@ class RunnerSpec:
 
 
 def runner(
-    *, input: type[BaseModel] | None = None, max_in_flight: int | None = None
+    *,
+    input: type[BaseModel] | None = None,
+    max_in_flight: int | None = None,
+    pin: Callable[[dict[str, Any]], str] | None = None,
 ) -> Callable[[Runner], RunnerSpec]:
     """Declare a runner: `@runwire.runner(input=MyInput, max_in_flight=8)` over an async
     function taking an `AttemptContext`. Register it under a name with the entry-point
@@ -153,6 +176,6 @@ def runner(
     def declare(fn: Runner) -> RunnerSpec:
         if not inspect.iscoroutinefunction(fn):
             raise TypeError(f"{fn!r} is not an async function")
-        return RunnerSpec(run=fn, input_model=input, max_in_flight=max_in_flight)
+        return RunnerSpec(run=fn, input_model=input, max_in_flight=max_in_flight, pin=pin)
 
     return declare

@@ -161,6 +161,7 @@ class Submitter:
             actor=ACTOR,
             # The submit command's span: every later span of the run descends from it.
             trace_parent=tracing.current_traceparent(),
+            config_pin=self.runners.pin(cmd.runner, cmd.input),
         )
         if run is None:
             raise _Duplicate("request_id already used")

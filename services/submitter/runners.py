@@ -39,6 +39,12 @@ class RunnerCatalog:
         self._loaded_at = float("-inf")
         self._loading: asyncio.Lock = asyncio.Lock()
 
+    def pin(self, runner: str, value: dict[str, Any]) -> str | None:
+        """The fingerprint of the configuration the run must keep, when this process has
+        the runner and it pins one (else its first attempt pins it)."""
+        spec = self.local.get(runner)
+        return spec.pin(value) if spec is not None and spec.pin is not None else None
+
     def names(self) -> list[str]:
         return sorted(self.local.keys() | self._remote.keys())
 

@@ -61,3 +61,8 @@ CREATE TABLE runners (
     registered_by text NOT NULL,
     registered_at timestamptz NOT NULL DEFAULT now()
 );
+
+-- The fingerprint of the configuration a run's attempts must run with (a model
+-- runner's model, base URL and sampling settings), pinned at submit or by the first
+-- attempt. An attempt that would run with another fails with MODEL_CHANGED.
+ALTER TABLE runs ADD COLUMN config_pin text;

@@ -136,3 +136,9 @@ VALUES ($1, $2, $3)
 ON CONFLICT (name) DO UPDATE
    SET input_schema = EXCLUDED.input_schema, registered_by = EXCLUDED.registered_by,
        registered_at = now();
+
+-- name: pin_config
+-- The first attempt of a run submitted without a pinned configuration pins its own.
+UPDATE runs SET config_pin = $3
+ WHERE run_id = $1 AND generation = $2 AND config_pin IS NULL
+RETURNING config_pin;

@@ -10,10 +10,10 @@ WITH ins AS (
     -- the order they were accepted.
     INSERT INTO runs (run_id, tenant, request_id, session_id, multitask, runner, input,
                       metadata, max_attempts, attempt_timeout_ms, queue_timeout_ms,
-                      job_published_at, created_at, updated_at, trace_parent)
+                      job_published_at, created_at, updated_at, trace_parent, config_pin)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,
             CASE WHEN session_blocked($2, $4, NULL) THEN NULL ELSE now() END,
-            clock_timestamp(), clock_timestamp(), $13)
+            clock_timestamp(), clock_timestamp(), $13, $14)
     ON CONFLICT (tenant, request_id) DO NOTHING
     RETURNING *
 ), ev AS (

@@ -22,6 +22,10 @@ CANCELED_BODY = CANCELED_ERROR.model_dump(mode="json")
 class ExecutorQueries(Queries):
     """Attempts as the executor runs them."""
 
+    async def pin_config(self, run_id: str, generation: int, pin: str) -> None:
+        """Pin the run's configuration, if nothing is pinned yet (fenced by generation)."""
+        await self._fetch("pin_config", uuid.UUID(run_id), generation, pin)
+
     async def register_runners(self, schemas: dict[str, dict[str, Any] | None], owner: str) -> None:
         """Record that `owner` serves these runners (name → input JSON Schema or None)."""
         for name, schema in schemas.items():

@@ -71,6 +71,8 @@ class Run:
     trace_parent: str | None = None
     # When recovery last checked that the run's job is still in the stream.
     job_checked_at: datetime | None = None
+    # The fingerprint of the configuration its attempts must run with (see RunnerSpec.pin).
+    config_pin: str | None = None
     # The transaction of the transition that returned this row: what it implies waits in
     # the outbox under this id, for the service to publish (None for a plain read).
     xact: str | None = None
@@ -114,6 +116,7 @@ class Run:
             cancel_error=_error(rec["cancel_error"]),
             trace_parent=rec["trace_parent"],
             job_checked_at=rec["job_checked_at"],
+            config_pin=rec.get("config_pin"),
             xact=rec.get("xact"),
         )
 

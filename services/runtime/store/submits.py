@@ -35,8 +35,10 @@ class SubmitterQueries(Queries):
         queue_timeout_ms: int | None,
         actor: str,
         trace_parent: str | None = None,
+        config_pin: str | None = None,
     ) -> Run | None:
-        """Create a queued run; None when the tenant already has this request_id."""
+        """Create a queued run; None when the tenant already has this request_id.
+        `config_pin`: the fingerprint of the configuration its attempts must run with."""
         return await self._run_or_none(
             "insert_run",
             uuid.UUID(run_id),
@@ -52,6 +54,7 @@ class SubmitterQueries(Queries):
             queue_timeout_ms,
             actor,
             trace_parent,
+            config_pin,
         )
 
     async def request_cancel(

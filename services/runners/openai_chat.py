@@ -1,0 +1,412 @@
+"""The `openai` runner: streaming chat completions from any OpenAI-compatible endpoint,
+through the official `openai` SDK.
+
+A run's input is the familiar request body (`model`, `messages`, `tools`, `tool_choice`,
+`temperature`, `max_tokens`, ...) plus `max_steps`, the number of model calls the tool
+loop may make. Each model call streams `message` frames (text deltas), a `tool_call`
+frame per completed call and a `usage` frame. Calls of tools registered with runwire
+(`runwire.tools`) are executed (`tool_result` frames) and the loop goes on; a call of any
+other tool ends the run, with the calls in its result for the client to answer.
+
+Failures map to outcomes: 408, 409, 429, 5xx, connection errors, timeouts and a stream
+cut short are retryable (runwire's retries, visible as attempts; the next waits at least
+the provider's `Retry-After`); 400, 401, 403, 404 and 422 fail the run (`RUNNER_FATAL`,
+with the provider's message). The SDK retries nothing itself. A cancel or a deadline
+closes the HTTP stream at once.
+
+The base URL and the key come from `RUNWIRE_OPENAI_BASE_URL` and `RUNWIRE_OPENAI_API_KEY`
+(else the SDK's `OPENAI_BASE_URL` and `OPENAI_API_KEY`). The key is never written to a
+log, a frame, an error or a span: a provider message that quotes it is redacted. The
+model, the base URL and the sampling settings are pinned when the run is submitted; an
+attempt that would run with others fails with `MODEL_CHANGED`.
+"""
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import re
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from importlib import import_module
+from typing import Any, Literal, TypeVar
+
+import openai
+from openai import AsyncOpenAI
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from runwire.contracts.base import WireModel
+from runwire.contracts.frames import FrameType
+from runwire.runners.base import AttemptContext, RunnerError, RunnerSpec
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+DEFAULT_MAX_STEPS = 8
+RETRYABLE_STATUS = frozenset({408, 409, 429})
+FATAL_STATUS = frozenset({400, 401, 403, 404, 422})
+# The settings that change what a model answers: pinned with the model and base URL.
+SAMPLING = (
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "seed",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "reasoning_effort",
+    "response_format",
+)
+RESUME_INSTRUCTION = (
+    "Your previous answer was cut off after the text above. Continue it from exactly where "
+    "it stops, without repeating any of it."
+)
+
+T = TypeVar("T")
+
+
+def _http_client_module() -> Any:
+    """The HTTP library the `openai` SDK streams with (`httpx2`, or `httpx` before it):
+    a stream cut short raises its transport errors, not the SDK's."""
+    for name in ("httpx2", "httpx"):
+        with contextlib.suppress(ImportError):
+            return import_module(name)
+    raise ImportError("the openai SDK's HTTP library (httpx2 or httpx) is not installed")
+
+
+_http = _http_client_module()
+
+
+class OpenAISettings(BaseSettings):
+    """Where the `openai` runner sends its requests; read from the environment (or given
+    by field name, as tests do)."""
+
+    model_config = SettingsConfigDict(extra="ignore", populate_by_name=True)
+
+    base_url: str = Field(
+        default=DEFAULT_BASE_URL,
+        validation_alias=AliasChoices("RUNWIRE_OPENAI_BASE_URL", "OPENAI_BASE_URL"),
+    )
+    api_key: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("RUNWIRE_OPENAI_API_KEY", "OPENAI_API_KEY")
+    )
+    # How long a stream may stay silent before the attempt gives up on it (retryable).
+    read_timeout_s: float = Field(
+        default=120.0, gt=0, validation_alias=AliasChoices("RUNWIRE_OPENAI_READ_TIMEOUT_S")
+    )
+    connect_timeout_s: float = Field(
+        default=10.0, gt=0, validation_alias=AliasChoices("RUNWIRE_OPENAI_CONNECT_TIMEOUT_S")
+    )
+    # Attempts of the runner in flight at once over all executors (the provider's limit).
+    max_in_flight: int | None = Field(
+        default=None, ge=1, validation_alias=AliasChoices("RUNWIRE_OPENAI_MAX_IN_FLIGHT")
+    )
+
+
+class OpenAIInput(WireModel):
+    """A run of the `openai` runner: a chat completions request body, streamed."""
+
+    model: str = Field(min_length=1, max_length=200)
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    # Tools the client handles itself: a call of one ends the run with the call.
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    # Registered tools offered to the model: None, every one; [] none.
+    runwire_tools: list[str] | None = None
+    max_steps: int = Field(default=DEFAULT_MAX_STEPS, ge=1, le=100)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    logit_bias: dict[str, int] | None = None
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    response_format: dict[str, Any] | None = None
+    user: str | None = None
+
+
+@dataclass
+class _Call:
+    """A tool call as its deltas arrive."""
+
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
+@dataclass
+class _Step:
+    """What one model call answered."""
+
+    text: str = ""
+    calls: dict[int, _Call] = field(default_factory=dict)
+    finish_reason: str | None = None
+    usage: dict[str, int] | None = None
+    model: str | None = None
+
+
+class _Aborted(Exception):
+    """The attempt was aborted (cancel, deadline, shutdown) while the model answered."""
+
+
+async def _or_abort(ctx: AttemptContext, work: Awaitable[T]) -> T:
+    """`work`, unless the attempt is aborted first: then `work` is cancelled at once."""
+    task = asyncio.ensure_future(work)
+    aborted = asyncio.ensure_future(ctx.abort.wait())
+    try:
+        await asyncio.wait({task, aborted}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        aborted.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        raise _Aborted
+    return task.result()
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds a provider asks to wait (`retry-after-ms`, `Retry-After` in seconds or as
+    an HTTP date)."""
+    if (ms := headers.get("retry-after-ms")) is not None:
+        with contextlib.suppress(ValueError):
+            return max(0.0, float(ms) / 1000)
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    with contextlib.suppress(ValueError):
+        return max(0.0, float(value))
+    with contextlib.suppress(TypeError, ValueError):
+        return max(0.0, (parsedate_to_datetime(value) - datetime.now(UTC)).total_seconds())
+    return None
+
+
+class OpenAIChat:
+    """The runner, for one configuration (settings read once, a client per process)."""
+
+    def __init__(self, settings: OpenAISettings) -> None:
+        self.settings = settings
+        self._client: tuple[asyncio.AbstractEventLoop, AsyncOpenAI] | None = None
+
+    @property
+    def client(self) -> AsyncOpenAI:
+        """One client (one connection pool) per event loop that runs attempts."""
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._client[0] is not loop:
+            self._client = (loop, self._make_client())
+        return self._client[1]
+
+    def _make_client(self) -> AsyncOpenAI:
+        s = self.settings
+        return AsyncOpenAI(
+            base_url=s.base_url,
+            # The SDK refuses to start without a key; a local server may need none.
+            api_key=s.api_key.get_secret_value() if s.api_key else "not-set",
+            max_retries=0,  # retries are runwire's: attempts, visible as such
+            timeout=openai.Timeout(s.read_timeout_s, connect=s.connect_timeout_s),
+        )
+
+    def pin(self, value: dict[str, Any]) -> str:
+        """The fingerprint of the model, the base URL and the sampling settings."""
+        args = OpenAIInput.model_validate(value)
+        pinned = {
+            "model": args.model,
+            "base_url": self.settings.base_url.rstrip("/"),
+            **{name: getattr(args, name) for name in SAMPLING},
+        }
+        return hashlib.sha256(json.dumps(pinned, sort_keys=True).encode()).hexdigest()
+
+    def _redact(self, text: str) -> str:
+        key = self.settings.api_key.get_secret_value() if self.settings.api_key else ""
+        if len(key) >= 8:
+            text = text.replace(key, "[redacted]")
+            # Providers quote a key masked in its middle: its ends still say too much.
+            text = re.sub(re.escape(key[:6]) + r"\S*" + re.escape(key[-4:]), "[redacted]", text)
+        return text
+
+    def _failure(self, exc: Exception) -> RunnerError:
+        """The outcome of a failed model call."""
+        if isinstance(exc, openai.APIStatusError):
+            status = exc.status_code
+            message = self._redact(f"model provider answered {status}: {exc.message}")
+            if status in FATAL_STATUS:
+                return RunnerError(message, retryable=False)
+            if status in RETRYABLE_STATUS or status >= 500:
+                return RunnerError(
+                    message, retryable=True, retry_after_s=_retry_after(exc.response.headers)
+                )
+            return RunnerError(message, retryable=False)
+        if isinstance(exc, openai.APITimeoutError | _http.TimeoutException):
+            return RunnerError("the model provider did not answer in time", retryable=True)
+        if isinstance(exc, openai.APIConnectionError | _http.TransportError):
+            detail = self._redact(str(exc.__cause__ or exc))
+            return RunnerError(f"connection to the model provider failed: {detail}", retryable=True)
+        if isinstance(exc, openai.APIError):
+            return RunnerError(self._redact(f"model provider error: {exc.message}"), retryable=True)
+        raise exc
+
+    def _tools(self, ctx: AttemptContext, args: OpenAIInput) -> list[dict[str, Any]]:
+        names = list(ctx.tools) if args.runwire_tools is None else args.runwire_tools
+        unknown = [n for n in names if n not in ctx.tools]
+        if unknown:
+            raise RunnerError(f"no tool registered as {', '.join(unknown)}", retryable=False)
+        offered = [
+            {
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "description": ctx.tools[name].description,
+                    "parameters": ctx.tools[name].schema(),
+                },
+            }
+            for name in names
+        ]
+        return [*offered, *(args.tools or [])]
+
+    def _request(
+        self, args: OpenAIInput, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        body = args.model_dump(
+            exclude_none=True, exclude={"messages", "tools", "runwire_tools", "max_steps"}
+        )
+        body.update(messages=messages, stream=True, stream_options={"include_usage": True})
+        if tools:
+            body["tools"] = tools
+        else:
+            body.pop("tool_choice", None)
+            body.pop("parallel_tool_calls", None)
+        return body
+
+    async def _step(self, ctx: AttemptContext, request: dict[str, Any]) -> _Step:
+        """One streamed model call; text deltas are emitted as they arrive."""
+        step = _Step()
+        stream = await _or_abort(ctx, self.client.chat.completions.create(**request))
+        try:
+            await _or_abort(ctx, self._consume(ctx, stream, step))
+        finally:
+            with contextlib.suppress(Exception):
+                await stream.close()
+        return step
+
+    async def _consume(self, ctx: AttemptContext, stream: Any, step: _Step) -> None:
+        async for chunk in stream:
+            step.model = chunk.model or step.model
+            if chunk.usage is not None:
+                step.usage = {
+                    "input_tokens": chunk.usage.prompt_tokens or 0,
+                    "output_tokens": chunk.usage.completion_tokens or 0,
+                    "total_tokens": chunk.usage.total_tokens or 0,
+                }
+            for choice in chunk.choices[:1]:
+                delta = choice.delta
+                if delta.content:
+                    step.text += delta.content
+                    await ctx.message(delta.content)
+                for part in delta.tool_calls or []:
+                    call = step.calls.setdefault(part.index, _Call())
+                    call.id = part.id or call.id
+                    if part.function is not None:
+                        call.name += part.function.name or ""
+                        call.arguments += part.function.arguments or ""
+                if choice.finish_reason:
+                    step.finish_reason = choice.finish_reason
+
+    async def __call__(self, ctx: AttemptContext) -> dict[str, Any]:
+        args = OpenAIInput.model_validate(ctx.input)
+        tools = self._tools(ctx, args)
+        messages = list(args.messages)
+        if ctx.continuation:
+            messages += [
+                {"role": "assistant", "content": ctx.continuation},
+                {"role": "system", "content": RESUME_INSTRUCTION},
+            ]
+        usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
+        text = ctx.continuation
+        for steps in range(1, args.max_steps + 1):
+            try:
+                step = await self._step(ctx, self._request(args, messages, tools))
+            except _Aborted:
+                return {"usage": usage}  # the executor records the abort, not this result
+            except Exception as exc:  # noqa: BLE001 - mapped to an outcome, or raised again
+                raise self._failure(exc) from None
+            if step.usage is not None:
+                for key in usage:
+                    usage[key] += step.usage[key]
+                await ctx.emit(FrameType.USAGE, {**step.usage, "model": step.model})
+            if step.finish_reason is None:
+                raise RunnerError("the model's stream ended before its answer did", retryable=True)
+            text += step.text
+            if not step.calls:
+                return {"finish_reason": step.finish_reason, "usage": usage, "steps": steps}
+            calls = [step.calls[i] for i in sorted(step.calls)]
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": step.text or None,
+                    "tool_calls": [
+                        {
+                            "id": c.id,
+                            "type": "function",
+                            "function": {"name": c.name, "arguments": c.arguments},
+                        }
+                        for c in calls
+                    ],
+                }
+            )
+            client_calls = []
+            for call in calls:
+                try:
+                    arguments = json.loads(call.arguments or "{}")
+                except json.JSONDecodeError:
+                    arguments = {"_unparsed": call.arguments}
+                if not isinstance(arguments, dict):
+                    arguments = {"_value": arguments}
+                if call.name not in ctx.tools:
+                    await ctx.emit(
+                        FrameType.TOOL_CALL,
+                        {"id": call.id, "name": call.name, "arguments": arguments},
+                    )
+                    client_calls.append({"id": call.id, "name": call.name, "arguments": arguments})
+                    continue
+                outcome = await ctx.call_tool(call.name, arguments, call_id=call.id)
+                content = (
+                    json.dumps({"error": outcome.error})
+                    if outcome.error is not None
+                    else json.dumps(outcome.output)
+                )
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
+            if client_calls:
+                return {
+                    "finish_reason": "tool_calls",
+                    "tool_calls": client_calls,
+                    "messages": messages,
+                    "usage": usage,
+                    "steps": steps,
+                }
+        raise RunnerError(
+            f"the model still called tools after {args.max_steps} steps (max_steps)",
+            retryable=False,
+        )
+
+
+def make_runner(settings: OpenAISettings | None = None) -> RunnerSpec:
+    """The `openai` runner for `settings` (by default read from the environment)."""
+    settings = settings or OpenAISettings()
+    chat = OpenAIChat(settings)
+    return RunnerSpec(
+        run=chat, input_model=OpenAIInput, max_in_flight=settings.max_in_flight, pin=chat.pin
+    )
+
+
+# Registered as `openai` (entry-point group `runwire.runners`).
+openai_runner = make_runner()
