@@ -32,12 +32,19 @@ URGENT_FRAME_TYPES = frozenset(
 
 
 class RunData(WireModel):
-    """`run`: an attempt starts. `partial_length` is how much text earlier attempts
-    delivered (in Unicode code points), which this attempt continues after."""
+    """`run`: an attempt starts.
+
+    A resumed attempt continues the text of the run's `message` frames up to seq
+    `resume_after` (the frames stored when it started): a client drops the `message`
+    frames it holds with a higher seq, and appends what follows. `partial_length` is the
+    length of that text in Unicode code points (not UTF-16 units: a JavaScript client
+    cuts by `resume_after`, never by `partial_length`).
+    """
 
     attempt: int = Field(ge=1)
     resumed: bool
     partial_length: int = Field(ge=0)
+    resume_after: int | None = Field(default=None, ge=0)
 
 
 class MessageData(WireModel):
@@ -164,3 +171,32 @@ class Job(Versioned):
     tenant: str
     runner: str = Field(pattern=RUNNER_NAME_PATTERN)
     generation: int = Field(ge=0)
+
+
+class Transcript:
+    """The text of a run as its frames are applied in seq order, with each resumed
+    attempt's cut (`RunData.resume_after`; before it, `partial_length`)."""
+
+    def __init__(self) -> None:
+        self._pieces: list[tuple[int, str]] = []
+        self._joined: str | None = ""
+
+    @property
+    def text(self) -> str:
+        if self._joined is None:
+            self._joined = "".join(text for _, text in self._pieces)
+        return self._joined
+
+    def apply(self, frame: Frame) -> None:
+        if frame.type == FrameType.MESSAGE:
+            self._pieces.append((frame.seq, str(frame.data.get("text", ""))))
+            self._joined = None
+        elif frame.type == FrameType.RUN and frame.data.get("resumed"):
+            after = frame.data.get("resume_after")
+            if after is not None:
+                while self._pieces and self._pieces[-1][0] > int(after):
+                    self._pieces.pop()
+            else:
+                kept = self.text[: int(frame.data.get("partial_length", len(self.text)))]
+                self._pieces = [(0, kept)] if kept else []
+            self._joined = None

@@ -14,6 +14,7 @@ import contextlib
 import json
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,11 +127,15 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
     }
 
 
+Reply = Stream | Status | Callable[["Request"], Stream | Status]
+
+
 class OpenAIServer:
-    """`async with OpenAIServer() as server:` serves on `server.base_url`."""
+    """`async with OpenAIServer() as server:` serves on `server.base_url`. A queued reply
+    may be a function of the request (to answer what a resumed request asks)."""
 
     def __init__(self) -> None:
-        self.replies: deque[Stream | Status] = deque()
+        self.replies: deque[Reply] = deque()
         self.requests: list[Request] = []
         self.arrived = asyncio.Condition()
         self._server: asyncio.Server | None = None
@@ -142,7 +147,7 @@ class OpenAIServer:
         port = self._server.sockets[0].getsockname()[1]
         return f"http://127.0.0.1:{port}/v1"
 
-    def queue(self, *replies: Stream | Status) -> None:
+    def queue(self, *replies: Reply) -> None:
         self.replies.extend(replies)
 
     async def wait_for_requests(self, count: int, timeout: float = 20) -> list[Request]:
@@ -195,6 +200,8 @@ class OpenAIServer:
         watcher = asyncio.create_task(self._watch_close(reader, request))
         try:
             reply = self.replies.popleft() if self.replies else Stream(text_answer("ok"))
+            if callable(reply):
+                reply = reply(request)
             if isinstance(reply, Status):
                 await self._status(writer, reply)
             else:

@@ -30,7 +30,7 @@ from runwire.contracts.commands import (
 )
 from runwire.contracts.errors import ErrorBody, ErrorCode, ErrorReply
 from runwire.contracts.events import RunEvent
-from runwire.contracts.frames import CHECKED, Frame, FrameType
+from runwire.contracts.frames import CHECKED, Frame, FrameType, Transcript
 from runwire.contracts.health import HealthReply
 from runwire.contracts.replies import (
     AbortSessionReply,
@@ -40,6 +40,8 @@ from runwire.contracts.replies import (
     SubmitReply,
 )
 from runwire.contracts.subjects import Subjects
+
+__all__ = ["Client", "ClientError", "Transcript"]
 
 log = logging.getLogger(__name__)
 
@@ -71,19 +73,6 @@ class ClientError(Exception):
         self.code = error.code
         self.message = error.message
         self.retryable = error.retryable
-
-
-class Transcript:
-    """The text of a run as frames arrive, honouring a resumed attempt's cut."""
-
-    def __init__(self) -> None:
-        self.text = ""
-
-    def apply(self, frame: Frame) -> None:
-        if frame.type == FrameType.RUN and frame.data.get("resumed"):
-            self.text = self.text[: int(frame.data.get("partial_length", len(self.text)))]
-        elif frame.type == FrameType.MESSAGE:
-            self.text += str(frame.data.get("text", ""))
 
 
 class Client:

@@ -20,7 +20,7 @@ from opentelemetry import trace
 from pydantic import ValidationError
 
 from runwire.contracts.errors import ErrorBody, ErrorCode
-from runwire.contracts.frames import FrameType, RawFrame
+from runwire.contracts.frames import CHECKED, Frame, FrameType, RawFrame, Transcript
 from runwire.runners.base import AttemptClosed, AttemptContext, Runner, RunnerError, RunnerSpec
 from runwire.runners.tools import ToolSpec
 from runwire.runtime import tracing
@@ -39,6 +39,10 @@ from runwire.runtime.store import Run, Store
 log = logging.getLogger(__name__)
 
 PUBLISH_TRIES = 5
+# How often a resuming attempt looks whether the relay has stored the earlier frames.
+RESUME_POLL_S = 0.02
+# Frames read back from the relay's segments were checked when they were made.
+STORED = {CHECKED: True}
 PUBLISH_WINDOW = 256
 
 
@@ -93,6 +97,10 @@ class Attempt:
         self._pending: deque[tuple[RawFrame, str | None, asyncio.Future[None]]] = deque()
         self._sync_lock = asyncio.Lock()
         self.continuation = run.partial_text
+        # Where a resumed attempt continues: the frames stored for the run (contiguous
+        # from seq 1) and the seq of the last of them (None for a fresh run).
+        self.history: list[Frame] = []
+        self.resume_after: int | None = None
         self.abort_signal = asyncio.Event()
         self.abort_reason: AbortReason | None = None
         self.closed = False
@@ -221,20 +229,59 @@ class Attempt:
             retryable=False,
         )
 
+    async def _stored_frames(self) -> list[Frame]:
+        """The run's frames in Postgres segments, from seq 1 up to the first gap."""
+        frames: list[Frame] = []
+        for segment in await self._store.segments_after(self.run.run_id, 0):
+            if segment.first_seq != len(frames) + 1:
+                break  # frames a crashed relay published but never wrote: stop before them
+            frames.extend(Frame.model_validate(body, context=STORED) for body in segment.frames)
+        return frames
+
+    async def _resume_point(self) -> None:
+        """Continue from everything the relay stored for the run. The text the previous
+        attempt knew was published (`partial_text`) is waited for, a little, so that a
+        retry takes nothing back; after a crash only the frames the relay had published
+        but not stored yet are taken back."""
+        run = self.run
+        if run.attempts <= 1 and run.last_seq == 0 and not run.partial_text:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._settings.resume_wait_ms / 1000
+        while True:
+            frames = await self._stored_frames()
+            transcript = Transcript()
+            for frame in frames:
+                transcript.apply(frame)
+            if transcript.text.startswith(run.partial_text) or loop.time() >= deadline:
+                break
+            await asyncio.sleep(RESUME_POLL_S)
+        if not transcript.text.startswith(run.partial_text):
+            log.warning(
+                "the relay has not stored all the run's frames yet; resuming from what it "
+                "stored (%d characters of %d)",
+                len(transcript.text),
+                len(run.partial_text),
+            )
+        self.history = frames
+        self.continuation = transcript.text
+        self.resume_after = frames[-1].seq if frames else 0
+
     async def execute(self) -> Outcome:
         """Run the runner under heartbeat, deadline and abort; return how it ended."""
         changed = await self._pinned()
         if changed is not None:
             return Outcome(error=changed)
-        resumed = self.run.attempts > 1 or bool(self.continuation)
-        await self.publish(
-            FrameType.RUN,
-            {
-                "attempt": self.run.attempts,
-                "resumed": resumed,
-                "partial_length": len(self.continuation),
-            },
-        )
+        await self._resume_point()
+        resumed = self.resume_after is not None
+        started: dict[str, Any] = {
+            "attempt": self.run.attempts,
+            "resumed": resumed,
+            "partial_length": len(self.continuation),
+        }
+        if resumed:
+            started["resume_after"] = self.resume_after
+        await self.publish(FrameType.RUN, started)
         ctx = AttemptContext(
             run_id=self.run.run_id,
             tenant=self.run.tenant,
@@ -243,6 +290,7 @@ class Attempt:
             resumed=resumed,
             continuation=self.continuation,
             checkpoint_state=self.run.checkpoint,
+            history=self.history,
             abort=self.abort_signal,
             _emit=self._emit,
             _checkpoint=self._checkpoint,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from runwire.contracts.errors import ErrorCode
-from runwire.contracts.frames import FrameType
+from runwire.contracts.frames import Frame, FrameType
 
 if TYPE_CHECKING:
     from runwire.runners.tools import ToolSpec
@@ -70,8 +70,12 @@ class AttemptContext:
     input: dict[str, Any]
     attempt: int
     resumed: bool
+    # The text the run's earlier attempts delivered, which this attempt continues.
     continuation: str
     checkpoint_state: Any
+    # Every frame stored for the run when the attempt started (tool calls and results
+    # of earlier attempts among them), in seq order.
+    history: list[Frame]
     abort: asyncio.Event
     _emit: Callable[[FrameType, dict[str, Any]], Awaitable[None]]
     _checkpoint: Callable[[Any], Awaitable[None]]

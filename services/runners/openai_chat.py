@@ -40,7 +40,7 @@ from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runwire.contracts.base import WireModel
-from runwire.contracts.frames import FrameType
+from runwire.contracts.frames import Frame, FrameType
 from runwire.runners.base import AttemptContext, RunnerError, RunnerSpec
 
 log = logging.getLogger(__name__)
@@ -321,18 +321,45 @@ class OpenAIChat:
                 if choice.finish_reason:
                     step.finish_reason = choice.finish_reason
 
+    async def _run_tools(
+        self, ctx: AttemptContext, calls: list[dict[str, Any]], messages: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """Run the calls of registered tools (their results join `messages`); return the
+        calls of tools the client handles."""
+        client_calls = []
+        for call in calls:
+            if call["name"] not in ctx.tools:
+                client_calls.append(call)
+                continue
+            outcome = await ctx.call_tool(call["name"], call["arguments"], call_id=call["id"])
+            content = json.dumps(
+                {"error": outcome.error} if outcome.error is not None else outcome.output
+            )
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": content})
+        return client_calls
+
     async def __call__(self, ctx: AttemptContext) -> dict[str, Any]:
         args = OpenAIInput.model_validate(ctx.input)
         tools = self._tools(ctx, args)
         messages = list(args.messages)
-        if ctx.continuation:
+        resumed = _resume(ctx.history)
+        messages += resumed.messages
+        usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
+        steps = 0
+        if resumed.unanswered:
+            # Calls an earlier attempt made whose results were not stored: run them now
+            # (a tool may so run twice for one call; effects that must happen once are
+            # the tool's to guard).
+            client_calls = await self._run_tools(ctx, resumed.unanswered, messages)
+            if client_calls:
+                return _client_calls(client_calls, messages, usage, steps)
+        if resumed.partial:
             messages += [
-                {"role": "assistant", "content": ctx.continuation},
+                {"role": "assistant", "content": resumed.partial},
                 {"role": "system", "content": RESUME_INSTRUCTION},
             ]
-        usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
-        text = ctx.continuation
-        for steps in range(1, args.max_steps + 1):
+        while steps < args.max_steps:
+            steps += 1
             try:
                 step = await self._step(ctx, self._request(args, messages, tools))
             except _Aborted:
@@ -345,58 +372,124 @@ class OpenAIChat:
                 await ctx.emit(FrameType.USAGE, {**step.usage, "model": step.model})
             if step.finish_reason is None:
                 raise RunnerError("the model's stream ended before its answer did", retryable=True)
-            text += step.text
             if not step.calls:
                 return {"finish_reason": step.finish_reason, "usage": usage, "steps": steps}
-            calls = [step.calls[i] for i in sorted(step.calls)]
-            messages.append(
-                {
-                    "role": "assistant",
-                    "content": step.text or None,
-                    "tool_calls": [
-                        {
-                            "id": c.id,
-                            "type": "function",
-                            "function": {"name": c.name, "arguments": c.arguments},
-                        }
-                        for c in calls
-                    ],
-                }
-            )
-            client_calls = []
+            calls = [_parsed(step.calls[i]) for i in sorted(step.calls)]
+            messages.append(_assistant(step.text, calls))
             for call in calls:
-                try:
-                    arguments = json.loads(call.arguments or "{}")
-                except json.JSONDecodeError:
-                    arguments = {"_unparsed": call.arguments}
-                if not isinstance(arguments, dict):
-                    arguments = {"_value": arguments}
-                if call.name not in ctx.tools:
-                    await ctx.emit(
-                        FrameType.TOOL_CALL,
-                        {"id": call.id, "name": call.name, "arguments": arguments},
-                    )
-                    client_calls.append({"id": call.id, "name": call.name, "arguments": arguments})
-                    continue
-                outcome = await ctx.call_tool(call.name, arguments, call_id=call.id)
-                content = (
-                    json.dumps({"error": outcome.error})
-                    if outcome.error is not None
-                    else json.dumps(outcome.output)
-                )
-                messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
+                if call["name"] not in ctx.tools:
+                    await ctx.emit(FrameType.TOOL_CALL, call)
+            client_calls = await self._run_tools(ctx, calls, messages)
             if client_calls:
-                return {
-                    "finish_reason": "tool_calls",
-                    "tool_calls": client_calls,
-                    "messages": messages,
-                    "usage": usage,
-                    "steps": steps,
-                }
+                return _client_calls(client_calls, messages, usage, steps)
         raise RunnerError(
             f"the model still called tools after {args.max_steps} steps (max_steps)",
             retryable=False,
         )
+
+
+def _parsed(call: _Call) -> dict[str, Any]:
+    """A streamed call as a `tool_call` frame's data (arguments as an object)."""
+    try:
+        arguments = json.loads(call.arguments or "{}")
+    except json.JSONDecodeError:
+        arguments = {"_unparsed": call.arguments}
+    if not isinstance(arguments, dict):
+        arguments = {"_value": arguments}
+    return {"id": call.id, "name": call.name, "arguments": arguments}
+
+
+def _assistant(text: str, calls: list[dict[str, Any]]) -> dict[str, Any]:
+    """The assistant message of a step that called tools."""
+    return {
+        "role": "assistant",
+        "content": text or None,
+        "tool_calls": [
+            {
+                "id": c["id"],
+                "type": "function",
+                "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])},
+            }
+            for c in calls
+        ],
+    }
+
+
+def _client_calls(
+    calls: list[dict[str, Any]], messages: list[dict[str, Any]], usage: dict[str, int], steps: int
+) -> dict[str, Any]:
+    """The result of a run that ends on calls of tools the client handles: the calls, and
+    the conversation to send back with their results."""
+    return {
+        "finish_reason": "tool_calls",
+        "tool_calls": calls,
+        "messages": messages,
+        "usage": usage,
+        "steps": steps,
+    }
+
+
+@dataclass
+class _Resumed:
+    """What earlier attempts of a run did, rebuilt from its stored frames."""
+
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    # Calls made whose results are not stored.
+    unanswered: list[dict[str, Any]] = field(default_factory=list)
+    # Text of the step under way when the attempt before stopped.
+    partial: str = ""
+
+
+def _resume(history: list[Frame]) -> _Resumed:
+    """The conversation so far, from the run's stored frames: each step that called tools
+    (its text, its calls, their results), then the text of the step under way. A resumed
+    attempt's cut (`resume_after`) drops the frames after it, as a client does."""
+    kept: list[Frame] = []
+    for frame in history:
+        if frame.type == FrameType.RUN and frame.data.get("resumed"):
+            after = frame.data.get("resume_after")
+            if after is not None:
+                kept = [f for f in kept if f.seq <= int(after)]
+        elif frame.type in (FrameType.MESSAGE, FrameType.TOOL_CALL, FrameType.TOOL_RESULT):
+            kept.append(frame)
+    resumed = _Resumed()
+    text = ""
+    calls: list[dict[str, Any]] = []
+    answered: set[str] = set()
+    for frame in kept:
+        if frame.type == FrameType.MESSAGE:
+            if calls:  # a new step begins after the results of the one before
+                resumed.unanswered = [c for c in calls if c["id"] not in answered]
+                calls, text = [], ""
+            text += str(frame.data.get("text", ""))
+        elif frame.type == FrameType.TOOL_CALL:
+            if not calls or any(c["id"] in answered for c in calls):
+                if calls:
+                    calls, text = [], ""
+                resumed.messages.append(_assistant(text, []))
+            call = {
+                "id": frame.data["id"],
+                "name": frame.data["name"],
+                "arguments": frame.data.get("arguments", {}),
+            }
+            calls.append(call)
+            resumed.messages[-1] = _assistant(text, calls)
+        else:
+            answered.add(str(frame.data["id"]))
+            output = frame.data.get("output")
+            error = frame.data.get("error")
+            resumed.messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": frame.data["id"],
+                    "content": json.dumps({"error": error} if error is not None else output),
+                }
+            )
+    if calls:
+        resumed.unanswered = [c for c in calls if c["id"] not in answered]
+    else:
+        resumed.partial = text
+    return resumed
 
 
 def make_runner(settings: OpenAISettings | None = None) -> RunnerSpec:

@@ -27,6 +27,7 @@ DEFAULT_LEASE_TTL_MS = 15_000
 DEFAULT_RETRY_BASE_MS = 500
 DEFAULT_RETRY_MAX_MS = 30_000
 DEFAULT_ABORT_GRACE_MS = 1_000
+DEFAULT_RESUME_WAIT_MS = 2_000
 DEFAULT_DRAIN_MS = 10_000
 DEFAULT_SEGMENT_FLUSH_MS = 50
 DEFAULT_SEGMENT_BYTES = 64 * 1024
@@ -95,6 +96,10 @@ class ExecutorSettings(CommonSettings):
     retry_base_ms: int = Field(default=DEFAULT_RETRY_BASE_MS, ge=0)
     retry_max_ms: int = Field(default=DEFAULT_RETRY_MAX_MS, ge=0)
     abort_grace_ms: int = Field(default=DEFAULT_ABORT_GRACE_MS, ge=0)
+    # How long a resuming attempt waits for the relay to store what the attempt before
+    # it published (so that a retry takes back nothing); then it resumes from what is
+    # stored.
+    resume_wait_ms: int = Field(default=DEFAULT_RESUME_WAIT_MS, ge=0)
     drain_ms: int = Field(default=DEFAULT_DRAIN_MS, ge=0)
 
     @model_validator(mode="after")

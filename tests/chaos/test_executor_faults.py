@@ -70,6 +70,12 @@ async def test_killed_executor_runs_are_recovered_elsewhere(processes: ProcessSt
         await eventually(lambda run_id=run_id: _running_on(processes, run_id, "a"), timeout=20)
 
     victim.kill()
+    # What Postgres held when the executor died: a resumed attempt keeps all of it.
+    stored = {}
+    for run_id in ids:
+        row = await processes.store.get_run_by_id(run_id)
+        assert row is not None
+        stored[run_id] = row.last_seq
     processes.start("executor-b")
     results = await asyncio.gather(*(collect(processes.client, i, timeout=60) for i in ids))
 
@@ -79,6 +85,10 @@ async def test_killed_executor_runs_are_recovered_elsewhere(processes: ProcessSt
         run = await processes.client.get(ids[i])
         assert run.status == RunStatus.FINISHED
         assert run.attempts == 2
+        resumed = next(f for f in frames if f.type == FrameType.RUN and f.data["resumed"])
+        # Taken back (frames after `resume_after`): only what the relay had published
+        # but not stored yet when the executor died.
+        assert resumed.data["resume_after"] >= stored[ids[i]]
 
 
 async def test_sigterm_returns_runs_to_the_queue_and_they_finish_elsewhere(

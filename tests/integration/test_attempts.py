@@ -38,6 +38,11 @@ async def test_retryable_failure_resumes_and_keeps_every_token_once(
     assert runs[0] == {"attempt": 1, "resumed": False, "partial_length": 0}
     assert runs[1]["attempt"] == 2
     assert runs[1]["resumed"] is True
+    # A retry takes nothing back: it continues after every frame of the first attempt.
+    second = next(f for f in frames if f.type == FrameType.RUN and f.data["attempt"] == 2)
+    before = [f for f in frames if f.seq < second.seq]
+    assert runs[1]["resume_after"] == before[-1].seq
+    assert runs[1]["partial_length"] == len("".join(TOKENS[:4]))
     errors = [f.data for f in frames if f.type == FrameType.ERROR]
     assert errors[0]["code"] == ErrorCode.RUNNER_ERROR
     assert errors[0]["retryable"] is True

@@ -9,6 +9,7 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,10 +35,7 @@ def _install() -> None:
             )
 
 
-@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
-async def test_a_javascript_client_follows_a_run_from_the_submit_reply(
-    stack: InProcessStack,
-) -> None:
+async def _follow(stack: InProcessStack, *args: str) -> dict[str, Any]:
     await asyncio.to_thread(_install)
     node = await asyncio.create_subprocess_exec(
         "node",
@@ -45,14 +43,22 @@ async def test_a_javascript_client_follows_a_run_from_the_submit_reply(
         stack.nats_url,
         stack.prefix,
         stack.client.tenant,
-        json.dumps(TOKENS),
+        *args,
         cwd=NODE_DIR,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(node.communicate(), 60)
     assert node.returncode == 0, err.decode()
-    seen = json.loads(out)
+    seen: dict[str, Any] = json.loads(out)
+    return seen
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+async def test_a_javascript_client_follows_a_run_from_the_submit_reply(
+    stack: InProcessStack,
+) -> None:
+    seen = await _follow(stack, json.dumps(TOKENS))
 
     assert seen["stream"] == stack.client.subjects.run_frames_stream
     assert seen["text"] == "".join(TOKENS)
@@ -60,3 +66,18 @@ async def test_a_javascript_client_follows_a_run_from_the_submit_reply(
     assert (seen["done_status"], seen["status"]) == ("finished", "finished")
     assert seen["frames_complete"] is True
     assert seen["last_seq"] == seen["done_seq"] == len(seen["seqs"])
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+async def test_a_javascript_client_keeps_a_resumed_runs_text_exact_after_emoji(
+    stack: InProcessStack,
+) -> None:
+    # The first attempt fails after "🚀 " (two UTF-16 units, one code point); the second
+    # resumes after it. The cut is by seq, so no unit of length can go wrong.
+    fail = [{"attempt": 1, "after_tokens": 3, "kind": "retryable"}]
+    seen = await _follow(stack, json.dumps(TOKENS), json.dumps(fail))
+
+    assert seen["attempts"] == 2
+    assert seen["text"] == "".join(TOKENS)
+    # What a client slicing its JavaScript string by `partial_length` would have shown.
+    assert seen["sliced_by_partial_length"] != "".join(TOKENS)

@@ -35,9 +35,13 @@ class City(BaseModel):
     city: str
 
 
+WEATHER_CALLS: list[str] = []
+
+
 @runwire.tool(input=City)
 async def get_weather(args: City) -> dict[str, Any]:
     """The weather in a city."""
+    WEATHER_CALLS.append(args.city)
     return {"city": args.city, "sky": "sunny", "celsius": 21}
 
 
@@ -328,3 +332,32 @@ async def test_a_run_without_a_model_is_refused_at_submit(
     assert typo.value.code == ErrorCode.INVALID_REQUEST
     assert "temprature" in typo.value.message
     assert server.requests == []
+
+
+async def test_a_resumed_attempt_rebuilds_the_tool_steps_and_calls_no_tool_again(
+    infra: Servers, db_url: str, prefix: str
+) -> None:
+    WEATHER_CALLS.clear()
+    async with OpenAIServer() as server, openai_stack(infra, db_url, prefix, server) as stack:
+        server.queue(
+            Stream(tool_call_answer("call_1", "get_weather", '{"city": "Oslo"}')),
+            # The answer after the tool's result is cut after "It is".
+            Stream(text_answer("It is", " sunny", "."), cut_after=2),
+            Stream(text_answer(" sunny", ".")),
+        )
+        reply = await stack.client.submit(HELLO, runner="openai")
+        _, transcript = await collect(stack.client, reply.run.run_id)
+        run = await stack.client.get(reply.run.run_id)
+    resumed = server.requests[2]
+
+    assert transcript.text == "It is sunny."
+    assert (run.status, run.attempts) == (RunStatus.FINISHED, 2)
+    assert WEATHER_CALLS == ["Oslo"]  # the second attempt did not call the tool again
+    user, assistant, tool, partial, instruction = resumed.body["messages"]
+    assert user == HELLO["messages"][0]
+    assert assistant["tool_calls"][0]["id"] == "call_1"
+    assert assistant["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert (tool["role"], tool["tool_call_id"]) == ("tool", "call_1")
+    assert json.loads(tool["content"])["city"] == "Oslo"
+    assert partial == {"role": "assistant", "content": "It is"}
+    assert instruction == {"role": "system", "content": RESUME_INSTRUCTION}
