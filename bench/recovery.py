@@ -3,7 +3,10 @@
 Two executors share the jobs consumer. Runs that emit a token every 40 ms are started
 and followed by clients; once every run is running, the executor holding the most of
 them is killed with SIGKILL. For each of its runs, the time from the kill to the
-resumed attempt's `run` frame (`resumed: true`) at the client is recorded.
+resumed attempt's `run` frame (`resumed: true`) at the client is recorded, and the
+characters the client had shown that the resumed attempt took back (the `message`
+frames after its `resume_after`), beside what resuming from the last heartbeat's text
+would have taken back.
 """
 
 from __future__ import annotations
@@ -58,6 +61,13 @@ async def measure(stack: Stack, results: Results, runs: int) -> None:
     victim = victim_owner.removeprefix("bench-")
     killed_at = time.perf_counter()
     stack.procs[victim].kill()
+    heartbeats = {
+        r["run_id"]: len(r["partial_text"])
+        for r in await stack.db.fetch(
+            "SELECT run_id::text AS run_id, partial_text FROM runs WHERE run_id = ANY($1::uuid[])",
+            victims,
+        )
+    }
     progress(f"{scenario}: killed {victim} holding {len(victims)} runs")
     await asyncio.wait_for(asyncio.gather(*followers), timeout=lease_ttl_ms / 1000 + 60)
     delays: list[float] = []
@@ -69,6 +79,18 @@ async def measure(stack: Stack, results: Results, runs: int) -> None:
         ]
         if resumed:
             delays.append((resumed[0] - killed_at) * 1000)
+    taken_back: list[int] = []
+    heartbeat_taken_back: list[int] = []
+    for run_id in victims:
+        seen = [f for _, f in frames[run_id]]
+        cut = next((f for f in seen if f.type == FrameType.RUN and f.data.get("resumed")), None)
+        if cut is None:
+            continue
+        shown = [f for f in seen if f.type == FrameType.MESSAGE and f.seq < cut.seq]
+        shown_chars = sum(len(f.data["text"]) for f in shown)
+        kept = sum(len(f.data["text"]) for f in shown if f.seq <= cut.data["resume_after"])
+        taken_back.append(shown_chars - kept)
+        heartbeat_taken_back.append(max(0, shown_chars - heartbeats.get(run_id, 0)))
     statuses = await stack.db.fetch(
         "SELECT status::text AS status, count(*) AS n FROM runs"
         " WHERE run_id = ANY($1::uuid[]) GROUP BY status",
@@ -86,6 +108,20 @@ async def measure(stack: Stack, results: Results, runs: int) -> None:
         round(max(delays), 1) if delays else None,
         "ms",
         note,
+    )
+    results.add(
+        scenario,
+        "characters taken back on resume, max per run",
+        max(taken_back) if taken_back else None,
+        "chars",
+        f"total {sum(taken_back)} over {len(taken_back)} runs",
+    )
+    results.add(
+        scenario,
+        "… had it resumed from the last heartbeat, max per run",
+        max(heartbeat_taken_back) if heartbeat_taken_back else None,
+        "chars",
+        f"total {sum(heartbeat_taken_back)}; heartbeat every {stack.settings['heartbeat_ms']} ms",
     )
     results.add(scenario, "runs finished in the end", f"{finished} of {len(ids)}", "runs")
     results.latency_samples["runwire recovery (kill → resumed)"] = delays
