@@ -138,6 +138,10 @@ def setup(service: str, level: str = "INFO", fmt: str = "auto") -> None:
     root.setLevel(level)
     # The NATS client logs every reconnect attempt at ERROR; ours say it once, with context.
     logging.getLogger("nats").setLevel(logging.CRITICAL)
+    # The model SDK's HTTP library logs every request at INFO (and its headers at DEBUG):
+    # the `openai` runner reports what matters (errors, retries) itself.
+    for name in ("httpx", "httpx2", "httpcore", "httpcore2", "openai"):
+        logging.getLogger(name).setLevel(max(logging.getLevelName(level), logging.WARNING))
 
 
 def shutdown() -> None:

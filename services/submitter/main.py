@@ -73,6 +73,10 @@ class SubmitterService(Service[SubmitterSettings]):
     def runner_names(self) -> list[str]:
         return self.catalog.names() if self.catalog is not None else sorted(self.runners)
 
+    async def work(self, stop: asyncio.Event) -> None:
+        assert self.catalog is not None
+        await self.catalog.keep_fresh(stop)
+
     def opened(self) -> None:
         self.catalog = RunnerCatalog(self.store, self.runners)
         self.submitter = Submitter(

@@ -7,6 +7,7 @@ input still checked. Anything else is refused with `INVALID_REQUEST`.
 """
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -18,7 +19,7 @@ from pydantic import ValidationError
 
 from runwire.runners.base import RunnerSpec
 from runwire.runtime.commands import describe
-from runwire.runtime.errors import InvalidRequest
+from runwire.runtime.errors import InvalidRequest, RunwireError
 from runwire.runtime.store import Store
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,14 @@ class RunnerCatalog:
         """The fingerprint of the configuration the run must keep, when this process has
         the runner and it pins one (else its first attempt pins it)."""
         spec = self.local.get(runner)
-        return spec.pin(value) if spec is not None and spec.pin is not None else None
+        if spec is None or spec.pin is None:
+            return None
+        try:
+            return spec.pin(value)
+        except Exception as exc:
+            raise InvalidRequest(
+                f"runner {runner!r} cannot pin this run's configuration: {exc}"
+            ) from exc
 
     def names(self) -> list[str]:
         return sorted(self.local.keys() | self._remote.keys())
@@ -66,6 +74,17 @@ class RunnerCatalog:
                 remote[name] = Draft202012Validator(schema)
             self._remote = remote
             self._loaded_at = time.monotonic()
+
+    async def keep_fresh(self, stop: asyncio.Event) -> None:
+        """Read the executors' runners now and every REFRESH_S until `stop` (so that
+        health replies list them; a submit naming a runner not seen yet looks again)."""
+        while not stop.is_set():
+            try:
+                await self._load(REFRESH_S / 2)
+            except RunwireError as exc:
+                log.warning("cannot read the executors' runners: %s", exc.message)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), REFRESH_S)
 
     async def check(self, runner: str, value: dict[str, Any]) -> None:
         """Raise InvalidRequest unless `runner` is known and `value` fits its input."""

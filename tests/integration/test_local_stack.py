@@ -73,6 +73,28 @@ async def test_a_run_submitted_right_after_up_finishes(tmp_path: Path) -> None:
         run_id = queued.split()[1]
         assert (queued, text, ended) == (f"run {run_id} queued", "hi", f"run {run_id} finished")
 
+        # The README's SDK example, verbatim, from the same folder: no URL, no port.
+        example = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            _readme_block("## Python SDK"),
+            cwd=tmp_path,
+            env=stack.shell,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(example.communicate(), 60)
+        assert example.returncode == 0, err.decode()
+        assert out.decode().strip() == "'Hello world' finished"
+
+
+def _readme_block(section: str) -> str:
+    """The first Python block of a README section."""
+    text = (ROOT / "README.md").read_text()
+    body = text[text.index(f"\n{section}\n") :]
+    start = body.index("```python\n") + len("```python\n")
+    return body[start : body.index("```", start)]
+
 
 async def test_up_names_the_service_that_never_answers_and_its_log(tmp_path: Path) -> None:
     # The executor refuses this setting at start, so supervisord keeps restarting it.

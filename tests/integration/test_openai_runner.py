@@ -24,6 +24,7 @@ from runwire.testing.servers import Servers
 from runwire.testing.waiting import eventually
 from tests.openai_server import OpenAIServer, Status, Stream, text_answer, tool_call_answer
 from tests.services import InProcessStack, collect
+from tests.traces import InProcessSpans
 
 pytestmark = pytest.mark.integration
 
@@ -192,7 +193,11 @@ async def test_a_429_waits_out_retry_after_before_the_next_attempt(
 
 
 async def test_retryable_statuses_are_retried_and_fatal_ones_fail_the_run(
-    infra: Servers, db_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+    infra: Servers,
+    db_url: str,
+    prefix: str,
+    caplog: pytest.LogCaptureFixture,
+    spans: InProcessSpans,
 ) -> None:
     caplog.set_level(logging.DEBUG)
     outcomes: dict[int, Any] = {}
@@ -221,6 +226,9 @@ async def test_retryable_statuses_are_retried_and_fatal_ones_fail_the_run(
     assert KEY not in every_error
     assert "[redacted]" in every_error
     assert KEY not in caplog.text
+    seen = spans.spans
+    assert any(span.name == "runner" for span in seen)
+    assert KEY not in json.dumps([[s.name, s.attributes] for s in seen], default=str)
 
 
 async def test_a_stream_cut_mid_answer_resumes_from_what_the_user_saw(
@@ -361,3 +369,23 @@ async def test_a_resumed_attempt_rebuilds_the_tool_steps_and_calls_no_tool_again
     assert json.loads(tool["content"])["city"] == "Oslo"
     assert partial == {"role": "assistant", "content": "It is"}
     assert instruction == {"role": "system", "content": RESUME_INSTRUCTION}
+
+
+async def test_a_model_that_keeps_calling_tools_fails_at_max_steps(
+    infra: Servers, db_url: str, prefix: str
+) -> None:
+    async with OpenAIServer() as server, openai_stack(infra, db_url, prefix, server) as stack:
+        server.queue(
+            Stream(tool_call_answer("call_1", "get_weather", '{"city": "Rome"}')),
+            Stream(tool_call_answer("call_2", "get_weather", '{"city": "Rome"}')),
+        )
+        reply = await stack.client.submit({**HELLO, "max_steps": 2}, runner="openai")
+        frames, _ = await collect(stack.client, reply.run.run_id)
+        run = await stack.client.get(reply.run.run_id)
+
+    assert len(server.requests) == 2
+    assert len(of_type(frames, FrameType.TOOL_RESULT)) == 2
+    assert run.status == RunStatus.FAILED
+    assert run.error is not None
+    assert run.error.code == ErrorCode.RUNNER_FATAL
+    assert "max_steps" in run.error.message
