@@ -339,6 +339,12 @@ class OpenAIChat:
         return client_calls
 
     async def __call__(self, ctx: AttemptContext) -> dict[str, Any]:
+        if self.settings.api_key is None and self.settings.base_url == DEFAULT_BASE_URL:
+            raise RunnerError(
+                "no API key for the OpenAI API: set RUNWIRE_OPENAI_API_KEY (or OPENAI_API_KEY) "
+                "where the executors run",
+                retryable=False,
+            )
         args = OpenAIInput.model_validate(ctx.input)
         tools = self._tools(ctx, args)
         messages = list(args.messages)

@@ -41,3 +41,32 @@ def test_a_declaration_checks_what_it_is_given() -> None:
         runwire.runner(input=Model)(not_async)  # type: ignore[arg-type]
     with pytest.raises(RunnerConfigError, match="is int, not a runner"):
         load_runners(extra={"x": 3})
+
+
+async def test_the_openai_runner_without_a_key_for_the_openai_api_fails_at_once() -> None:
+    import asyncio
+
+    from runwire.runners.base import AttemptContext
+    from runwire.runners.openai_chat import OpenAISettings, make_runner
+
+    spec = make_runner(OpenAISettings(base_url="https://api.openai.com/v1", api_key=None))
+
+    async def nothing(*_: object) -> None: ...
+
+    ctx = AttemptContext(
+        run_id="r",
+        tenant="t",
+        input={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        attempt=1,
+        resumed=False,
+        continuation="",
+        checkpoint_state=None,
+        history=[],
+        abort=asyncio.Event(),
+        _emit=nothing,
+        _checkpoint=nothing,
+    )
+    with pytest.raises(runwire.RunnerError) as failed:
+        await spec(ctx)
+    assert failed.value.retryable is False
+    assert "RUNWIRE_OPENAI_API_KEY" in failed.value.message
