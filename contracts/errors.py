@@ -21,6 +21,10 @@ class ErrorCode(StrEnum):
     # The configuration a run was pinned to (for a model runner: model, base URL,
     # sampling settings) is not the one its attempt would run with. Not retryable.
     MODEL_CHANGED = "MODEL_CHANGED"
+    # A side effect's dispatch ran past its deadline: failed, once. Not retryable.
+    EFFECT_DEADLINE_EXCEEDED = "EFFECT_DEADLINE_EXCEEDED"
+    # A side effect failed for good (the adapter refused it). Not retryable.
+    EFFECT_FAILED = "EFFECT_FAILED"
     CANCELED = "CANCELED"
     SUPERSEDED = "SUPERSEDED"
     INTERRUPTED = "INTERRUPTED"

@@ -19,6 +19,7 @@ class FrameType(StrEnum):
     TOOL_CALL = "tool_call"
     TOOL_RESULT = "tool_result"
     USAGE = "usage"
+    EFFECT = "effect"
     CHECKPOINT = "checkpoint"
     STATUS = "status"
     ERROR = "error"
@@ -27,7 +28,14 @@ class FrameType(StrEnum):
 
 # Frames that the relay writes to Postgres at once instead of batching.
 URGENT_FRAME_TYPES = frozenset(
-    {FrameType.RUN, FrameType.TOOL_CALL, FrameType.TOOL_RESULT, FrameType.ERROR, FrameType.DONE}
+    {
+        FrameType.RUN,
+        FrameType.TOOL_CALL,
+        FrameType.TOOL_RESULT,
+        FrameType.EFFECT,
+        FrameType.ERROR,
+        FrameType.DONE,
+    }
 )
 
 
@@ -79,6 +87,29 @@ class UsageData(WireModel):
     model: str | None = None
 
 
+class EffectState(StrEnum):
+    """Where a side effect stands. `prepared` → `claimed` → `committed`, `failed` or
+    `unknown`; an `unknown` one becomes `reconciled` (with a receipt) or `failed`."""
+
+    PREPARED = "prepared"
+    CLAIMED = "claimed"
+    COMMITTED = "committed"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+    RECONCILED = "reconciled"
+
+
+class EffectData(WireModel):
+    """`effect`: a side effect of the run changed state (its `key` is the runner's name
+    for the action within the run; `receipt_id` is the adapter's, once committed)."""
+
+    key: str
+    kind: str
+    state: EffectState
+    receipt_id: str | None = None
+    error: str | None = None
+
+
 class CheckpointData(WireModel):
     """`checkpoint`: progress saved; a resumed attempt starts from `state`."""
 
@@ -105,6 +136,7 @@ FRAME_DATA: dict[FrameType, type[WireModel]] = {
     FrameType.TOOL_CALL: ToolCallData,
     FrameType.TOOL_RESULT: ToolResultData,
     FrameType.USAGE: UsageData,
+    FrameType.EFFECT: EffectData,
     FrameType.CHECKPOINT: CheckpointData,
     FrameType.STATUS: StatusData,
     FrameType.ERROR: ErrorBody,

@@ -49,3 +49,28 @@ async def plain(ctx: runwire.AttemptContext) -> None:
 
 
 NOT_A_RUNNER = "a string"
+
+
+class ChargeInput(WireModel):
+    """What `charge` takes: where to charge and how much."""
+
+    url: str
+    status_url: str
+    amount: int = Field(ge=1)
+    # Fail this attempt (retryably) after the charge: the next must not charge again.
+    fail_after_charge_on_attempt: int = 0
+
+
+@runwire.runner(input=ChargeInput)
+async def charge(ctx: runwire.AttemptContext) -> dict[str, Any]:
+    """Charge once through the `http` effect adapter, then say so."""
+    args = ChargeInput.model_validate(ctx.input)
+    receipt = await ctx.effect(
+        "http",
+        "charge",
+        {"url": args.url, "status_url": args.status_url, "body": {"amount": args.amount}},
+    )
+    if ctx.attempt == args.fail_after_charge_on_attempt:
+        raise runwire.RunnerError("failing after the charge, as asked", retryable=True)
+    await ctx.message(f"charged {args.amount} as {receipt['id']}")
+    return {"receipt": receipt["id"]}

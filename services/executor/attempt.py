@@ -21,7 +21,9 @@ from pydantic import ValidationError
 
 from runwire.contracts.errors import ErrorBody, ErrorCode
 from runwire.contracts.frames import CHECKED, Frame, FrameType, RawFrame, Transcript
+from runwire.executor.effects import EffectFence
 from runwire.runners.base import AttemptClosed, AttemptContext, Runner, RunnerError, RunnerSpec
+from runwire.runners.effects import EffectAdapter
 from runwire.runners.tools import ToolSpec
 from runwire.runtime import tracing
 from runwire.runtime.broker import Broker
@@ -80,11 +82,20 @@ class Attempt:
         owner: str,
         on_heartbeat: Any = None,
         tools: Mapping[str, ToolSpec] | None = None,
+        effects: Mapping[str, EffectAdapter] | None = None,
     ) -> None:
         self.run = run
         self.generation = run.generation
         self._runner = runner
         self._tools = tools or {}
+        self._effects = EffectFence(
+            store,
+            effects or {},
+            run_id=run.run_id,
+            generation=run.generation,
+            emit=self._emit,
+            claim_ms=settings.effect_claim_ms,
+        )
         self._store = store
         self._broker = broker
         self._settings = settings
@@ -295,6 +306,7 @@ class Attempt:
             _emit=self._emit,
             _checkpoint=self._checkpoint,
             tools=self._tools,
+            _effect=self._effects.run,
         )
         runner_span = tracing.tracer.start_span(
             "runner", attributes={**self._span_attributes(), "runner": self.run.runner}

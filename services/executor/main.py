@@ -33,6 +33,7 @@ from runwire.contracts.status import RunStatus
 from runwire.executor.attempt import AbortReason, Attempt, Outcome
 from runwire.executor.outcome import Settler
 from runwire.runners.base import RunnerError, RunnerSpec
+from runwire.runners.effects import EffectAdapter, load_effects
 from runwire.runners.registry import RunnerConfigError, input_schema, load_runners
 from runwire.runners.tools import ToolSpec, load_tools
 from runwire.runtime import publications, tracing
@@ -77,12 +78,14 @@ class Executor:
         runners: Mapping[str, RunnerSpec],
         outbox: Outbox | None = None,
         tools: Mapping[str, ToolSpec] | None = None,
+        effects: Mapping[str, EffectAdapter] | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.broker = broker
         self.runners = dict(runners)
         self.tools = dict(tools or {})
+        self.effects = dict(effects or {})
         self.owner = settings.executor_id or (
             f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         )
@@ -237,6 +240,7 @@ class Executor:
             owner=self.owner,
             on_heartbeat=msg.in_progress,
             tools=self.tools,
+            effects=self.effects,
         )
         if self._draining:
             # Claimed while this executor is shutting down: hand it straight back.
@@ -316,6 +320,7 @@ class ExecutorService(Service[ExecutorSettings]):
         self._given_tools = tools
         self.runners: dict[str, RunnerSpec] = {}
         self.tools: dict[str, ToolSpec] = {}
+        self.effects: dict[str, EffectAdapter] = {}
 
         @self.faststream.subscriber(
             self.subjects.cancel_notice("{run_id}"),
@@ -336,6 +341,7 @@ class ExecutorService(Service[ExecutorSettings]):
         try:
             self.runners = load_runners(self.settings.runners, self._given_runners)
             self.tools = load_tools(self.settings.tools, self._given_tools)
+            self.effects = load_effects()
         except RunnerConfigError as exc:
             raise CannotStart(str(exc)) from exc
         if not self.runners:
@@ -346,7 +352,13 @@ class ExecutorService(Service[ExecutorSettings]):
 
     def opened(self) -> None:
         self.executor = Executor(
-            self.settings, self.store, self.broker, self.runners, self.outbox, self.tools
+            self.settings,
+            self.store,
+            self.broker,
+            self.runners,
+            self.outbox,
+            self.tools,
+            self.effects,
         )
 
     async def work(self, stop: asyncio.Event) -> None:

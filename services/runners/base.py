@@ -81,6 +81,7 @@ class AttemptContext:
     _checkpoint: Callable[[Any], Awaitable[None]]
     # The tools this executor has (`runwire.tools`), by name.
     tools: Mapping[str, "ToolSpec"] = field(default_factory=dict)
+    _effect: Callable[[str, str, dict[str, Any]], Awaitable[dict[str, Any]]] | None = None
 
     async def emit(self, type: FrameType, data: dict[str, Any]) -> None:
         """Publish a frame of this attempt."""
@@ -93,6 +94,19 @@ class AttemptContext:
     async def checkpoint(self, state: Any) -> None:
         """Save progress that a resumed attempt receives as `checkpoint_state`."""
         await self._checkpoint(state)
+
+    async def effect(self, kind: str, key: str, request: dict[str, Any]) -> dict[str, Any]:
+        """Perform an external action once, whatever crashes, and return its receipt.
+
+        `kind` names an effect adapter (`http`, `noop`, or one registered in the group
+        `runwire.effects`); `key` is this run's stable name for the action, so a retried
+        or resumed attempt asking again gets the stored receipt instead of a second
+        action. `effect` frames show each step. A refused action raises RunnerError
+        (EFFECT_FAILED); one whose outcome is not known yet fails the attempt retryably.
+        """
+        if self._effect is None:
+            raise RunnerError("effects are not available to this attempt", retryable=False)
+        return await self._effect(kind, key, request)
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any], *, call_id: str | None = None

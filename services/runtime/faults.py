@@ -24,8 +24,27 @@ OUTBOX_SWEPT = "outbox.swept"
 # A relay published a run's last frames to clients and has not written their segment.
 RELAY_UNWRITTEN = "relay.unwritten"
 
-KNOWN = frozenset({OUTBOX_COMMITTED, OUTBOX_SWEPT, RELAY_UNWRITTEN})
-ACTIONS = frozenset({"kill"})
+# A side effect: persisted (prepared), claimed for a dispatch, dispatched (the adapter
+# answered) but not committed, committed (its attempt not ended yet).
+EFFECT_PREPARED = "effect.prepared"
+EFFECT_CLAIMED = "effect.claimed"
+EFFECT_DISPATCHED = "effect.dispatched"
+EFFECT_COMMITTED = "effect.committed"
+
+KNOWN = frozenset(
+    {
+        OUTBOX_COMMITTED,
+        OUTBOX_SWEPT,
+        RELAY_UNWRITTEN,
+        EFFECT_PREPARED,
+        EFFECT_CLAIMED,
+        EFFECT_DISPATCHED,
+        EFFECT_COMMITTED,
+    }
+)
+# kill: SIGKILL, a crash; stop: SIGSTOP, a process frozen until someone sends SIGCONT
+# (once: a point that stopped the process is disarmed).
+ACTIONS = frozenset({"kill", "stop"})
 
 # Time for writes already buffered (a publish, an acknowledgement) to leave the process.
 KILL_AFTER_S = 0.3
@@ -45,7 +64,9 @@ def parse(spec: str) -> dict[str, str]:
         if name not in KNOWN:
             raise FaultSpecError(f"unknown fault point {name!r}; known: {', '.join(sorted(KNOWN))}")
         if action not in ACTIONS:
-            raise FaultSpecError(f"unknown fault action {action!r} for {name}; known: kill")
+            raise FaultSpecError(
+                f"unknown fault action {action!r} for {name}; known: {', '.join(sorted(ACTIONS))}"
+            )
         armed[name] = action
     return armed
 
@@ -60,7 +81,13 @@ def arm(spec: str) -> None:
 
 async def point(name: str) -> None:
     """A boundary: does nothing unless a test armed it."""
-    if _armed.get(name) == "kill":
+    action = _armed.get(name)
+    if action == "kill":
         log.warning("fault point %s: killing this process", name)
         await asyncio.sleep(KILL_AFTER_S)
         os.kill(os.getpid(), signal.SIGKILL)
+    elif action == "stop":
+        del _armed[name]
+        log.warning("fault point %s: stopping this process until SIGCONT", name)
+        await asyncio.sleep(KILL_AFTER_S)
+        os.kill(os.getpid(), signal.SIGSTOP)

@@ -28,6 +28,7 @@ DEFAULT_RETRY_BASE_MS = 500
 DEFAULT_RETRY_MAX_MS = 30_000
 DEFAULT_ABORT_GRACE_MS = 1_000
 DEFAULT_RESUME_WAIT_MS = 2_000
+DEFAULT_EFFECT_CLAIM_MS = 30_000
 DEFAULT_DRAIN_MS = 10_000
 DEFAULT_SEGMENT_FLUSH_MS = 50
 DEFAULT_SEGMENT_BYTES = 64 * 1024
@@ -100,6 +101,8 @@ class ExecutorSettings(CommonSettings):
     # it published (so that a retry takes back nothing); then it resumes from what is
     # stored.
     resume_wait_ms: int = Field(default=DEFAULT_RESUME_WAIT_MS, ge=0)
+    # How long a side effect's claim holds: its dispatch must answer within it.
+    effect_claim_ms: int = Field(default=DEFAULT_EFFECT_CLAIM_MS, ge=100)
     drain_ms: int = Field(default=DEFAULT_DRAIN_MS, ge=0)
 
     @model_validator(mode="after")

@@ -142,3 +142,39 @@ ON CONFLICT (name) DO UPDATE
 UPDATE runs SET config_pin = $3
  WHERE run_id = $1 AND generation = $2 AND config_pin IS NULL
 RETURNING config_pin;
+
+-- name: effect_prepare
+-- Persist a side effect's command before anything leaves the process (only while the
+-- attempt of generation $7 holds the run); an effect already prepared under this key
+-- is returned as it is.
+WITH ins AS (
+    INSERT INTO effects (run_id, key, kind, idempotency_key, request, request_digest)
+    SELECT r.run_id, $2, $3, $4, $5, $6
+      FROM runs r
+     WHERE r.run_id = $1 AND r.generation = $7 AND r.status = 'running'
+    ON CONFLICT (run_id, key) DO NOTHING
+    RETURNING *
+)
+SELECT * FROM ins
+UNION ALL
+SELECT * FROM effects WHERE run_id = $1 AND key = $2 AND NOT EXISTS (SELECT 1 FROM ins);
+
+-- name: effect_claim
+-- Take the effect for a dispatch: a new fence token, fenced by the run's generation and
+-- the effect's version; the claim holds for $5 ms.
+UPDATE effects e
+   SET state = 'claimed', fence = e.fence + 1, version = e.version + 1,
+       claimed_generation = $4, deadline_at = now() + make_interval(secs => $5 / 1000.0),
+       updated_at = now()
+  FROM runs r
+ WHERE e.run_id = $1 AND e.key = $2 AND e.version = $3
+   AND e.state IN ('prepared', 'claimed', 'unknown')
+   AND r.run_id = e.run_id AND r.generation = $4 AND r.status = 'running'
+RETURNING e.*;
+
+-- name: effect_settle
+-- Record how a dispatch (or a reconcile) ended, if nobody moved the effect meanwhile.
+UPDATE effects
+   SET state = $4, receipt = $5, error = $6, version = version + 1, updated_at = now()
+ WHERE run_id = $1 AND key = $2 AND version = $3
+RETURNING *;

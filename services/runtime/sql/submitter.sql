@@ -101,3 +101,8 @@ SELECT *, pg_current_xact_id()::text AS xact FROM upd;
 -- name: runner_catalog
 -- Every runner some executor has served, with the JSON Schema of its input.
 SELECT name, input_schema FROM runners ORDER BY name;
+
+-- name: run_effects
+-- A run's side effects, in the order they were prepared.
+SELECT key, kind, state::text AS state, receipt, error, fence, version, updated_at
+  FROM effects WHERE run_id = $1 ORDER BY created_at, key;

@@ -9,6 +9,7 @@ LostRace when the guard did not hold (another writer or a newer attempt got ther
 
 from runwire.runtime.store.locks import LockSession
 from runwire.runtime.store.rows import (
+    Effect,
     OutboxBatch,
     OutboxKind,
     OutboxMessage,
@@ -23,6 +24,7 @@ from runwire.runtime.store.store import Store
 
 __all__ = [
     "QUERIES",
+    "Effect",
     "LockSession",
     "OutboxBatch",
     "OutboxKind",

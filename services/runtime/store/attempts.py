@@ -14,13 +14,64 @@ from runwire.contracts.errors import ErrorBody
 from runwire.contracts.status import RunStatus
 from runwire.runtime.errors import CANCELED_ERROR, LostRace
 from runwire.runtime.store.queries import Queries
-from runwire.runtime.store.rows import Run
+from runwire.runtime.store.rows import Effect, Run
 
 CANCELED_BODY = CANCELED_ERROR.model_dump(mode="json")
 
 
 class ExecutorQueries(Queries):
     """Attempts as the executor runs them."""
+
+    async def effect_prepare(
+        self,
+        run_id: str,
+        generation: int,
+        *,
+        key: str,
+        kind: str,
+        idempotency_key: str,
+        request: dict[str, Any],
+        digest: str,
+    ) -> Effect:
+        """The effect under `key`: prepared now, or as an earlier attempt left it.
+        LostRace when this attempt no longer holds the run."""
+        rec = await self._fetchrow(
+            "effect_prepare",
+            uuid.UUID(run_id),
+            key,
+            kind,
+            idempotency_key,
+            request,
+            digest,
+            generation,
+        )
+        if rec is None:
+            raise LostRace(f"run {run_id} is no longer held by generation {generation}")
+        return Effect.from_record(rec)
+
+    async def effect_claim(
+        self, run_id: str, key: str, version: int, generation: int, timeout_ms: int
+    ) -> Effect | None:
+        """Claim the effect for a dispatch; None when its version or the run moved on."""
+        rec = await self._fetchrow(
+            "effect_claim", uuid.UUID(run_id), key, version, generation, timeout_ms
+        )
+        return Effect.from_record(rec) if rec else None
+
+    async def effect_settle(
+        self,
+        run_id: str,
+        key: str,
+        version: int,
+        state: str,
+        receipt: dict[str, Any] | None = None,
+        error: str | None = None,
+    ) -> Effect | None:
+        """Move the effect to `state` if it is still at `version`; None otherwise."""
+        rec = await self._fetchrow(
+            "effect_settle", uuid.UUID(run_id), key, version, state, receipt, error
+        )
+        return Effect.from_record(rec) if rec else None
 
     async def pin_config(self, run_id: str, generation: int, pin: str) -> None:
         """Pin the run's configuration, if nothing is pinned yet (fenced by generation)."""

@@ -222,3 +222,38 @@ class StoredSegment:
     frames: list[dict[str, Any]]
     # Bytes of its frames as JSON text (about what they take in a reply).
     size: int = 0
+
+
+@dataclass(frozen=True)
+class Effect:
+    """A row of `effects`: one side effect of a run and where it stands."""
+
+    run_id: str
+    key: str
+    kind: str
+    idempotency_key: str
+    request: dict[str, Any]
+    request_digest: str
+    state: str
+    version: int
+    fence: int
+    claimed_generation: int | None
+    receipt: dict[str, Any] | None
+    error: str | None
+
+    @classmethod
+    def from_record(cls, rec: asyncpg.Record) -> "Effect":
+        return cls(
+            run_id=str(rec["run_id"]),
+            key=rec["key"],
+            kind=rec["kind"],
+            idempotency_key=rec["idempotency_key"],
+            request=rec["request"],
+            request_digest=rec["request_digest"],
+            state=str(rec["state"]),
+            version=rec["version"],
+            fence=rec["fence"],
+            claimed_generation=rec["claimed_generation"],
+            receipt=rec["receipt"],
+            error=rec["error"],
+        )

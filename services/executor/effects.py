@@ -1,0 +1,195 @@
+"""One attempt's side effects, through the fence (see `runwire.runners.effects`).
+
+Every move of an effect is a guarded write expecting the row's version; a move that
+finds the row moved on reads it again and decides from there. Fault points mark each
+boundary a crash must survive: after prepare, after claim, after dispatch, after commit.
+"""
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from runwire.contracts.errors import ErrorCode
+from runwire.contracts.frames import EffectState, FrameType
+from runwire.runners.base import RunnerError
+from runwire.runners.effects import (
+    EffectAdapter,
+    EffectRejected,
+    digest,
+    idempotency_key,
+)
+from runwire.runtime import faults
+from runwire.runtime.errors import LostRace
+from runwire.runtime.store import Effect, Store
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[[FrameType, dict[str, Any]], Awaitable[None]]
+# How many times a move that lost a race reads the row again before giving up.
+MOVES = 8
+
+
+class EffectFence:
+    """Carries out the effects of one attempt of a run."""
+
+    def __init__(
+        self,
+        store: Store,
+        adapters: Mapping[str, EffectAdapter],
+        *,
+        run_id: str,
+        generation: int,
+        emit: Emit,
+        claim_ms: int,
+    ) -> None:
+        self.store = store
+        self.adapters = adapters
+        self.run_id = run_id
+        self.generation = generation
+        self.emit = emit
+        self.claim_ms = claim_ms
+
+    async def _frame(self, effect: Effect) -> None:
+        receipt = effect.receipt or {}
+        await self.emit(
+            FrameType.EFFECT,
+            {
+                "key": effect.key,
+                "kind": effect.kind,
+                "state": effect.state,
+                "receipt_id": str(receipt["id"]) if "id" in receipt else None,
+                "error": effect.error,
+            },
+        )
+
+    async def _settle(
+        self, effect: Effect, state: EffectState, receipt: Any = None, error: str | None = None
+    ) -> Effect | None:
+        settled = await self.store.effect_settle(
+            self.run_id, effect.key, effect.version, state.value, receipt, error
+        )
+        if settled is not None:
+            await self._frame(settled)
+        return settled
+
+    async def run(self, kind: str, key: str, request: dict[str, Any]) -> dict[str, Any]:
+        """The receipt of effect `key`: dispatched at most once over every attempt."""
+        adapter = self.adapters.get(kind)
+        if adapter is None:
+            raise RunnerError(
+                f"no effect adapter named {kind!r} is registered (known: "
+                f"{', '.join(sorted(self.adapters)) or 'none'})",
+                retryable=False,
+            )
+        wanted = digest(request)
+        try:
+            effect = await self.store.effect_prepare(
+                self.run_id,
+                self.generation,
+                key=key,
+                kind=kind,
+                idempotency_key=idempotency_key(self.run_id, key),
+                request=request,
+                digest=wanted,
+            )
+        except LostRace as exc:
+            raise RunnerError("the attempt no longer holds the run", retryable=True) from exc
+        if effect.request_digest != wanted or effect.kind != kind:
+            raise RunnerError(
+                f"effect {key!r} was prepared with another request; an effect's key must name "
+                "one action",
+                retryable=False,
+            )
+        if effect.version == 1 and effect.state == EffectState.PREPARED:
+            await self._frame(effect)
+        await faults.point(faults.EFFECT_PREPARED)
+        for _ in range(MOVES):
+            outcome = await self._move(adapter, effect, request)
+            if isinstance(outcome, dict):
+                return outcome
+            effect = outcome
+        raise RunnerError(f"effect {key!r} kept changing under this attempt", retryable=True)
+
+    async def _reread(self, effect: Effect) -> Effect:
+        return await self.store.effect_prepare(
+            self.run_id,
+            self.generation,
+            key=effect.key,
+            kind=effect.kind,
+            idempotency_key=effect.idempotency_key,
+            request=effect.request,
+            digest=effect.request_digest,
+        )
+
+    async def _move(
+        self, adapter: EffectAdapter, effect: Effect, request: dict[str, Any]
+    ) -> dict[str, Any] | Effect:
+        """One step: the receipt when done, else the effect as it stands now."""
+        state = EffectState(effect.state)
+        if state in (EffectState.COMMITTED, EffectState.RECONCILED):
+            return dict(effect.receipt or {})
+        if state == EffectState.FAILED:
+            raise RunnerError(
+                f"effect {effect.key!r} failed: {effect.error}",
+                retryable=False,
+                code=ErrorCode.EFFECT_FAILED,
+            )
+        if state in (EffectState.CLAIMED, EffectState.UNKNOWN):
+            # Claimed by an attempt that did not finish it: never dispatched blindly.
+            found = await adapter.reconcile(request, idempotency_key=effect.idempotency_key)
+            if found.status == "committed":
+                target = (
+                    EffectState.COMMITTED
+                    if state == EffectState.CLAIMED
+                    else EffectState.RECONCILED
+                )
+                settled = await self._settle(effect, target, found.receipt or {})
+                return (
+                    dict(found.receipt or {}) if settled is not None else await self._reread(effect)
+                )
+            if found.status != "not_found":
+                if state != EffectState.UNKNOWN:
+                    await self._settle(
+                        effect, EffectState.UNKNOWN, error=f"reconcile: {found.status}"
+                    )
+                raise RunnerError(
+                    f"effect {effect.key!r}: whether it happened is not known yet "
+                    f"({found.status}); a later attempt reconciles it again",
+                    retryable=True,
+                )
+        claimed = await self.store.effect_claim(
+            self.run_id, effect.key, effect.version, self.generation, self.claim_ms
+        )
+        if claimed is None:
+            return await self._reread(effect)
+        await self._frame(claimed)
+        await faults.point(faults.EFFECT_CLAIMED)
+        try:
+            receipt = await asyncio.wait_for(
+                adapter.dispatch(
+                    request, idempotency_key=claimed.idempotency_key, fence=claimed.fence
+                ),
+                self.claim_ms / 1000,
+            )
+        except EffectRejected as exc:
+            await self._settle(claimed, EffectState.FAILED, error=str(exc))
+            raise RunnerError(
+                f"effect {effect.key!r} was refused: {exc}",
+                retryable=False,
+                code=ErrorCode.EFFECT_FAILED,
+            ) from exc
+        except Exception as exc:
+            log.warning("effect %s: dispatch outcome unknown: %s", effect.key, exc)
+            await self._settle(claimed, EffectState.UNKNOWN, error=f"dispatch: {exc}")
+            raise RunnerError(
+                f"effect {effect.key!r}: the dispatch's outcome is unknown ({exc}); a later "
+                "attempt reconciles it",
+                retryable=True,
+            ) from exc
+        await faults.point(faults.EFFECT_DISPATCHED)
+        committed = await self._settle(claimed, EffectState.COMMITTED, receipt)
+        if committed is None:
+            return await self._reread(claimed)
+        await faults.point(faults.EFFECT_COMMITTED)
+        return dict(receipt)

@@ -1,0 +1,89 @@
+"""A payment-like HTTP endpoint for effect tests (real TCP, real HTTP/1.1).
+
+`POST /charge` performs a charge once per `Idempotency-Key` (a repeat answers with the
+first receipt) and refuses a `Runwire-Fence-Token` lower than the highest it has seen for
+the key (409). `GET /charges/<key>`: 200 with the receipt, 404 if never charged. A test
+can make it hold its answer to a charge (`hold`), as a slow provider would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections import Counter
+from typing import Any
+
+
+class EffectServer:
+    def __init__(self) -> None:
+        self.charges: Counter[str] = Counter()  # charges performed, per idempotency key
+        self.receipts: dict[str, dict[str, Any]] = {}
+        self.fences: dict[str, int] = {}
+        self.refused: list[tuple[str, int]] = []
+        self.received = asyncio.Event()  # a charge request arrived
+        self.hold = False  # answer no charge request (it is performed all the same)
+        self._server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def __aenter__(self) -> EffectServer:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._server.wait_closed(), 2)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = (await reader.readuntil(b"\r\n\r\n")).decode()
+            method, path, _ = head.split("\r\n", 1)[0].split(" ", 2)
+            headers = {
+                k.strip().lower(): v.strip()
+                for k, _, v in (line.partition(":") for line in head.split("\r\n")[1:] if line)
+            }
+            body = await reader.readexactly(int(headers.get("content-length", "0")))
+            status, answer = await self._answer(method, path, headers, body)
+            if status is None:
+                await asyncio.Event().wait()  # held: the caller never hears back
+            payload = json.dumps(answer).encode()
+            writer.write(
+                f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n"
+                f"content-length: {len(payload)}\r\nconnection: close\r\n\r\n".encode()
+                + payload
+            )
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    async def _answer(
+        self, method: str, path: str, headers: dict[str, str], body: bytes
+    ) -> tuple[int | None, dict[str, Any]]:
+        if method == "GET" and path.startswith("/charges/"):
+            key = path.removeprefix("/charges/")
+            receipt = self.receipts.get(key)
+            return (200, receipt) if receipt is not None else (404, {"error": "no such charge"})
+        if method == "POST" and path == "/charge":
+            key = headers["idempotency-key"]
+            fence = int(headers["runwire-fence-token"])
+            if fence < self.fences.get(key, 0):
+                self.refused.append((key, fence))
+                return 409, {"error": f"fence {fence} is stale"}
+            self.fences[key] = fence
+            if json.loads(body)["amount"] > 1000:
+                return 402, {"error": "card declined"}
+            if key not in self.receipts:
+                self.charges[key] += 1
+                amount = json.loads(body)["amount"]
+                self.receipts[key] = {"id": f"ch_{len(self.receipts) + 1}", "amount": amount}
+            self.received.set()
+            return (None if self.hold else 200), self.receipts[key]
+        return 404, {"error": "not found"}
