@@ -10,6 +10,7 @@ from runwire.contracts.commands import (
     GetCommand,
     JoinCommand,
     Multitask,
+    ResolveEffectCommand,
     SubmitCommand,
 )
 from runwire.contracts.errors import ErrorBody, ErrorCode, ErrorReply
@@ -18,6 +19,8 @@ from runwire.contracts.frames import (
     FRAME_DATA,
     CheckpointData,
     DoneData,
+    EffectData,
+    EffectState,
     Frame,
     FrameType,
     Job,
@@ -27,6 +30,8 @@ from runwire.contracts.frames import (
     StatusData,
     ToolCallData,
     ToolResultData,
+    Transcript,
+    UsageData,
     typed_data,
 )
 from runwire.contracts.replies import (
@@ -52,6 +57,8 @@ __all__ = [
     "CancelCommand",
     "CheckpointData",
     "DoneData",
+    "EffectData",
+    "EffectState",
     "ErrorBody",
     "ErrorCode",
     "ErrorReply",
@@ -66,6 +73,7 @@ __all__ = [
     "MessageData",
     "Multitask",
     "RawFrame",
+    "ResolveEffectCommand",
     "RunData",
     "RunEvent",
     "RunEventName",
@@ -80,5 +88,7 @@ __all__ = [
     "SubmitReply",
     "ToolCallData",
     "ToolResultData",
+    "Transcript",
+    "UsageData",
     "typed_data",
 ]

@@ -4,9 +4,9 @@ The tenant is taken from the subject, never from the body.
 """
 
 from enum import StrEnum
-from typing import Any
+from typing import Any, Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from runwire.contracts.base import Versioned
 from runwire.contracts.subjects import RUNNER_NAME_PATTERN
@@ -46,6 +46,23 @@ class GetCommand(Versioned):
     """Read a run's summary."""
 
     run_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
+
+
+class ResolveEffectCommand(Versioned):
+    """An operator settles a side effect whose outcome runwire could not know (`unknown`,
+    or `claimed` by an attempt that is gone): with the receipt of the action that
+    happened (`reconciled`), or with why it did not (`failed`). Exactly one of the two."""
+
+    run_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
+    key: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
+    receipt: dict[str, Any] | None = None
+    error: str | None = Field(default=None, min_length=1, max_length=2000)
+
+    @model_validator(mode="after")
+    def _one_outcome(self) -> Self:
+        if (self.receipt is None) == (self.error is None):
+            raise ValueError("give exactly one of receipt (it happened) or error (it did not)")
+        return self
 
 
 class AbortSessionCommand(Versioned):

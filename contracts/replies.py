@@ -6,7 +6,7 @@ from pydantic import AwareDatetime, Field
 
 from runwire.contracts.base import Versioned, WireModel
 from runwire.contracts.errors import ErrorBody
-from runwire.contracts.frames import Frame
+from runwire.contracts.frames import EffectData, Frame
 from runwire.contracts.status import RunStatus
 
 
@@ -32,6 +32,9 @@ class RunSummary(WireModel):
     frames_complete: bool = False
     result: dict[str, Any] | None = None
     error: ErrorBody | None = None
+    # The run's side effects and where each stands (in `get` and `resolve_effect`
+    # replies; empty elsewhere).
+    effects: list[EffectData] = Field(default_factory=list)
 
 
 class FrameChannel(WireModel):

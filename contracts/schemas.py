@@ -6,19 +6,26 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from contracts.commands import (
+from runwire.contracts.commands import (
     AbortSessionCommand,
     CancelCommand,
     GetCommand,
     JoinCommand,
+    ResolveEffectCommand,
     SubmitCommand,
 )
-from contracts.errors import ErrorReply
-from contracts.events import RunEvent
-from contracts.frames import FRAME_DATA, Frame, Job, RawFrame
-from contracts.health import HealthReply
-from contracts.replies import AbortSessionReply, JoinReply, RunReply, RunSummary, SubmitReply
-from contracts.scripted import ScriptedInput
+from runwire.contracts.errors import ErrorReply
+from runwire.contracts.events import RunEvent
+from runwire.contracts.frames import FRAME_DATA, Frame, Job, RawFrame
+from runwire.contracts.health import HealthReply
+from runwire.contracts.replies import (
+    AbortSessionReply,
+    JoinReply,
+    RunReply,
+    RunSummary,
+    SubmitReply,
+)
+from runwire.contracts.scripted import ScriptedInput
 
 SCHEMA_DIR = Path(__file__).parent / "schema"
 
@@ -27,6 +34,7 @@ EXPORTED: tuple[type[BaseModel], ...] = (
     CancelCommand,
     GetCommand,
     AbortSessionCommand,
+    ResolveEffectCommand,
     JoinCommand,
     SubmitReply,
     RunReply,

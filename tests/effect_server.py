@@ -23,6 +23,7 @@ class EffectServer:
         self.refused: list[tuple[str, int]] = []
         self.received = asyncio.Event()  # a charge request arrived
         self.hold = False  # answer no charge request (it is performed all the same)
+        self.fail_with: int | None = None  # answer charges with this status, charging nothing
         self._server: asyncio.Server | None = None
 
     @property
@@ -78,6 +79,8 @@ class EffectServer:
                 self.refused.append((key, fence))
                 return 409, {"error": f"fence {fence} is stale"}
             self.fences[key] = fence
+            if self.fail_with is not None:
+                return self.fail_with, {"error": "the payment service is down"}
             if json.loads(body)["amount"] > 1000:
                 return 402, {"error": "card declined"}
             if key not in self.receipts:

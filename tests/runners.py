@@ -55,7 +55,8 @@ class ChargeInput(WireModel):
     """What `charge` takes: where to charge and how much."""
 
     url: str
-    status_url: str
+    # Where the charge's outcome can be asked for; without it nothing can be reconciled.
+    status_url: str | None = None
     amount: int = Field(ge=1)
     # Fail this attempt (retryably) after the charge: the next must not charge again.
     fail_after_charge_on_attempt: int = 0
@@ -65,11 +66,10 @@ class ChargeInput(WireModel):
 async def charge(ctx: runwire.AttemptContext) -> dict[str, Any]:
     """Charge once through the `http` effect adapter, then say so."""
     args = ChargeInput.model_validate(ctx.input)
-    receipt = await ctx.effect(
-        "http",
-        "charge",
-        {"url": args.url, "status_url": args.status_url, "body": {"amount": args.amount}},
-    )
+    request: dict[str, Any] = {"url": args.url, "body": {"amount": args.amount}}
+    if args.status_url is not None:
+        request["status_url"] = args.status_url
+    receipt = await ctx.effect("http", "charge", request)
     if ctx.attempt == args.fail_after_charge_on_attempt:
         raise runwire.RunnerError("failing after the charge, as asked", retryable=True)
     await ctx.message(f"charged {args.amount} as {receipt['id']}")

@@ -26,6 +26,7 @@ from runwire.contracts.commands import (
     CancelCommand,
     GetCommand,
     JoinCommand,
+    ResolveEffectCommand,
     SubmitCommand,
 )
 from runwire.contracts.errors import ErrorBody, ErrorCode, ErrorReply
@@ -204,6 +205,20 @@ class Client:
 
     async def cancel(self, run_id: str) -> RunSummary:
         reply: RunReply = await self._request("cancel", CancelCommand(run_id=run_id), RunReply)
+        return reply.run
+
+    async def resolve_effect(
+        self,
+        run_id: str,
+        key: str,
+        *,
+        receipt: dict[str, Any] | None = None,
+        error: str | None = None,
+    ) -> RunSummary:
+        """Settle a side effect whose outcome is unknown: with the receipt of the action
+        that happened, or with why it did not (operators only)."""
+        cmd = ResolveEffectCommand(run_id=run_id, key=key, receipt=receipt, error=error)
+        reply: RunReply = await self._request("resolve_effect", cmd, RunReply)
         return reply.run
 
     async def abort_session(self, session_id: str) -> list[str]:

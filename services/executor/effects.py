@@ -64,10 +64,21 @@ class EffectFence:
         )
 
     async def _settle(
-        self, effect: Effect, state: EffectState, receipt: Any = None, error: str | None = None
+        self,
+        effect: Effect,
+        state: EffectState,
+        receipt: Any = None,
+        error: str | None = None,
+        code: ErrorCode | None = None,
     ) -> Effect | None:
         settled = await self.store.effect_settle(
-            self.run_id, effect.key, effect.version, state.value, receipt, error
+            self.run_id,
+            effect.key,
+            effect.version,
+            state.value,
+            receipt,
+            error,
+            code.value if code is not None else None,
         )
         if settled is not None:
             await self._frame(settled)
@@ -122,6 +133,15 @@ class EffectFence:
             digest=effect.request_digest,
         )
 
+    async def _deadline(self, effect: Effect) -> Effect:
+        """Fail an effect whose dispatch ran past its claim's deadline (once: the write
+        is guarded, so a second attempt or replica that sees it reads the failure)."""
+        message = f"the dispatch of effect {effect.key!r} ran past its deadline"
+        settled = await self._settle(
+            effect, EffectState.FAILED, error=message, code=ErrorCode.EFFECT_DEADLINE_EXCEEDED
+        )
+        return settled if settled is not None else await self._reread(effect)
+
     async def _move(
         self, adapter: EffectAdapter, effect: Effect, request: dict[str, Any]
     ) -> dict[str, Any] | Effect:
@@ -133,7 +153,7 @@ class EffectFence:
             raise RunnerError(
                 f"effect {effect.key!r} failed: {effect.error}",
                 retryable=False,
-                code=ErrorCode.EFFECT_FAILED,
+                code=ErrorCode(effect.error_code or ErrorCode.EFFECT_FAILED),
             )
         if state in (EffectState.CLAIMED, EffectState.UNKNOWN):
             # Claimed by an attempt that did not finish it: never dispatched blindly.
@@ -148,6 +168,8 @@ class EffectFence:
                 return (
                     dict(found.receipt or {}) if settled is not None else await self._reread(effect)
                 )
+            if found.status != "not_found" and effect.past_deadline:
+                return await self._deadline(effect)
             if found.status != "not_found":
                 if state != EffectState.UNKNOWN:
                     await self._settle(
@@ -172,6 +194,8 @@ class EffectFence:
                 ),
                 self.claim_ms / 1000,
             )
+        except TimeoutError:
+            return await self._deadline(claimed)
         except EffectRejected as exc:
             await self._settle(claimed, EffectState.FAILED, error=str(exc))
             raise RunnerError(

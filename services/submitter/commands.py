@@ -18,9 +18,11 @@ from runwire.contracts.commands import (
     CancelCommand,
     GetCommand,
     Multitask,
+    ResolveEffectCommand,
     SubmitCommand,
 )
 from runwire.contracts.errors import ErrorCode
+from runwire.contracts.frames import EffectData, EffectState
 from runwire.contracts.replies import AbortSessionReply, FrameChannel, RunReply, SubmitReply
 from runwire.contracts.status import RunStatus
 from runwire.runtime import tracing
@@ -29,6 +31,7 @@ from runwire.runtime.errors import (
     CANCELED_ERROR,
     QUEUE_FULL_ERROR,
     SUPERSEDED_ERROR,
+    InvalidRequest,
     NotFound,
     PayloadTooLarge,
     QueueFull,
@@ -178,7 +181,39 @@ class Submitter:
         run = await self.store.get_run(tenant, cmd.run_id)
         if run is None:
             raise NotFound(f"no run {cmd.run_id!r}")
-        return RunReply(run=run.summary())
+        return await self._with_effects(run)
+
+    async def _with_effects(self, run: Run) -> RunReply:
+        effects = [
+            EffectData(
+                key=e["key"],
+                kind=e["kind"],
+                state=EffectState(e["state"]),
+                receipt_id=str(e["receipt"]["id"])
+                if isinstance(e["receipt"], dict) and "id" in e["receipt"]
+                else None,
+                error=e["error"],
+            )
+            for e in await self.store.run_effects(run.run_id)
+        ]
+        return RunReply(run=run.summary().model_copy(update={"effects": effects}))
+
+    async def resolve_effect(self, tenant: str, cmd: ResolveEffectCommand) -> RunReply:
+        run = await self.store.get_run(tenant, cmd.run_id)
+        if run is None:
+            raise NotFound(f"no run {cmd.run_id!r}")
+        state = await self.store.resolve_effect(tenant, run.run_id, cmd.key, cmd.receipt, cmd.error)
+        if state is None:
+            known = {e["key"]: e["state"] for e in await self.store.run_effects(run.run_id)}
+            if cmd.key not in known:
+                raise NotFound(f"run {run.run_id} has no effect {cmd.key!r}")
+            raise InvalidRequest(
+                f"effect {cmd.key!r} is {known[cmd.key]}: only an unknown or claimed effect "
+                "can be resolved"
+            )
+        with bind(run_id=run.run_id, tenant=tenant):
+            log.warning("effect resolved by an operator", extra=fields(key=cmd.key, state=state))
+        return await self._with_effects(run)
 
     async def cancel(self, tenant: str, cmd: CancelCommand) -> RunReply:
         return RunReply(run=(await self._cancel(tenant, cmd.run_id)).summary())

@@ -4,7 +4,13 @@
 import asyncio
 from collections.abc import Mapping
 
-from runwire.contracts.commands import AbortSessionCommand, CancelCommand, GetCommand, SubmitCommand
+from runwire.contracts.commands import (
+    AbortSessionCommand,
+    CancelCommand,
+    GetCommand,
+    ResolveEffectCommand,
+    SubmitCommand,
+)
 from runwire.contracts.replies import AbortSessionReply, RunReply, SubmitReply
 from runwire.runners.base import RunnerSpec
 from runwire.runners.registry import RunnerConfigError, load_runners
@@ -54,6 +60,12 @@ class SubmitterService(Service[SubmitterSettings]):
         async def cancel(body: CancelCommand) -> RunReply:
             """Cancel a run; a run that has ended already is answered unchanged."""
             return await self.submitter.cancel(tenant(), body)
+
+        @command("resolve_effect", max_bytes=settings.max_input_bytes)
+        async def resolve_effect(body: ResolveEffectCommand) -> RunReply:
+            """Settle a side effect whose outcome runwire could not know (`unknown`, or
+            `claimed` by an attempt that is gone): with its receipt, or its failure."""
+            return await self.submitter.resolve_effect(tenant(), body)
 
         @command("abort_session", max_bytes=settings.max_input_bytes)
         async def abort_session(body: AbortSessionCommand) -> AbortSessionReply:

@@ -6,7 +6,9 @@ from typing import Any
 
 import asyncpg
 import pytest
+from pydantic import ValidationError
 
+from runwire import ClientError
 from runwire.contracts.errors import ErrorCode
 from runwire.contracts.frames import FrameType
 from runwire.contracts.status import RunStatus
@@ -95,3 +97,57 @@ async def test_a_refused_effect_fails_the_run_with_effect_failed(
     assert "card declined" in run.error.message
     assert row["state"] == "failed"
     assert [f.data["state"] for f in frames if f.type == FrameType.EFFECT][-1] == "failed"
+
+
+async def test_a_dispatch_past_its_deadline_fails_the_effect_once(
+    infra: Any, db_url: str, prefix: str
+) -> None:
+    async with (
+        EffectServer() as server,
+        InProcessStack(
+            infra.nats_url,
+            db_url,
+            prefix,
+            runners={"charge": charge},
+            overrides={"effect_claim_ms": 500},
+        ) as stack,
+    ):
+        server.hold = True
+        reply = await stack.client.submit(_charge(server), runner="charge")
+        frames, _ = await collect(stack.client, reply.run.run_id)
+        run = await stack.client.get(reply.run.run_id)
+
+    assert (run.status, run.attempts) == (RunStatus.FAILED, 1)
+    assert run.error is not None
+    assert (run.error.code, run.error.retryable) == (ErrorCode.EFFECT_DEADLINE_EXCEEDED, False)
+    assert [(e.key, e.state) for e in run.effects] == [("charge", "failed")]
+    assert [f.data["state"] for f in frames if f.type == FrameType.EFFECT][-1] == "failed"
+
+
+async def test_an_unknown_effect_shows_in_get_and_an_operator_resolves_it(
+    infra: Any, db_url: str, prefix: str
+) -> None:
+    async with (
+        EffectServer() as server,
+        InProcessStack(infra.nats_url, db_url, prefix, runners={"charge": charge}) as stack,
+    ):
+        server.fail_with = 503  # the outcome cannot be known, and there is no status URL
+        script = {"url": f"{server.url}/charge", "amount": 40}
+        reply = await stack.client.submit(script, runner="charge", max_attempts=1)
+        frames, _ = await collect(stack.client, reply.run.run_id)
+        run_id = reply.run.run_id
+        seen = await stack.client.get(run_id)
+        resolved = await stack.client.resolve_effect(run_id, "charge", receipt={"id": "ch_manual"})
+        with pytest.raises(ClientError) as again:
+            await stack.client.resolve_effect(run_id, "charge", error="never mind")
+        with pytest.raises(ClientError) as missing:
+            await stack.client.resolve_effect(run_id, "refund", error="no")
+        with pytest.raises(ValidationError):
+            await stack.client.resolve_effect(run_id, "charge")
+
+    assert [(e.key, e.state) for e in seen.effects] == [("charge", "unknown")]
+    assert [f.data["state"] for f in frames if f.type == FrameType.EFFECT][-1] == "unknown"
+    assert [(e.state, e.receipt_id) for e in resolved.effects] == [("reconciled", "ch_manual")]
+    assert (again.value.code, again.value.retryable) == (ErrorCode.INVALID_REQUEST, False)
+    assert "reconciled" in again.value.message
+    assert missing.value.code == ErrorCode.NOT_FOUND

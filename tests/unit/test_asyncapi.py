@@ -18,6 +18,7 @@ from runwire.contracts import (
     GetCommand,
     JoinCommand,
     JoinReply,
+    ResolveEffectCommand,
     RunReply,
     Subjects,
     SubmitCommand,
@@ -39,6 +40,7 @@ REQUESTS: dict[str, type[BaseModel]] = {
     "cancel": CancelCommand,
     "get": GetCommand,
     "abort_session": AbortSessionCommand,
+    "resolve_effect": ResolveEffectCommand,
     "join": JoinCommand,
 }
 REPLIES: dict[str, type[BaseModel]] = {
@@ -46,6 +48,7 @@ REPLIES: dict[str, type[BaseModel]] = {
     "cancel": RunReply,
     "get": RunReply,
     "abort_session": AbortSessionReply,
+    "resolve_effect": RunReply,
     "join": JoinReply,
 }
 

@@ -54,3 +54,15 @@ def test_only_the_store_and_the_test_kits_servers_import_asyncpg() -> None:
     users = {p for p, m in _imports(ROOT / "services") if m.startswith("asyncpg")}
     assert users
     assert all(p.parent == store or p == servers for p in users), users
+
+
+def test_the_code_imports_itself_only_through_the_runwire_namespace() -> None:
+    # The folders are not packages of their own once installed: `contracts.x` would
+    # work from the repository root only.
+    bad = [
+        (p, m)
+        for folder in ("services", "contracts", "infra")
+        for p, m in _imports(ROOT / folder)
+        if m.split(".")[0] in ("services", "contracts", "infra", "tests")
+    ]
+    assert bad == []

@@ -21,6 +21,8 @@ CREATE TABLE effects (
     deadline_at      timestamptz,
     receipt          jsonb,
     error            text,
+    -- The run's error code when the effect failed (EFFECT_FAILED, EFFECT_DEADLINE_EXCEEDED).
+    error_code       text,
     created_at       timestamptz NOT NULL DEFAULT now(),
     updated_at       timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (run_id, key)

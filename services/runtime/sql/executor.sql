@@ -155,9 +155,10 @@ WITH ins AS (
     ON CONFLICT (run_id, key) DO NOTHING
     RETURNING *
 )
-SELECT * FROM ins
+SELECT *, false AS past_deadline FROM ins
 UNION ALL
-SELECT * FROM effects WHERE run_id = $1 AND key = $2 AND NOT EXISTS (SELECT 1 FROM ins);
+SELECT *, deadline_at < now() AS past_deadline
+  FROM effects WHERE run_id = $1 AND key = $2 AND NOT EXISTS (SELECT 1 FROM ins);
 
 -- name: effect_claim
 -- Take the effect for a dispatch: a new fence token, fenced by the run's generation and
@@ -170,11 +171,12 @@ UPDATE effects e
  WHERE e.run_id = $1 AND e.key = $2 AND e.version = $3
    AND e.state IN ('prepared', 'claimed', 'unknown')
    AND r.run_id = e.run_id AND r.generation = $4 AND r.status = 'running'
-RETURNING e.*;
+RETURNING e.*, false AS past_deadline;
 
 -- name: effect_settle
 -- Record how a dispatch (or a reconcile) ended, if nobody moved the effect meanwhile.
 UPDATE effects
-   SET state = $4, receipt = $5, error = $6, version = version + 1, updated_at = now()
+   SET state = $4, receipt = $5, error = $6, error_code = $7, version = version + 1,
+       updated_at = now()
  WHERE run_id = $1 AND key = $2 AND version = $3
-RETURNING *;
+RETURNING *, deadline_at < now() AS past_deadline;

@@ -104,5 +104,18 @@ SELECT name, input_schema FROM runners ORDER BY name;
 
 -- name: run_effects
 -- A run's side effects, in the order they were prepared.
-SELECT key, kind, state::text AS state, receipt, error, fence, version, updated_at
+SELECT key, kind, state::text AS state, receipt, error
   FROM effects WHERE run_id = $1 ORDER BY created_at, key;
+
+-- name: resolve_effect
+-- An operator settles an effect whose outcome is not known: `reconciled` with a receipt,
+-- or `failed`. Only an `unknown` or `claimed` effect of the tenant's run moves.
+UPDATE effects e
+   SET state = CASE WHEN $4::jsonb IS NOT NULL THEN 'reconciled' ELSE 'failed' END::effect_state,
+       receipt = $4, error = $5,
+       error_code = CASE WHEN $4::jsonb IS NOT NULL THEN NULL ELSE 'EFFECT_FAILED' END,
+       version = e.version + 1, updated_at = now()
+  FROM runs r
+ WHERE e.run_id = $2 AND e.key = $3 AND r.run_id = e.run_id AND r.tenant = $1
+   AND e.state IN ('unknown', 'claimed')
+RETURNING e.state::text AS state;

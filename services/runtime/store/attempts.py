@@ -66,10 +66,11 @@ class ExecutorQueries(Queries):
         state: str,
         receipt: dict[str, Any] | None = None,
         error: str | None = None,
+        error_code: str | None = None,
     ) -> Effect | None:
         """Move the effect to `state` if it is still at `version`; None otherwise."""
         rec = await self._fetchrow(
-            "effect_settle", uuid.UUID(run_id), key, version, state, receipt, error
+            "effect_settle", uuid.UUID(run_id), key, version, state, receipt, error, error_code
         )
         return Effect.from_record(rec) if rec else None
 

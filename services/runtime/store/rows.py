@@ -240,6 +240,9 @@ class Effect:
     claimed_generation: int | None
     receipt: dict[str, Any] | None
     error: str | None
+    error_code: str | None = None
+    # Its claim's deadline has passed (as of the read).
+    past_deadline: bool = False
 
     @classmethod
     def from_record(cls, rec: asyncpg.Record) -> "Effect":
@@ -256,4 +259,6 @@ class Effect:
             claimed_generation=rec["claimed_generation"],
             receipt=rec["receipt"],
             error=rec["error"],
+            error_code=rec["error_code"],
+            past_deadline=bool(rec.get("past_deadline")),
         )

@@ -12,6 +12,23 @@ from runwire.runtime.store.rows import Run, parse_run_id
 class SubmitterQueries(Queries):
     """Runs as the submitter writes them."""
 
+    async def run_effects(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's side effects: key, kind, state, receipt, error."""
+        return [dict(r) for r in await self._fetch("run_effects", uuid.UUID(run_id))]
+
+    async def resolve_effect(
+        self,
+        tenant: str,
+        run_id: str,
+        key: str,
+        receipt: dict[str, Any] | None,
+        error: str | None,
+    ) -> str | None:
+        """Settle an unknown (or orphaned claimed) effect; its new state, or None when
+        no such effect of the tenant's run is unknown or claimed."""
+        rec = await self._fetchrow("resolve_effect", tenant, uuid.UUID(run_id), key, receipt, error)
+        return str(rec["state"]) if rec else None
+
     async def runner_catalog(self) -> dict[str, dict[str, Any] | None]:
         """Every runner an executor has served: name → input JSON Schema (or None)."""
         return {r["name"]: r["input_schema"] for r in await self._fetch("runner_catalog")}
