@@ -34,6 +34,8 @@ class SubmitCommand(Versioned):
     attempt_timeout_ms: int | None = Field(default=None, ge=100, le=86_400_000)
     queue_timeout_ms: int | None = Field(default=None, ge=100, le=86_400_000)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    # Tokens the run may spend over all its attempts (model calls reserve, then settle).
+    budget_tokens: int | None = Field(default=None, ge=1)
 
 
 class CancelCommand(Versioned):
@@ -63,6 +65,17 @@ class ResolveEffectCommand(Versioned):
         if (self.receipt is None) == (self.error is None):
             raise ValueError("give exactly one of receipt (it happened) or error (it did not)")
         return self
+
+
+class SetBudgetCommand(Versioned):
+    """Set the tenant's token budget (None: no limit). Runs already running keep what
+    they reserved; a new reservation must fit the new budget."""
+
+    tokens: int | None = Field(ge=0)
+
+
+class GetBudgetCommand(Versioned):
+    """Read the tenant's budget and what its runs spent and hold reserved."""
 
 
 class AbortSessionCommand(Versioned):

@@ -25,6 +25,8 @@ class ErrorCode(StrEnum):
     EFFECT_DEADLINE_EXCEEDED = "EFFECT_DEADLINE_EXCEEDED"
     # A side effect failed for good (the adapter refused it). Not retryable.
     EFFECT_FAILED = "EFFECT_FAILED"
+    # A reservation did not fit the tenant's or the run's budget. Not retryable.
+    BUDGET_EXCEEDED = "BUDGET_EXCEEDED"
     CANCELED = "CANCELED"
     SUPERSEDED = "SUPERSEDED"
     INTERRUPTED = "INTERRUPTED"

@@ -86,3 +86,15 @@ class JoinReply(Versioned):
     run: RunSummary
     replay: list[Frame]
     live: LiveCursor | None
+
+
+class BudgetReply(Versioned):
+    """A tenant's token budget: its limit (None: none), what its runs used (settled) and
+    hold reserved, and what is left (None without a limit)."""
+
+    ok: Literal[True] = True
+    tenant: str
+    tokens: int | None
+    used: int
+    reserved: int
+    left: int | None

@@ -9,9 +9,11 @@ from pydantic import BaseModel
 from runwire.contracts.commands import (
     AbortSessionCommand,
     CancelCommand,
+    GetBudgetCommand,
     GetCommand,
     JoinCommand,
     ResolveEffectCommand,
+    SetBudgetCommand,
     SubmitCommand,
 )
 from runwire.contracts.errors import ErrorReply
@@ -20,6 +22,7 @@ from runwire.contracts.frames import FRAME_DATA, Frame, Job, RawFrame
 from runwire.contracts.health import HealthReply
 from runwire.contracts.replies import (
     AbortSessionReply,
+    BudgetReply,
     JoinReply,
     RunReply,
     RunSummary,
@@ -35,8 +38,11 @@ EXPORTED: tuple[type[BaseModel], ...] = (
     GetCommand,
     AbortSessionCommand,
     ResolveEffectCommand,
+    SetBudgetCommand,
+    GetBudgetCommand,
     JoinCommand,
     SubmitReply,
+    BudgetReply,
     RunReply,
     AbortSessionReply,
     JoinReply,

@@ -12,7 +12,16 @@ TENANT_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 PREFIX_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 # A runner's name is one subject token (its jobs' subjects carry it) and a consumer name.
 RUNNER_NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
-COMMANDS = ("submit", "cancel", "get", "abort_session", "resolve_effect", "join")
+COMMANDS = (
+    "submit",
+    "cancel",
+    "get",
+    "abort_session",
+    "resolve_effect",
+    "set_budget",
+    "get_budget",
+    "join",
+)
 
 
 @dataclass(frozen=True)

@@ -74,3 +74,22 @@ async def charge(ctx: runwire.AttemptContext) -> dict[str, Any]:
         raise runwire.RunnerError("failing after the charge, as asked", retryable=True)
     await ctx.message(f"charged {args.amount} as {receipt['id']}")
     return {"receipt": receipt["id"]}
+
+
+class SpendInput(WireModel):
+    """What `spend` takes: tokens to reserve, then to settle as used."""
+
+    reserve: int = Field(ge=0)
+    use: int = Field(ge=0)
+    hold_ms: int = Field(default=50, ge=0)
+
+
+@runwire.runner(input=SpendInput)
+async def spend(ctx: runwire.AttemptContext) -> dict[str, Any]:
+    """Reserve budget for a costly call, hold it a while, settle what the call used."""
+    args = SpendInput.model_validate(ctx.input)
+    await ctx.reserve("call", args.reserve)
+    await ctx.sleep(args.hold_ms / 1000)
+    await ctx.settle("call", args.use, receipt=f"usage-{ctx.run_id}-{ctx.attempt}")
+    await ctx.message(f"spent {args.use}")
+    return {"spent": args.use}

@@ -24,9 +24,11 @@ from runwire.client.settings import load_settings
 from runwire.contracts.commands import (
     AbortSessionCommand,
     CancelCommand,
+    GetBudgetCommand,
     GetCommand,
     JoinCommand,
     ResolveEffectCommand,
+    SetBudgetCommand,
     SubmitCommand,
 )
 from runwire.contracts.errors import ErrorBody, ErrorCode, ErrorReply
@@ -35,6 +37,7 @@ from runwire.contracts.frames import CHECKED, Frame, FrameType, Transcript
 from runwire.contracts.health import HealthReply
 from runwire.contracts.replies import (
     AbortSessionReply,
+    BudgetReply,
     JoinReply,
     RunReply,
     RunSummary,
@@ -220,6 +223,18 @@ class Client:
         cmd = ResolveEffectCommand(run_id=run_id, key=key, receipt=receipt, error=error)
         reply: RunReply = await self._request("resolve_effect", cmd, RunReply)
         return reply.run
+
+    async def set_budget(self, tokens: int | None) -> BudgetReply:
+        """Set the tenant's token budget (None: no limit)."""
+        reply: BudgetReply = await self._request(
+            "set_budget", SetBudgetCommand(tokens=tokens), BudgetReply
+        )
+        return reply
+
+    async def budget(self) -> BudgetReply:
+        """The tenant's token budget, what its runs used and what they hold reserved."""
+        reply: BudgetReply = await self._request("get_budget", GetBudgetCommand(), BudgetReply)
+        return reply
 
     async def abort_session(self, session_id: str) -> list[str]:
         reply: AbortSessionReply = await self._request(

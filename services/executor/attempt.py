@@ -25,7 +25,7 @@ from runwire.executor.effects import EffectFence
 from runwire.runners.base import AttemptClosed, AttemptContext, Runner, RunnerError, RunnerSpec
 from runwire.runners.effects import EffectAdapter
 from runwire.runners.tools import ToolSpec
-from runwire.runtime import tracing
+from runwire.runtime import faults, tracing
 from runwire.runtime.broker import Broker
 from runwire.runtime.commands import describe
 from runwire.runtime.errors import (
@@ -211,6 +211,37 @@ class Attempt:
             self.abort(AbortReason.LOST)
             raise AttemptClosed("lease lost") from None
 
+    def _budget_key(self, key: str) -> str:
+        # Per attempt: a reservation of an attempt that is gone is released, never
+        # settled by the next one.
+        return f"g{self.generation}:{key}"
+
+    async def _reserve(self, key: str, tokens: int) -> None:
+        try:
+            granted, tenant_left, run_left = await self._store.budget_reserve(
+                self.run.run_id, self._budget_key(key), max(0, tokens), self.generation
+            )
+        except LostRace:
+            self.abort(AbortReason.LOST)
+            raise AttemptClosed("lease lost") from None
+        if not granted:
+            left = ", ".join(
+                f"{who} has {n} left"
+                for who, n in (("the tenant", tenant_left), ("the run", run_left))
+                if n is not None
+            )
+            raise RunnerError(
+                f"{key} needs {tokens} tokens of budget; {left}",
+                retryable=False,
+                code=ErrorCode.BUDGET_EXCEEDED,
+            )
+
+    async def _settle(self, key: str, used: int, receipt: str | None) -> None:
+        await faults.point(faults.BUDGET_UNSETTLED)
+        await self._store.budget_settle(
+            self.run.run_id, self._budget_key(key), max(0, used), receipt
+        )
+
     async def _pinned(self) -> ErrorBody | None:
         """MODEL_CHANGED when the run's pinned configuration is not this attempt's; pins
         it when the run has none yet."""
@@ -307,6 +338,8 @@ class Attempt:
             _checkpoint=self._checkpoint,
             tools=self._tools,
             _effect=self._effects.run,
+            _reserve=self._reserve,
+            _settle=self._settle,
         )
         runner_span = tracing.tracer.start_span(
             "runner", attributes={**self._span_attributes(), "runner": self.run.runner}

@@ -14,6 +14,7 @@ import contextlib
 import logging
 from typing import Protocol
 
+from runwire.recovery.budgets import OrphanedReservations
 from runwire.recovery.leases import ExpiredLeases
 from runwire.recovery.lost_jobs import LostJobs
 from runwire.recovery.queue_timeouts import QueueTimeouts
@@ -52,6 +53,7 @@ def duties(settings: RecoverySettings, store: Store, broker: Broker, outbox: Out
         SessionTurns(settings, store),
         LostJobs(settings, store, broker, outbox),
         Retention(settings, store, broker),
+        OrphanedReservations(store),
     ]
 
 

@@ -82,6 +82,8 @@ class AttemptContext:
     # The tools this executor has (`runwire.tools`), by name.
     tools: Mapping[str, "ToolSpec"] = field(default_factory=dict)
     _effect: Callable[[str, str, dict[str, Any]], Awaitable[dict[str, Any]]] | None = None
+    _reserve: Callable[[str, int], Awaitable[None]] | None = None
+    _settle: Callable[[str, int, str | None], Awaitable[None]] | None = None
 
     async def emit(self, type: FrameType, data: dict[str, Any]) -> None:
         """Publish a frame of this attempt."""
@@ -107,6 +109,19 @@ class AttemptContext:
         if self._effect is None:
             raise RunnerError("effects are not available to this attempt", retryable=False)
         return await self._effect(kind, key, request)
+
+    async def reserve(self, key: str, tokens: int) -> None:
+        """Reserve `tokens` of the tenant's and the run's budgets for a costly call that
+        this attempt names `key`, before making it. Raises RunnerError (BUDGET_EXCEEDED,
+        not retryable) when it does not fit. Settle it with `settle` after the call; a
+        reservation left unsettled (a crash) is released by recovery."""
+        if self._reserve is not None:
+            await self._reserve(key, tokens)
+
+    async def settle(self, key: str, used: int, receipt: str | None = None) -> None:
+        """Settle reservation `key` with the tokens the call used (once: again, nothing)."""
+        if self._settle is not None:
+            await self._settle(key, used, receipt)
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any], *, call_id: str | None = None

@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_MAX_STEPS = 8
+# What a model call is reserved for when the run sets no limit on the answer's length.
+DEFAULT_ANSWER_TOKENS = 4096
 RETRYABLE_STATUS = frozenset({408, 409, 429})
 FATAL_STATUS = frozenset({400, 401, 403, 404, 422})
 # The settings that change what a model answers: pinned with the model and base URL.
@@ -153,6 +155,7 @@ class _Step:
     finish_reason: str | None = None
     usage: dict[str, int] | None = None
     model: str | None = None
+    id: str | None = None
 
 
 class _Aborted(Exception):
@@ -301,6 +304,7 @@ class OpenAIChat:
     async def _consume(self, ctx: AttemptContext, stream: Any, step: _Step) -> None:
         async for chunk in stream:
             step.model = chunk.model or step.model
+            step.id = chunk.id or step.id
             if chunk.usage is not None:
                 step.usage = {
                     "input_tokens": chunk.usage.prompt_tokens or 0,
@@ -366,12 +370,20 @@ class OpenAIChat:
             ]
         while steps < args.max_steps:
             steps += 1
+            # Reserved before the call: the prompt's size and the most it may answer.
+            reservation = f"model-call-{steps}"
+            estimate = _estimate(args, messages)
+            await ctx.reserve(reservation, estimate)
             try:
                 step = await self._step(ctx, self._request(args, messages, tools))
             except _Aborted:
+                await ctx.settle(reservation, estimate)  # cut short: count what it may have used
                 return {"usage": usage}  # the executor records the abort, not this result
             except Exception as exc:  # noqa: BLE001 - mapped to an outcome, or raised again
+                await ctx.settle(reservation, 0)
                 raise self._failure(exc) from None
+            used = step.usage["total_tokens"] if step.usage is not None else estimate
+            await ctx.settle(reservation, used, step.id)
             if step.usage is not None:
                 for key in usage:
                     usage[key] += step.usage[key]
@@ -392,6 +404,13 @@ class OpenAIChat:
             f"the model still called tools after {args.max_steps} steps (max_steps)",
             retryable=False,
         )
+
+
+def _estimate(args: OpenAIInput, messages: list[dict[str, Any]]) -> int:
+    """Tokens a model call may take: about one per three characters of its messages, plus
+    the most it may answer (`max_completion_tokens`, `max_tokens`, else a default)."""
+    answer = args.max_completion_tokens or args.max_tokens or DEFAULT_ANSWER_TOKENS
+    return len(json.dumps(messages)) // 3 + answer
 
 
 def _parsed(call: _Call) -> dict[str, Any]:

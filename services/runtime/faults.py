@@ -30,6 +30,8 @@ EFFECT_PREPARED = "effect.prepared"
 EFFECT_CLAIMED = "effect.claimed"
 EFFECT_DISPATCHED = "effect.dispatched"
 EFFECT_COMMITTED = "effect.committed"
+# A costly call was made and its budget reservation is not settled yet.
+BUDGET_UNSETTLED = "budget.unsettled"
 
 KNOWN = frozenset(
     {
@@ -40,6 +42,7 @@ KNOWN = frozenset(
         EFFECT_CLAIMED,
         EFFECT_DISPATCHED,
         EFFECT_COMMITTED,
+        BUDGET_UNSETTLED,
     }
 )
 # kill: SIGKILL, a crash; stop: SIGSTOP, a process frozen until someone sends SIGCONT

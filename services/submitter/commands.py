@@ -16,14 +16,22 @@ from opentelemetry import trace
 from runwire.contracts.commands import (
     AbortSessionCommand,
     CancelCommand,
+    GetBudgetCommand,
     GetCommand,
     Multitask,
     ResolveEffectCommand,
+    SetBudgetCommand,
     SubmitCommand,
 )
 from runwire.contracts.errors import ErrorCode
 from runwire.contracts.frames import EffectData, EffectState
-from runwire.contracts.replies import AbortSessionReply, FrameChannel, RunReply, SubmitReply
+from runwire.contracts.replies import (
+    AbortSessionReply,
+    BudgetReply,
+    FrameChannel,
+    RunReply,
+    SubmitReply,
+)
 from runwire.contracts.status import RunStatus
 from runwire.runtime import tracing
 from runwire.runtime.broker import Broker
@@ -165,6 +173,7 @@ class Submitter:
             # The submit command's span: every later span of the run descends from it.
             trace_parent=tracing.current_traceparent(),
             config_pin=self.runners.pin(cmd.runner, cmd.input),
+            budget_tokens=cmd.budget_tokens,
         )
         if run is None:
             raise _Duplicate("request_id already used")
@@ -197,6 +206,21 @@ class Submitter:
             for e in await self.store.run_effects(run.run_id)
         ]
         return RunReply(run=run.summary().model_copy(update={"effects": effects}))
+
+    async def set_budget(self, tenant: str, cmd: SetBudgetCommand) -> BudgetReply:
+        await self.store.set_tenant_budget(tenant, cmd.tokens)
+        log.info("budget set", extra=fields(tenant=tenant, tokens=cmd.tokens))
+        return await self.get_budget(tenant, GetBudgetCommand())
+
+    async def get_budget(self, tenant: str, cmd: GetBudgetCommand) -> BudgetReply:
+        tokens, used, reserved = await self.store.tenant_budget(tenant)
+        return BudgetReply(
+            tenant=tenant,
+            tokens=tokens,
+            used=used,
+            reserved=reserved,
+            left=None if tokens is None else tokens - used - reserved,
+        )
 
     async def resolve_effect(self, tenant: str, cmd: ResolveEffectCommand) -> RunReply:
         run = await self.store.get_run(tenant, cmd.run_id)

@@ -7,11 +7,13 @@ from collections.abc import Mapping
 from runwire.contracts.commands import (
     AbortSessionCommand,
     CancelCommand,
+    GetBudgetCommand,
     GetCommand,
     ResolveEffectCommand,
+    SetBudgetCommand,
     SubmitCommand,
 )
-from runwire.contracts.replies import AbortSessionReply, RunReply, SubmitReply
+from runwire.contracts.replies import AbortSessionReply, BudgetReply, RunReply, SubmitReply
 from runwire.runners.base import RunnerSpec
 from runwire.runners.registry import RunnerConfigError, load_runners
 from runwire.runtime import publications
@@ -66,6 +68,16 @@ class SubmitterService(Service[SubmitterSettings]):
             """Settle a side effect whose outcome runwire could not know (`unknown`, or
             `claimed` by an attempt that is gone): with its receipt, or its failure."""
             return await self.submitter.resolve_effect(tenant(), body)
+
+        @command("set_budget", max_bytes=settings.max_input_bytes)
+        async def set_budget(body: SetBudgetCommand) -> BudgetReply:
+            """Set the tenant's token budget (`tokens: null` for none)."""
+            return await self.submitter.set_budget(tenant(), body)
+
+        @command("get_budget", max_bytes=settings.max_input_bytes)
+        async def get_budget(body: GetBudgetCommand) -> BudgetReply:
+            """Read the tenant's token budget, what its runs used and hold reserved."""
+            return await self.submitter.get_budget(tenant(), body)
 
         @command("abort_session", max_bytes=settings.max_input_bytes)
         async def abort_session(body: AbortSessionCommand) -> AbortSessionReply:

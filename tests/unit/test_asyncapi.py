@@ -24,9 +24,11 @@ from runwire.contracts import (
     SubmitCommand,
     SubmitReply,
 )
+from runwire.contracts.commands import GetBudgetCommand, SetBudgetCommand
 from runwire.contracts.events import RunEvent
 from runwire.contracts.frames import Job, RawFrame
 from runwire.contracts.health import HealthReply
+from runwire.contracts.replies import BudgetReply
 from runwire.contracts.subjects import COMMANDS
 
 pytestmark = pytest.mark.unit
@@ -41,6 +43,8 @@ REQUESTS: dict[str, type[BaseModel]] = {
     "get": GetCommand,
     "abort_session": AbortSessionCommand,
     "resolve_effect": ResolveEffectCommand,
+    "set_budget": SetBudgetCommand,
+    "get_budget": GetBudgetCommand,
     "join": JoinCommand,
 }
 REPLIES: dict[str, type[BaseModel]] = {
@@ -49,6 +53,8 @@ REPLIES: dict[str, type[BaseModel]] = {
     "get": RunReply,
     "abort_session": AbortSessionReply,
     "resolve_effect": RunReply,
+    "set_budget": BudgetReply,
+    "get_budget": BudgetReply,
     "join": JoinReply,
 }
 

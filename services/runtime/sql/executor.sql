@@ -180,3 +180,13 @@ UPDATE effects
        updated_at = now()
  WHERE run_id = $1 AND key = $2 AND version = $3
 RETURNING *, deadline_at < now() AS past_deadline;
+
+-- name: budget_reserve
+SELECT * FROM budget_reserve($1, $2, $3, $4);
+
+-- name: budget_settle
+-- Settle a reservation with what the call used; once (a second settle changes nothing).
+UPDATE budget_reservations
+   SET state = 'settled', used = $3, receipt = $4, settled_at = now()
+ WHERE run_id = $1 AND key = $2 AND state = 'reserved'
+RETURNING used;

@@ -129,3 +129,13 @@ WITH due AS (
 UPDATE runs r SET frames_expired_at = now()
   FROM due WHERE r.run_id = due.run_id
 RETURNING r.run_id, r.tenant;
+
+-- name: release_orphaned_reservations
+-- Reservations whose attempt is gone (the run moved to a newer generation) or whose run
+-- ended: nobody will settle them.
+UPDATE budget_reservations b
+   SET state = 'released', settled_at = now()
+  FROM runs r
+ WHERE b.state = 'reserved' AND r.run_id = b.run_id
+   AND (r.generation > b.generation OR run_terminal(r.status))
+RETURNING b.run_id;

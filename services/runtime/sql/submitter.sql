@@ -10,10 +10,11 @@ WITH ins AS (
     -- the order they were accepted.
     INSERT INTO runs (run_id, tenant, request_id, session_id, multitask, runner, input,
                       metadata, max_attempts, attempt_timeout_ms, queue_timeout_ms,
-                      job_published_at, created_at, updated_at, trace_parent, config_pin)
+                      job_published_at, created_at, updated_at, trace_parent, config_pin,
+                      budget_tokens)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,
             CASE WHEN session_blocked($2, $4, NULL) THEN NULL ELSE now() END,
-            clock_timestamp(), clock_timestamp(), $13, $14)
+            clock_timestamp(), clock_timestamp(), $13, $14, $15)
     ON CONFLICT (tenant, request_id) DO NOTHING
     RETURNING *
 ), ev AS (
@@ -119,3 +120,15 @@ UPDATE effects e
  WHERE e.run_id = $2 AND e.key = $3 AND r.run_id = e.run_id AND r.tenant = $1
    AND e.state IN ('unknown', 'claimed')
 RETURNING e.state::text AS state;
+
+-- name: set_tenant_budget
+INSERT INTO tenant_budgets (tenant, tokens) VALUES ($1, $2)
+ON CONFLICT (tenant) DO UPDATE SET tokens = EXCLUDED.tokens, updated_at = now()
+RETURNING tokens;
+
+-- name: tenant_budget
+SELECT (SELECT tokens FROM tenant_budgets WHERE tenant = $1) AS tokens,
+       coalesce((SELECT sum(used) FROM budget_reservations
+                  WHERE tenant = $1 AND state = 'settled'), 0)::bigint AS used,
+       coalesce((SELECT sum(tokens) FROM budget_reservations
+                  WHERE tenant = $1 AND state = 'reserved'), 0)::bigint AS reserved;

@@ -74,6 +74,23 @@ class ExecutorQueries(Queries):
         )
         return Effect.from_record(rec) if rec else None
 
+    async def budget_reserve(
+        self, run_id: str, key: str, tokens: int, generation: int
+    ) -> tuple[bool, int | None, int | None]:
+        """Reserve `tokens` for the run's call `key`: (granted, tenant's tokens left, the
+        run's left; None without a limit). LostRace when the attempt no longer holds
+        the run."""
+        rec = await self._fetchrow("budget_reserve", uuid.UUID(run_id), key, tokens, generation)
+        if rec is None:
+            raise LostRace(f"run {run_id} is no longer held by generation {generation}")
+        return bool(rec["granted"]), rec["tenant_left"], rec["run_left"]
+
+    async def budget_settle(self, run_id: str, key: str, used: int, receipt: str | None) -> bool:
+        """Settle the reservation `key` with what the call used; False when it was
+        settled (or released) already."""
+        rows = await self._fetch("budget_settle", uuid.UUID(run_id), key, used, receipt)
+        return bool(rows)
+
     async def pin_config(self, run_id: str, generation: int, pin: str) -> None:
         """Pin the run's configuration, if nothing is pinned yet (fenced by generation)."""
         await self._fetch("pin_config", uuid.UUID(run_id), generation, pin)

@@ -29,6 +29,15 @@ class SubmitterQueries(Queries):
         rec = await self._fetchrow("resolve_effect", tenant, uuid.UUID(run_id), key, receipt, error)
         return str(rec["state"]) if rec else None
 
+    async def set_tenant_budget(self, tenant: str, tokens: int | None) -> None:
+        await self._fetch("set_tenant_budget", tenant, tokens)
+
+    async def tenant_budget(self, tenant: str) -> tuple[int | None, int, int]:
+        """The tenant's limit (None: none), tokens used (settled) and reserved."""
+        rec = await self._fetchrow("tenant_budget", tenant)
+        assert rec is not None
+        return rec["tokens"], rec["used"], rec["reserved"]
+
     async def runner_catalog(self) -> dict[str, dict[str, Any] | None]:
         """Every runner an executor has served: name → input JSON Schema (or None)."""
         return {r["name"]: r["input_schema"] for r in await self._fetch("runner_catalog")}
@@ -53,6 +62,7 @@ class SubmitterQueries(Queries):
         actor: str,
         trace_parent: str | None = None,
         config_pin: str | None = None,
+        budget_tokens: int | None = None,
     ) -> Run | None:
         """Create a queued run; None when the tenant already has this request_id.
         `config_pin`: the fingerprint of the configuration its attempts must run with."""
@@ -72,6 +82,7 @@ class SubmitterQueries(Queries):
             actor,
             trace_parent,
             config_pin,
+            budget_tokens,
         )
 
     async def request_cancel(

@@ -41,6 +41,10 @@ class RecoveryQueries(Queries):
         rec = await self._fetchrow("release_sessions", limit, actor)
         return int(rec["released"]) if rec else 0
 
+    async def release_orphaned_reservations(self) -> int:
+        """Release the budget reservations nobody will settle; how many."""
+        return len(await self._fetch("release_orphaned_reservations"))
+
     async def stale_jobs(self, after_ms: int, limit: int) -> dict[str, str]:
         """Runs waiting for an attempt whose job was issued or checked more than
         `after_ms` ago (marked checked now), with their runners: the caller looks for

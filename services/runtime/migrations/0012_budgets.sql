@@ -1,0 +1,76 @@
+-- Budgets that are never overspent: a tenant's limit (tenant_budgets) and a run's
+-- (runs.budget_tokens, set at submit). A runner reserves an estimate before each costly
+-- call and settles it with what the call used; a reservation left by an attempt that is
+-- gone, or by a run that ended, is released by recovery. Spent = settled use plus what
+-- is still reserved; a reservation that does not fit is refused (BUDGET_EXCEEDED).
+ALTER TABLE runs ADD COLUMN budget_tokens bigint;
+
+CREATE TABLE tenant_budgets (
+    tenant      text PRIMARY KEY,
+    tokens      bigint,
+    updated_at  timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE budget_reservations (
+    run_id      uuid NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    key         text NOT NULL,
+    tenant      text NOT NULL,
+    generation  integer NOT NULL,
+    tokens      bigint NOT NULL CHECK (tokens >= 0),
+    used        bigint CHECK (used >= 0),
+    receipt     text,
+    state       text NOT NULL DEFAULT 'reserved'
+                CHECK (state IN ('reserved', 'settled', 'released')),
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    settled_at  timestamptz,
+    PRIMARY KEY (run_id, key)
+);
+CREATE INDEX budget_reservations_by_tenant ON budget_reservations (tenant)
+    WHERE state <> 'released';
+CREATE INDEX budget_reservations_open ON budget_reservations (run_id) WHERE state = 'reserved';
+
+-- What a tenant (or a run) has spent: settled use, plus what is still reserved.
+CREATE FUNCTION budget_spent(p_tenant text, p_run uuid) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(sum(CASE WHEN state = 'settled' THEN used ELSE tokens END), 0)::bigint
+      FROM budget_reservations
+     WHERE state <> 'released'
+       AND (p_run IS NULL AND tenant = p_tenant OR run_id = p_run)
+$$;
+
+-- Reserve `p_tokens` for the run's call `p_key` (the attempt of generation
+-- `p_generation` must hold the run): granted when it fits both the tenant's and the
+-- run's budget, under the tenant's lock, so concurrent runs cannot overspend together.
+-- The same key again returns the reservation already made.
+CREATE FUNCTION budget_reserve(p_run uuid, p_key text, p_tokens bigint, p_generation integer)
+RETURNS TABLE (granted boolean, tenant_left bigint, run_left bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_run runs;
+    v_limit bigint;
+    v_tenant_spent bigint;
+    v_run_spent bigint;
+BEGIN
+    SELECT * INTO v_run FROM runs WHERE run_id = p_run;
+    IF NOT FOUND OR v_run.generation <> p_generation OR v_run.status <> 'running' THEN
+        RETURN;  -- no row: the attempt no longer holds the run
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtext('runwire.budget'), hashtext(v_run.tenant));
+    IF EXISTS (SELECT 1 FROM budget_reservations WHERE run_id = p_run AND key = p_key) THEN
+        RETURN QUERY SELECT true, NULL::bigint, NULL::bigint;
+        RETURN;
+    END IF;
+    SELECT tokens INTO v_limit FROM tenant_budgets WHERE tenant = v_run.tenant;
+    v_tenant_spent := budget_spent(v_run.tenant, NULL);
+    v_run_spent := budget_spent(v_run.tenant, p_run);
+    IF (v_limit IS NOT NULL AND v_tenant_spent + p_tokens > v_limit)
+       OR (v_run.budget_tokens IS NOT NULL AND v_run_spent + p_tokens > v_run.budget_tokens) THEN
+        RETURN QUERY SELECT false, v_limit - v_tenant_spent, v_run.budget_tokens - v_run_spent;
+        RETURN;
+    END IF;
+    INSERT INTO budget_reservations (run_id, key, tenant, generation, tokens)
+    VALUES (p_run, p_key, v_run.tenant, p_generation, p_tokens);
+    RETURN QUERY SELECT true, v_limit - v_tenant_spent - p_tokens,
+                        v_run.budget_tokens - v_run_spent - p_tokens;
+END
+$$;
