@@ -68,10 +68,13 @@ class ResolveEffectCommand(Versioned):
 
 
 class SetBudgetCommand(Versioned):
-    """Set the tenant's token budget (None: no limit). Runs already running keep what
-    they reserved; a new reservation must fit the new budget."""
+    """Set the tenant's limits; a field left out keeps its value, `null` removes it.
+    `tokens`: the token budget (runs keep what they reserved; a new reservation must
+    fit); `max_active_runs` and `max_runs_per_day` (UTC): quotas answered at submit."""
 
-    tokens: int | None = Field(ge=0)
+    tokens: int | None = Field(default=None, ge=0)
+    max_active_runs: int | None = Field(default=None, ge=0)
+    max_runs_per_day: int | None = Field(default=None, ge=0)
 
 
 class GetBudgetCommand(Versioned):

@@ -27,6 +27,9 @@ class ErrorCode(StrEnum):
     EFFECT_FAILED = "EFFECT_FAILED"
     # A reservation did not fit the tenant's or the run's budget. Not retryable.
     BUDGET_EXCEEDED = "BUDGET_EXCEEDED"
+    # A submit that a quota of the tenant refuses (runs active at once, runs per day):
+    # nothing was created. Not retryable.
+    QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
     CANCELED = "CANCELED"
     SUPERSEDED = "SUPERSEDED"
     INTERRUPTED = "INTERRUPTED"

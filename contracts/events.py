@@ -22,6 +22,9 @@ class RunEventName(StrEnum):
     SESSION_TURN = "session_turn"  # the earlier runs of its session ended: its turn came
     RECOVERING = "recovering"  # its executor stopped renewing the lease; resumed elsewhere
     INTERRUPTED = "interrupted"  # closed after repeated recoveries without progress
+    BUDGET_RESERVED = "budget_reserved"  # tokens reserved before a costly call
+    BUDGET_SETTLED = "budget_settled"  # a reservation settled with what the call used
+    BUDGET_RELEASED = "budget_released"  # a reservation nobody will settle was released
 
 
 class RunEvent(Versioned):

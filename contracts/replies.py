@@ -89,8 +89,9 @@ class JoinReply(Versioned):
 
 
 class BudgetReply(Versioned):
-    """A tenant's token budget: its limit (None: none), what its runs used (settled) and
-    hold reserved, and what is left (None without a limit)."""
+    """A tenant's limits and where it stands: the token budget (None: none), what its
+    runs used (settled) and hold reserved, what is left (None without a limit); its
+    quotas (None: none) with its active runs and the runs it submitted today (UTC)."""
 
     ok: Literal[True] = True
     tenant: str
@@ -98,3 +99,7 @@ class BudgetReply(Versioned):
     used: int
     reserved: int
     left: int | None
+    max_active_runs: int | None = None
+    max_runs_per_day: int | None = None
+    active_runs: int = 0
+    runs_today: int = 0

@@ -51,6 +51,12 @@ def _parser() -> argparse.ArgumentParser:
     events = sub.add_parser("events", help="follow every run transition of the tenant, live")
     events.add_argument("--run", dest="run_id", default="*", help="only this run")
 
+    budget = sub.add_parser(
+        "budget", help="print the tenant's budget and quotas; with options, set them first"
+    )
+    for flag in ("--tokens", "--max-active-runs", "--max-runs-per-day"):
+        budget.add_argument(flag, help="a limit, or 'none' to remove it")
+
     top = sub.add_parser("top", help="live view: queue, executors, throughput, recent runs")
     top.add_argument("--once", action="store_true", help="print one snapshot as text and exit")
     return parser
@@ -138,6 +144,15 @@ async def _main(args: argparse.Namespace) -> int:
                     f" (attempt {event.attempt}){code}",
                     flush=True,
                 )
+            return 0
+        if args.command == "budget":
+            limits = {
+                name: None if value.lower() == "none" else int(value)
+                for name in ("tokens", "max_active_runs", "max_runs_per_day")
+                if (value := getattr(args, name)) is not None
+            }
+            budget = await client.set_budget(**limits) if limits else await client.budget()
+            print(budget.model_dump_json(indent=2, exclude={"v", "ok"}))
             return 0
         if args.command == "top":
             await run_top(client.nc, tenant=tenant, prefix=settings.prefix, once=args.once)

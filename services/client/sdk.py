@@ -224,10 +224,11 @@ class Client:
         reply: RunReply = await self._request("resolve_effect", cmd, RunReply)
         return reply.run
 
-    async def set_budget(self, tokens: int | None) -> BudgetReply:
-        """Set the tenant's token budget (None: no limit)."""
+    async def set_budget(self, **limits: int | None) -> BudgetReply:
+        """Set the tenant's limits: `tokens`, `max_active_runs`, `max_runs_per_day` (a
+        limit left out keeps its value; None removes it)."""
         reply: BudgetReply = await self._request(
-            "set_budget", SetBudgetCommand(tokens=tokens), BudgetReply
+            "set_budget", SetBudgetCommand(**limits), BudgetReply
         )
         return reply
 

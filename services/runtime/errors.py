@@ -56,6 +56,11 @@ class NotFound(RunwireError):
     retryable = False
 
 
+class QuotaExceeded(RunwireError):
+    code = ErrorCode.QUOTA_EXCEEDED
+    retryable = False
+
+
 class QueueFull(RunwireError):
     code = ErrorCode.QUEUE_FULL
     retryable = True

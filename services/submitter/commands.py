@@ -208,18 +208,24 @@ class Submitter:
         return RunReply(run=run.summary().model_copy(update={"effects": effects}))
 
     async def set_budget(self, tenant: str, cmd: SetBudgetCommand) -> BudgetReply:
-        await self.store.set_tenant_budget(tenant, cmd.tokens)
-        log.info("budget set", extra=fields(tenant=tenant, tokens=cmd.tokens))
+        limits = {name: getattr(cmd, name) for name in cmd.model_fields_set if name != "v"}
+        await self.store.set_tenant_budget(tenant, limits)
+        log.info("budget set", extra=fields(tenant=tenant, **limits))
         return await self.get_budget(tenant, GetBudgetCommand())
 
     async def get_budget(self, tenant: str, cmd: GetBudgetCommand) -> BudgetReply:
-        tokens, used, reserved = await self.store.tenant_budget(tenant)
+        state = await self.store.tenant_budget(tenant)
+        tokens = state["tokens"]
         return BudgetReply(
             tenant=tenant,
             tokens=tokens,
-            used=used,
-            reserved=reserved,
-            left=None if tokens is None else tokens - used - reserved,
+            used=state["used"],
+            reserved=state["reserved"],
+            left=None if tokens is None else tokens - state["used"] - state["reserved"],
+            max_active_runs=state["max_active_runs"],
+            max_runs_per_day=state["max_runs_per_day"],
+            active_runs=state["active_runs"],
+            runs_today=state["runs_today"],
         )
 
     async def resolve_effect(self, tenant: str, cmd: ResolveEffectCommand) -> RunReply:

@@ -21,7 +21,7 @@ async def test_a_crash_before_settlement_settles_once_and_releases_the_rest(
         stack.start(name)
     try:
         await stack.open()
-        await stack.client.set_budget(500)
+        await stack.client.set_budget(tokens=500)
         victim = stack.start("executor-a", fault_points=f"{faults.BUDGET_UNSETTLED}=kill")
         reply = await stack.client.submit({"reserve": 60, "use": 40}, runner="spend")
         await eventually(lambda: victim.proc is not None and victim.proc.poll() is not None, 30)

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from runwire import ClientError
 from runwire.contracts.errors import ErrorCode
 from runwire.contracts.status import RunStatus
 from runwire.runners.openai_chat import OpenAISettings, make_runner
@@ -25,7 +26,7 @@ async def test_the_openai_runner_reserves_and_settles_each_model_call(
         runner = make_runner(OpenAISettings(base_url=server.base_url, api_key="sk-test"))
         stack = InProcessStack(infra.nats_url, db_url, prefix, runners={"openai": runner})
         async with stack:
-            await stack.client.set_budget(10_000)
+            await stack.client.set_budget(tokens=10_000)
             server.queue(Stream(text_answer("Hi", " there", prompt_tokens=7)))
             fits = await stack.client.submit(HELLO, runner="openai", budget_tokens=100)
             await collect(stack.client, fits.run.run_id)
@@ -51,19 +52,67 @@ async def test_runs_racing_for_the_last_tokens_never_overspend_the_tenant(
     async with InProcessStack(
         infra.nats_url, db_url, prefix, runners={"spend": spend}, executors=2
     ) as stack:
-        await stack.client.set_budget(1000)
+        await stack.client.set_budget(tokens=1000)
         replies = await asyncio.gather(
             *(stack.client.submit({"reserve": 60, "use": 40}, runner="spend") for _ in range(50))
         )
         await asyncio.gather(*(collect(stack.client, r.run.run_id) for r in replies))
         runs = [await stack.client.get(r.run.run_id) for r in replies]
         budget = await stack.client.budget()
+        settled = [e for e in await stack.store.timeline() if e["event"] == "budget_settled"]
 
     finished = [r for r in runs if r.status == RunStatus.FINISHED]
     refused = [r for r in runs if r.status == RunStatus.FAILED]
     assert len(finished) + len(refused) == 50
     assert refused, "the budget ran out"
     assert all(r.error is not None and r.error.code == ErrorCode.BUDGET_EXCEEDED for r in refused)
-    assert budget.used == 40 * len(finished)
+    # Every finished run settled once (a run whose attempt was recovered after its
+    # settlement may have been refused on the next one: its use still counts).
+    assert len(settled) >= len(finished)
+    assert budget.used == 40 * len(settled)
     assert budget.used <= 1000
     assert budget.reserved == 0
+
+
+async def test_every_reservation_and_settlement_is_a_run_event(
+    infra: Any, db_url: str, prefix: str
+) -> None:
+    async with InProcessStack(infra.nats_url, db_url, prefix, runners={"spend": spend}) as stack:
+        reply = await stack.client.submit({"reserve": 60, "use": 40}, runner="spend")
+        await collect(stack.client, reply.run.run_id)
+        events = [e for e in await stack.store.timeline() if e["run_id"] == reply.run.run_id]
+
+    budget = [(e["event"], e["reason"]) for e in events if e["event"].startswith("budget_")]
+    assert budget == [
+        ("budget_reserved", "g1:call: 60 tokens"),
+        ("budget_settled", "g1:call: 40 of 60 tokens used"),
+    ]
+
+
+async def test_quotas_refuse_a_submit_and_create_nothing(
+    infra: Any, db_url: str, prefix: str
+) -> None:
+    async with InProcessStack(infra.nats_url, db_url, prefix) as stack:
+        await stack.client.set_budget(max_active_runs=2)
+        slow = {"tokens": ["a"] * 100, "token_delay_ms": 20}
+        first = [await stack.client.submit(slow) for _ in range(2)]
+        with pytest.raises(ClientError) as busy:
+            await stack.client.submit(slow, request_id="third")
+        state = await stack.client.budget()
+        for reply in first:
+            await collect(stack.client, reply.run.run_id)
+        # Room again once they ended; then the daily quota: 3 runs today already.
+        await stack.client.submit({"tokens": ["b"]})
+        await stack.client.set_budget(max_active_runs=None, max_runs_per_day=3)
+        with pytest.raises(ClientError) as daily:
+            await stack.client.submit({"tokens": ["c"]})
+        refused_run = await stack.store.run_by_request("default", "third")
+        final = await stack.client.budget()
+
+    assert (busy.value.code, busy.value.retryable) == (ErrorCode.QUOTA_EXCEEDED, False)
+    assert refused_run is None  # nothing was created
+    assert "2 active runs; its quota is 2" in busy.value.message
+    assert (state.max_active_runs, state.active_runs) == (2, 2)
+    assert daily.value.code == ErrorCode.QUOTA_EXCEEDED
+    assert "3 runs today" in daily.value.message
+    assert (final.max_active_runs, final.max_runs_per_day, final.runs_today) == (None, 3, 3)

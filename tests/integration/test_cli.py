@@ -1,6 +1,7 @@
 """The `runwire` command against running services, as a user types it."""
 
 import asyncio
+import json
 import os
 import sys
 from pathlib import Path
@@ -89,3 +90,27 @@ async def test_errors_are_reported_in_words(stack: InProcessStack, stack_dir: Pa
     code, _, err = await _runwire("get", "x", cwd=stack_dir, env=env)
     assert code == 1
     assert "cannot reach NATS" in err
+
+
+async def test_budget_sets_and_shows_the_tenants_limits(
+    stack: InProcessStack, stack_dir: Path
+) -> None:
+    code, out, err = await _runwire(
+        "budget", "--tokens", "5000", "--max-active-runs", "3", cwd=stack_dir, env=_clean_env()
+    )
+    assert code == 0, err
+    assert json.loads(out) | {"active_runs": 0, "runs_today": 0} == {
+        "tenant": "default",
+        "tokens": 5000,
+        "used": 0,
+        "reserved": 0,
+        "left": 5000,
+        "max_active_runs": 3,
+        "max_runs_per_day": None,
+        "active_runs": 0,
+        "runs_today": 0,
+    }
+    code, out, err = await _runwire("budget", "--tokens", "none", cwd=stack_dir, env=_clean_env())
+    assert code == 0, err
+    shown = json.loads(out)
+    assert (shown["tokens"], shown["left"], shown["max_active_runs"]) == (None, None, 3)

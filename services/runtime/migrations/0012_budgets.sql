@@ -6,10 +6,48 @@
 ALTER TABLE runs ADD COLUMN budget_tokens bigint;
 
 CREATE TABLE tenant_budgets (
-    tenant      text PRIMARY KEY,
-    tokens      bigint,
-    updated_at  timestamptz NOT NULL DEFAULT now()
+    tenant            text PRIMARY KEY,
+    tokens            bigint,
+    -- Quotas answered at submit (QUOTA_EXCEEDED; nothing created): runs active at once,
+    -- and runs submitted per UTC day. NULL: no limit.
+    max_active_runs   integer,
+    max_runs_per_day  integer,
+    updated_at        timestamptz NOT NULL DEFAULT now()
 );
+
+-- A submit that a quota of its tenant refuses raises SQLSTATE RWQ01 (the store answers
+-- QUOTA_EXCEEDED). Checked under the tenant's lock, so concurrent submits cannot pass a
+-- quota together; a tenant with no quota takes no lock.
+CREATE FUNCTION submit_quota_check(p_tenant text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_quota tenant_budgets;
+    v_count bigint;
+BEGIN
+    SELECT * INTO v_quota FROM tenant_budgets WHERE tenant = p_tenant;
+    IF NOT FOUND OR (v_quota.max_active_runs IS NULL AND v_quota.max_runs_per_day IS NULL) THEN
+        RETURN true;
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtext('runwire.quota'), hashtext(p_tenant));
+    IF v_quota.max_active_runs IS NOT NULL THEN
+        SELECT count(*) INTO v_count FROM runs WHERE tenant = p_tenant AND run_active(status);
+        IF v_count >= v_quota.max_active_runs THEN
+            RAISE EXCEPTION 'tenant % has % active runs; its quota is %',
+                p_tenant, v_count, v_quota.max_active_runs USING ERRCODE = 'RWQ01';
+        END IF;
+    END IF;
+    IF v_quota.max_runs_per_day IS NOT NULL THEN
+        SELECT count(*) INTO v_count FROM runs
+         WHERE tenant = p_tenant AND created_at >= date_trunc('day', now() AT TIME ZONE 'UTC')
+                                                      AT TIME ZONE 'UTC';
+        IF v_count >= v_quota.max_runs_per_day THEN
+            RAISE EXCEPTION 'tenant % submitted % runs today (UTC); its quota is %',
+                p_tenant, v_count, v_quota.max_runs_per_day USING ERRCODE = 'RWQ01';
+        END IF;
+    END IF;
+    RETURN true;
+END
+$$;
 
 CREATE TABLE budget_reservations (
     run_id      uuid NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
@@ -70,7 +108,18 @@ BEGIN
     END IF;
     INSERT INTO budget_reservations (run_id, key, tenant, generation, tokens)
     VALUES (p_run, p_key, v_run.tenant, p_generation, p_tokens);
+    INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
+    VALUES (p_run, 'budget_reserved', v_run.status, v_run.attempts,
+            coalesce(v_run.lease_owner, 'executor'),
+            p_key || ': ' || p_tokens || ' tokens');
     RETURN QUERY SELECT true, v_limit - v_tenant_spent - p_tokens,
                         v_run.budget_tokens - v_run_spent - p_tokens;
 END
 $$;
+
+-- Every reservation, settlement and release is a run event.
+ALTER TABLE run_events DROP CONSTRAINT run_events_event_known;
+ALTER TABLE run_events ADD CONSTRAINT run_events_event_known CHECK (event IN (
+    'submitted', 'claimed', 'finished', 'failed', 'canceled', 'retry', 'released',
+    'cancel_requested', 'session_turn', 'recovering', 'interrupted',
+    'budget_reserved', 'budget_settled', 'budget_released')) NOT VALID;

@@ -186,7 +186,15 @@ SELECT * FROM budget_reserve($1, $2, $3, $4);
 
 -- name: budget_settle
 -- Settle a reservation with what the call used; once (a second settle changes nothing).
-UPDATE budget_reservations
-   SET state = 'settled', used = $3, receipt = $4, settled_at = now()
- WHERE run_id = $1 AND key = $2 AND state = 'reserved'
-RETURNING used;
+WITH upd AS (
+    UPDATE budget_reservations
+       SET state = 'settled', used = $3, receipt = $4, settled_at = now()
+     WHERE run_id = $1 AND key = $2 AND state = 'reserved'
+    RETURNING run_id, key, tokens, used
+), ev AS (
+    INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
+    SELECT r.run_id, 'budget_settled', r.status, r.attempts, coalesce(r.lease_owner, 'executor'),
+           u.key || ': ' || u.used || ' of ' || u.tokens || ' tokens used'
+      FROM upd u JOIN runs r ON r.run_id = u.run_id
+)
+SELECT used FROM upd;

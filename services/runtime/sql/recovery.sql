@@ -133,9 +133,17 @@ RETURNING r.run_id, r.tenant;
 -- name: release_orphaned_reservations
 -- Reservations whose attempt is gone (the run moved to a newer generation) or whose run
 -- ended: nobody will settle them.
-UPDATE budget_reservations b
-   SET state = 'released', settled_at = now()
-  FROM runs r
- WHERE b.state = 'reserved' AND r.run_id = b.run_id
-   AND (r.generation > b.generation OR run_terminal(r.status))
-RETURNING b.run_id;
+WITH upd AS (
+    UPDATE budget_reservations b
+       SET state = 'released', settled_at = now()
+      FROM runs r
+     WHERE b.state = 'reserved' AND r.run_id = b.run_id
+       AND (r.generation > b.generation OR run_terminal(r.status))
+    RETURNING b.run_id, b.key, b.tokens, r.status, r.attempts
+), ev AS (
+    INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
+    SELECT run_id, 'budget_released', status, attempts, 'recovery',
+           key || ': ' || tokens || ' tokens no attempt will settle'
+      FROM upd
+)
+SELECT run_id FROM upd;

@@ -12,7 +12,7 @@ SELECT 1 AS ok;
 
 -- name: events_timeline
 -- Every recorded transition, oldest first (for audits and tests).
-SELECT run_id, event, status, attempt, actor, code, at FROM run_events ORDER BY at, id;
+SELECT run_id, event, status, attempt, actor, code, reason, at FROM run_events ORDER BY at, id;
 
 -- name: run_status_values
 SELECT enumlabel FROM pg_enum e JOIN pg_type t ON t.oid = e.enumtypid

@@ -3,7 +3,10 @@
 -- statement that also appends its run_events row.
 
 -- name: insert_run
-WITH ins AS (
+WITH quota AS (
+    -- Raises (RWQ01) when a quota of the tenant refuses the run: nothing is written.
+    SELECT submit_quota_check($2) AS ok
+), ins AS (
     -- A run whose session is busy gets no job yet (job_published_at NULL): it gets one
     -- when its turn comes (release_session_turn). clock_timestamp(), not now() (the transaction's
     -- start, before a wait for the session's lock): runs of a session are created in
@@ -12,9 +15,10 @@ WITH ins AS (
                       metadata, max_attempts, attempt_timeout_ms, queue_timeout_ms,
                       job_published_at, created_at, updated_at, trace_parent, config_pin,
                       budget_tokens)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,
-            CASE WHEN session_blocked($2, $4, NULL) THEN NULL ELSE now() END,
-            clock_timestamp(), clock_timestamp(), $13, $14, $15)
+    SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,
+           CASE WHEN session_blocked($2, $4, NULL) THEN NULL ELSE now() END,
+           clock_timestamp(), clock_timestamp(), $13, $14, $15
+      FROM quota WHERE quota.ok
     ON CONFLICT (tenant, request_id) DO NOTHING
     RETURNING *
 ), ev AS (
@@ -122,12 +126,26 @@ UPDATE effects e
 RETURNING e.state::text AS state;
 
 -- name: set_tenant_budget
-INSERT INTO tenant_budgets (tenant, tokens) VALUES ($1, $2)
-ON CONFLICT (tenant) DO UPDATE SET tokens = EXCLUDED.tokens, updated_at = now()
+-- $2..$4: the new limits; $5: which of them were given (tokens, active, per day).
+INSERT INTO tenant_budgets (tenant, tokens, max_active_runs, max_runs_per_day)
+VALUES ($1, $2, $3, $4)
+ON CONFLICT (tenant) DO UPDATE
+   SET tokens = CASE WHEN ($5::boolean[])[1] THEN EXCLUDED.tokens ELSE tenant_budgets.tokens END,
+       max_active_runs = CASE WHEN ($5::boolean[])[2] THEN EXCLUDED.max_active_runs
+                              ELSE tenant_budgets.max_active_runs END,
+       max_runs_per_day = CASE WHEN ($5::boolean[])[3] THEN EXCLUDED.max_runs_per_day
+                               ELSE tenant_budgets.max_runs_per_day END,
+       updated_at = now()
 RETURNING tokens;
 
 -- name: tenant_budget
 SELECT (SELECT tokens FROM tenant_budgets WHERE tenant = $1) AS tokens,
+       (SELECT max_active_runs FROM tenant_budgets WHERE tenant = $1) AS max_active_runs,
+       (SELECT max_runs_per_day FROM tenant_budgets WHERE tenant = $1) AS max_runs_per_day,
+       (SELECT count(*) FROM runs WHERE tenant = $1 AND run_active(status)) AS active_runs,
+       (SELECT count(*) FROM runs WHERE tenant = $1
+           AND created_at >= date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC')
+           AS runs_today,
        coalesce((SELECT sum(used) FROM budget_reservations
                   WHERE tenant = $1 AND state = 'settled'), 0)::bigint AS used,
        coalesce((SELECT sum(tokens) FROM budget_reservations

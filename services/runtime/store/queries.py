@@ -6,9 +6,18 @@ from typing import Any
 
 import asyncpg
 
-from runwire.runtime.errors import LostRace, StoreError, Unavailable
+from runwire.runtime.errors import LostRace, QuotaExceeded, StoreError, Unavailable
 from runwire.runtime.store.rows import Run
 from runwire.runtime.store.schema import QUERIES
+
+# What a statement raises when a quota of the tenant refuses a submit (submit_quota_check).
+QUOTA_SQLSTATE = "RWQ01"
+
+
+def _failed(name: str, exc: asyncpg.PostgresError) -> Exception:
+    if exc.sqlstate == QUOTA_SQLSTATE:
+        return QuotaExceeded(str(exc))
+    return StoreError(f"query {name} failed: {exc}")
 
 
 class Queries:
@@ -24,7 +33,7 @@ class Queries:
         except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
             raise Unavailable(f"Postgres unavailable during {name}: {exc}") from exc
         except asyncpg.PostgresError as exc:
-            raise StoreError(f"query {name} failed: {exc}") from exc
+            raise _failed(name, exc) from exc
 
     async def _fetch(self, name: str, *args: Any) -> list[asyncpg.Record]:
         try:
@@ -32,7 +41,7 @@ class Queries:
         except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
             raise Unavailable(f"Postgres unavailable during {name}: {exc}") from exc
         except asyncpg.PostgresError as exc:
-            raise StoreError(f"query {name} failed: {exc}") from exc
+            raise _failed(name, exc) from exc
 
     async def _run_or_none(self, name: str, *args: Any) -> Run | None:
         rec = await self._fetchrow(name, *args)

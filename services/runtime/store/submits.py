@@ -29,14 +29,23 @@ class SubmitterQueries(Queries):
         rec = await self._fetchrow("resolve_effect", tenant, uuid.UUID(run_id), key, receipt, error)
         return str(rec["state"]) if rec else None
 
-    async def set_tenant_budget(self, tenant: str, tokens: int | None) -> None:
-        await self._fetch("set_tenant_budget", tenant, tokens)
+    async def set_tenant_budget(self, tenant: str, limits: dict[str, int | None]) -> None:
+        """Set the limits named in `limits` (tokens, max_active_runs, max_runs_per_day);
+        the others keep their values."""
+        names = ("tokens", "max_active_runs", "max_runs_per_day")
+        await self._fetch(
+            "set_tenant_budget",
+            tenant,
+            *(limits.get(n) for n in names),
+            [n in limits for n in names],
+        )
 
-    async def tenant_budget(self, tenant: str) -> tuple[int | None, int, int]:
-        """The tenant's limit (None: none), tokens used (settled) and reserved."""
+    async def tenant_budget(self, tenant: str) -> dict[str, Any]:
+        """The tenant's limits (None: none), tokens used (settled) and reserved, its
+        active runs and the runs it submitted today."""
         rec = await self._fetchrow("tenant_budget", tenant)
         assert rec is not None
-        return rec["tokens"], rec["used"], rec["reserved"]
+        return dict(rec)
 
     async def runner_catalog(self) -> dict[str, dict[str, Any] | None]:
         """Every runner an executor has served: name → input JSON Schema (or None)."""
