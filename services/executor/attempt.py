@@ -271,14 +271,13 @@ class Attempt:
             retryable=False,
         )
 
-    async def _stored_frames(self) -> list[Frame]:
-        """The run's frames in Postgres segments, from seq 1 up to the first gap."""
-        frames: list[Frame] = []
-        for segment in await self._store.segments_after(self.run.run_id, 0):
+    async def _more_stored_frames(self, frames: list[Frame]) -> None:
+        """Append to `frames` the run's frames stored in Postgres segments after them, up
+        to the first gap."""
+        for segment in await self._store.segments_after(self.run.run_id, len(frames)):
             if segment.first_seq != len(frames) + 1:
                 break  # frames a crashed relay published but never wrote: stop before them
             frames.extend(Frame.model_validate(body, context=STORED) for body in segment.frames)
-        return frames
 
     async def _resume_point(self) -> None:
         """Continue from everything the relay stored for the run. The text the previous
@@ -290,10 +289,13 @@ class Attempt:
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._settings.resume_wait_ms / 1000
+        frames: list[Frame] = []
+        transcript = Transcript()
         while True:
-            frames = await self._stored_frames()
-            transcript = Transcript()
-            for frame in frames:
+            # Each look reads only the segments written since the one before.
+            start = len(frames)
+            await self._more_stored_frames(frames)
+            for frame in frames[start:]:
                 transcript.apply(frame)
             if transcript.text.startswith(run.partial_text) or loop.time() >= deadline:
                 break

@@ -38,7 +38,7 @@ from runwire.runners.registry import RunnerConfigError, input_schema, load_runne
 from runwire.runners.tools import ToolSpec, load_tools
 from runwire.runtime import publications, tracing
 from runwire.runtime.app import Service
-from runwire.runtime.broker import EXECUTOR_CONSUMER, LEGACY_EXECUTOR_CONSUMER, Broker, StreamLimits
+from runwire.runtime.broker import EXECUTOR_CONSUMER, Broker, StreamLimits
 from runwire.runtime.consumer import DurablePull
 from runwire.runtime.errors import RunwireError
 from runwire.runtime.health import serve_health
@@ -90,6 +90,8 @@ class Executor:
             f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         )
         self.attempts: dict[str, Attempt] = {}
+        # Its consumers are open and its runners recorded: it takes their jobs now.
+        self.ready = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._draining = False
         self.outbox = outbox or Outbox(store, broker)
@@ -101,7 +103,7 @@ class Executor:
         limits = StreamLimits.of(self.settings)
         # The one consumer of every runner that executors before per-runner jobs shared:
         # on a work-queue stream it would overlap the per-runner ones.
-        if await self.broker.delete_consumer(subjects.jobs_stream, LEGACY_EXECUTOR_CONSUMER):
+        if await self.broker.delete_consumer(subjects.jobs_stream, EXECUTOR_CONSUMER):
             log.info("removed the jobs consumer of executors before per-runner jobs")
         pulls: dict[str, tuple[DurablePull, int]] = {}
         for name, spec in self.runners.items():
@@ -124,6 +126,7 @@ class Executor:
         await self.store.register_runners(
             {name: input_schema(spec) for name, spec in self.runners.items()}, self.owner
         )
+        self.ready = True
         log.info(
             "executor ready",
             extra=fields(owner=self.owner, runners=sorted(self.runners)),
@@ -348,7 +351,10 @@ class ExecutorService(Service[ExecutorSettings]):
             raise CannotStart("no runner is registered: this executor would take no job")
 
     def runner_names(self) -> list[str]:
-        return sorted(self.runners)
+        # Only once it takes their jobs (and the submitters can know them): a health
+        # reply that lists a runner is a promise that its runs are served.
+        executor = getattr(self, "executor", None)
+        return sorted(self.runners) if executor is not None and executor.ready else []
 
     def opened(self) -> None:
         self.executor = Executor(

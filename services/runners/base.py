@@ -115,13 +115,15 @@ class AttemptContext:
         this attempt names `key`, before making it. Raises RunnerError (BUDGET_EXCEEDED,
         not retryable) when it does not fit. Settle it with `settle` after the call; a
         reservation left unsettled (a crash) is released by recovery."""
-        if self._reserve is not None:
-            await self._reserve(key, tokens)
+        if self._reserve is None:
+            raise RunnerError("budgets are not available to this attempt", retryable=False)
+        await self._reserve(key, tokens)
 
     async def settle(self, key: str, used: int, receipt: str | None = None) -> None:
         """Settle reservation `key` with the tokens the call used (once: again, nothing)."""
-        if self._settle is not None:
-            await self._settle(key, used, receipt)
+        if self._settle is None:
+            raise RunnerError("budgets are not available to this attempt", retryable=False)
+        await self._settle(key, used, receipt)
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any], *, call_id: str | None = None

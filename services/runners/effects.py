@@ -28,7 +28,7 @@ from typing import Any, Literal, Protocol
 
 import httpx
 
-from runwire.runners.registry import RunnerConfigError, check_name, import_object, installed
+from runwire.runners.registry import RunnerConfigError, load_named
 
 log = logging.getLogger(__name__)
 
@@ -154,12 +154,4 @@ def _adapter(obj: object, where: str) -> EffectAdapter:
 
 def load_effects(extra: dict[str, object] | None = None) -> dict[str, EffectAdapter]:
     """Every effect adapter this process has: entry points, then `extra`."""
-    adapters: dict[str, EffectAdapter] = {}
-    for name, target in installed(ENTRY_POINT_GROUP, "effect adapter").items():
-        where = f"entry point {name} = {target!r} (group {ENTRY_POINT_GROUP})"
-        check_name(name, where)
-        adapters[name] = _adapter(import_object(target, where), where)
-    for name, obj in (extra or {}).items():
-        check_name(name, f"effect adapter {name!r}")
-        adapters[name] = _adapter(obj, f"effect adapter {name!r}")
-    return adapters
+    return load_named(ENTRY_POINT_GROUP, _adapter, what="effect adapter", extra=extra)

@@ -31,17 +31,19 @@ from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+from functools import cache
 from importlib import import_module
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-import openai
-from openai import AsyncOpenAI
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runwire.contracts.base import WireModel
 from runwire.contracts.frames import Frame, FrameType
 from runwire.runners.base import AttemptContext, RunnerError, RunnerSpec
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
 
 log = logging.getLogger(__name__)
 
@@ -73,16 +75,22 @@ RESUME_INSTRUCTION = (
 T = TypeVar("T")
 
 
-def _http_client_module() -> Any:
+# The `openai` SDK takes most of a second to import: every submitter and executor loads
+# this runner, and only the attempts that call a model need the SDK, so it is imported
+# on first use.
+@cache
+def _sdk() -> Any:
+    return import_module("openai")
+
+
+@cache
+def _http() -> Any:
     """The HTTP library the `openai` SDK streams with (`httpx2`, or `httpx` before it):
     a stream cut short raises its transport errors, not the SDK's."""
     for name in ("httpx2", "httpx"):
         with contextlib.suppress(ImportError):
             return import_module(name)
     raise ImportError("the openai SDK's HTTP library (httpx2 or httpx) is not installed")
-
-
-_http = _http_client_module()
 
 
 class OpenAISettings(BaseSettings):
@@ -202,22 +210,23 @@ class OpenAIChat:
         self._client: tuple[asyncio.AbstractEventLoop, AsyncOpenAI] | None = None
 
     @property
-    def client(self) -> AsyncOpenAI:
+    def client(self) -> "AsyncOpenAI":
         """One client (one connection pool) per event loop that runs attempts."""
         loop = asyncio.get_running_loop()
         if self._client is None or self._client[0] is not loop:
             self._client = (loop, self._make_client())
         return self._client[1]
 
-    def _make_client(self) -> AsyncOpenAI:
-        s = self.settings
-        return AsyncOpenAI(
+    def _make_client(self) -> "AsyncOpenAI":
+        s, openai = self.settings, _sdk()
+        client: AsyncOpenAI = openai.AsyncOpenAI(
             base_url=s.base_url,
             # The SDK refuses to start without a key; a local server may need none.
             api_key=s.api_key.get_secret_value() if s.api_key else "not-set",
             max_retries=0,  # retries are runwire's: attempts, visible as such
             timeout=openai.Timeout(s.read_timeout_s, connect=s.connect_timeout_s),
         )
+        return client
 
     def pin(self, value: dict[str, Any]) -> str:
         """The fingerprint of the model, the base URL and the sampling settings."""
@@ -239,6 +248,7 @@ class OpenAIChat:
 
     def _failure(self, exc: Exception) -> RunnerError:
         """The outcome of a failed model call."""
+        openai, http = _sdk(), _http()
         if isinstance(exc, openai.APIStatusError):
             status = exc.status_code
             message = self._redact(f"model provider answered {status}: {exc.message}")
@@ -249,9 +259,9 @@ class OpenAIChat:
                     message, retryable=True, retry_after_s=_retry_after(exc.response.headers)
                 )
             return RunnerError(message, retryable=False)
-        if isinstance(exc, openai.APITimeoutError | _http.TimeoutException):
+        if isinstance(exc, openai.APITimeoutError | http.TimeoutException):
             return RunnerError("the model provider did not answer in time", retryable=True)
-        if isinstance(exc, openai.APIConnectionError | _http.TransportError):
+        if isinstance(exc, openai.APIConnectionError | http.TransportError):
             detail = self._redact(str(exc.__cause__ or exc))
             return RunnerError(f"connection to the model provider failed: {detail}", retryable=True)
         if isinstance(exc, openai.APIError):

@@ -16,14 +16,16 @@ service at start with the reason: a half-registered runner would fail runs later
 import importlib
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, TypeVar
 
 from runwire.contracts.subjects import RUNNER_NAME_PATTERN
 from runwire.runners.base import RunnerSpec
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 ENTRY_POINT_GROUP = "runwire.runners"
 _NAMES = {
@@ -100,25 +102,44 @@ def installed(group: str, what: str = "runner") -> dict[str, str]:
     return found
 
 
+def load_named(
+    group: str,
+    convert: Callable[[object, str], T],
+    *,
+    what: str = "runner",
+    rule: str = "runner",
+    variable: str | None = None,
+    setting: str = "",
+    extra: Mapping[str, object] | None = None,
+) -> dict[str, T]:
+    """Everything registered under a name for this process: the entry points of `group`,
+    then the setting `variable` (`name=module:object,...`), then `extra` (handed over in
+    code, as the test kit does), each winning over the one before. `convert` turns an
+    object into what is registered, or raises RunnerConfigError naming `where`."""
+    found: dict[str, T] = {}
+    for name, target in installed(group, what).items():
+        where = f"entry point {name} = {target!r} (group {group})"
+        check_name(name, where, what=rule)
+        found[name] = convert(import_object(target, where), where)
+    if variable is not None:
+        for name, target in parse_setting(setting, variable, what=rule).items():
+            if name in found:
+                log.info("%s %s: %s's %s replaces the entry point", what, name, variable, target)
+            where = f"{variable} {what} {name} = {target!r}"
+            found[name] = convert(import_object(target, where), where)
+    for name, obj in (extra or {}).items():
+        check_name(name, f"{what} {name!r}", what=rule)
+        found[name] = convert(obj, f"{what} {name!r}")
+    return found
+
+
 def load_runners(
     setting: str = "", extra: Mapping[str, object] | None = None
 ) -> dict[str, RunnerSpec]:
-    """Every runner this process has: entry points, then the setting, then `extra`
-    (runners handed over in code, as the test kit does), each winning over the one before."""
-    runners: dict[str, RunnerSpec] = {}
-    for name, target in installed(ENTRY_POINT_GROUP).items():
-        where = f"entry point {name} = {target!r} (group {ENTRY_POINT_GROUP})"
-        check_name(name, where)
-        runners[name] = _spec(import_object(target, where), where)
-    for name, target in parse_setting(setting).items():
-        where = f"RUNWIRE_RUNNERS runner {name} = {target!r}"
-        if name in runners:
-            log.info("runner %s: the setting's %s replaces the entry point", name, target)
-        runners[name] = _spec(import_object(target, where), where)
-    for name, obj in (extra or {}).items():
-        check_name(name, f"runner {name!r}")
-        runners[name] = _spec(obj, f"runner {name!r}")
-    return runners
+    """Every runner this process has: entry points, `RUNWIRE_RUNNERS`, then `extra`."""
+    return load_named(
+        ENTRY_POINT_GROUP, _spec, variable="RUNWIRE_RUNNERS", setting=setting, extra=extra
+    )
 
 
 def input_schema(spec: RunnerSpec) -> dict[str, Any] | None:

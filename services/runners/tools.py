@@ -18,13 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from runwire.runners.registry import (
-    RunnerConfigError,
-    check_name,
-    import_object,
-    installed,
-    parse_setting,
-)
+from runwire.runners.registry import RunnerConfigError, load_named
 
 ENTRY_POINT_GROUP = "runwire.tools"
 
@@ -88,15 +82,12 @@ def _spec(obj: object, where: str) -> ToolSpec:
 
 def load_tools(setting: str = "", extra: Mapping[str, object] | None = None) -> dict[str, ToolSpec]:
     """Every tool this process has: entry points, then `RUNWIRE_TOOLS`, then `extra`."""
-    tools: dict[str, ToolSpec] = {}
-    for name, target in installed(ENTRY_POINT_GROUP, "tool").items():
-        where = f"entry point {name} = {target!r} (group {ENTRY_POINT_GROUP})"
-        check_name(name, where, what="tool")
-        tools[name] = _spec(import_object(target, where), where)
-    for name, target in parse_setting(setting, "RUNWIRE_TOOLS", what="tool").items():
-        where = f"RUNWIRE_TOOLS tool {name} = {target!r}"
-        tools[name] = _spec(import_object(target, where), where)
-    for name, obj in (extra or {}).items():
-        check_name(name, f"tool {name!r}", what="tool")
-        tools[name] = _spec(obj, f"tool {name!r}")
-    return tools
+    return load_named(
+        ENTRY_POINT_GROUP,
+        _spec,
+        what="tool",
+        rule="tool",
+        variable="RUNWIRE_TOOLS",
+        setting=setting,
+        extra=extra,
+    )

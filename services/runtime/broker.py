@@ -45,9 +45,8 @@ EVENTS_MAX_AGE_S = 7 * 24 * 3600
 ERR_STREAM_FULL = 10077
 ERR_MSG_TOO_LARGE = 10054
 # The executors' durable consumers on the jobs stream: `executor-<runner>`, one per runner.
+# (Before per-runner jobs, one consumer named just `executor` took every job.)
 EXECUTOR_CONSUMER = "executor"
-# Before per-runner jobs, one consumer named `executor` took every job.
-LEGACY_EXECUTOR_CONSUMER = "executor"
 # Raw frames are split into this many partitions by a hash of the run id. Changing it
 # moves runs between partitions: only do so with no run in flight.
 RELAY_PARTITIONS = 16

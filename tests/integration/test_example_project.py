@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from runwire import Client
 from runwire.testing.servers import Servers
+from runwire.testing.waiting import eventually
 from tests.local_stack import local_stack
 
 pytestmark = pytest.mark.integration
@@ -133,6 +135,15 @@ def test_the_example_projects_suite_passes_with_runwires_plugin(
     assert "3 passed" in done.stdout
 
 
+async def _serves(env: dict[str, str], runner: str) -> bool:
+    """Whether an executor of the stack says it serves `runner` (it takes its jobs)."""
+    client = await Client.connect(env["RUNWIRE_NATS_URL"], prefix=env["RUNWIRE_PREFIX"])
+    try:
+        return any(runner in reply.runners for reply in await client.health("executor"))
+    finally:
+        await client.close()
+
+
 SUBMIT = """
 import asyncio, json
 import runwire
@@ -171,19 +182,12 @@ async def test_the_example_runner_runs_through_the_local_stack_beside_an_executo
             str(venv / "bin" / "runwire-executor"), env=env, stdout=log, stderr=log
         )
         try:
-            done = None
-            for _ in range(40):  # until the project's executor has said it serves the runner
-                done = await asyncio.to_thread(
-                    _python, venv, SUBMIT, cwd=tmp_path, env=_clean_env()
-                )
-                if done.returncode == 0 or "unknown runner" not in done.stderr:
-                    break
-                await asyncio.sleep(0.5)
+            await eventually(lambda: _serves(stack.env(), "support-answer"), timeout=60)
+            done = await asyncio.to_thread(_python, venv, SUBMIT, cwd=tmp_path, env=_clean_env())
         finally:
             executor.terminate()
             await asyncio.wait_for(executor.wait(), 30)
             log.close()
-    assert done is not None
     assert done.returncode == 0, done.stderr + (tmp_path / "project-executor.log").read_text()
     seen = json.loads(done.stdout)
     assert seen["executors"] == [["openai", "scripted"], ["openai", "scripted", "support-answer"]]

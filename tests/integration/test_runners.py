@@ -121,7 +121,8 @@ async def test_executors_and_the_submitter_report_their_runners(
 
         async def both() -> list[list[str]]:
             replies = await stack.client.health("executor")
-            return sorted(r.runners for r in replies) if len(replies) == 2 else []
+            ready = len(replies) == 2 and all(r.runners for r in replies)
+            return sorted(r.runners for r in replies) if ready else []
 
         executors = await eventually(both, timeout=15)
         # The submitter accepts what the executors serve (read again when a run names a

@@ -139,9 +139,9 @@ ON CONFLICT (tenant) DO UPDATE
 RETURNING tokens;
 
 -- name: tenant_budget
-SELECT (SELECT tokens FROM tenant_budgets WHERE tenant = $1) AS tokens,
-       (SELECT max_active_runs FROM tenant_budgets WHERE tenant = $1) AS max_active_runs,
-       (SELECT max_runs_per_day FROM tenant_budgets WHERE tenant = $1) AS max_runs_per_day,
+-- A tenant's limits (NULL: none, also without a row), its tokens used and reserved, its
+-- active runs and the runs it submitted today (UTC).
+SELECT b.tokens, b.max_active_runs, b.max_runs_per_day,
        (SELECT count(*) FROM runs WHERE tenant = $1 AND run_active(status)) AS active_runs,
        (SELECT count(*) FROM runs WHERE tenant = $1
            AND created_at >= date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC')
@@ -149,4 +149,6 @@ SELECT (SELECT tokens FROM tenant_budgets WHERE tenant = $1) AS tokens,
        coalesce((SELECT sum(used) FROM budget_reservations
                   WHERE tenant = $1 AND state = 'settled'), 0)::bigint AS used,
        coalesce((SELECT sum(tokens) FROM budget_reservations
-                  WHERE tenant = $1 AND state = 'reserved'), 0)::bigint AS reserved;
+                  WHERE tenant = $1 AND state = 'reserved'), 0)::bigint AS reserved
+  FROM (SELECT $1::text AS tenant) t
+  LEFT JOIN tenant_budgets b ON b.tenant = t.tenant;
