@@ -4,14 +4,19 @@ The tenant is taken from the subject, never from the body.
 """
 
 from enum import StrEnum
-from typing import Any, Self
+from typing import Annotated, Any, Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, StringConstraints, model_validator
 
 from runwire.contracts.base import Versioned
 from runwire.contracts.subjects import RUNNER_NAME_PATTERN
 
 MAX_ID_LENGTH = 200
+# The largest budget (tokens or cost units) a limit may hold: what Postgres's bigint does.
+MAX_BUDGET = 2**62
+# An effect kind names an adapter (`http`, `noop`, one in the group `runwire.effects`).
+EFFECT_KIND_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
+EffectKind = Annotated[str, StringConstraints(pattern=EFFECT_KIND_PATTERN)]
 
 
 class Multitask(StrEnum):
@@ -35,7 +40,14 @@ class SubmitCommand(Versioned):
     queue_timeout_ms: int | None = Field(default=None, ge=100, le=86_400_000)
     metadata: dict[str, Any] = Field(default_factory=dict)
     # Tokens the run may spend over all its attempts (model calls reserve, then settle).
-    budget_tokens: int | None = Field(default=None, ge=1)
+    budget_tokens: int | None = Field(default=None, ge=1, le=MAX_BUDGET)
+    # Cost units the run may spend (an amount the tenant defines; costly effects and
+    # model calls priced in it reserve, then settle).
+    budget_cost: int | None = Field(default=None, ge=1, le=MAX_BUDGET)
+    # The effect kinds the run may perform (`ctx.effect`); None: every kind its tenant's
+    # policy allows. Taken into the run's authorization at submit: a claim made after
+    # the tenant's policy changed fails with AUTHORIZATION_STALE.
+    effects: list[EffectKind] | None = Field(default=None, max_length=64)
 
 
 class CancelCommand(Versioned):
@@ -69,16 +81,31 @@ class ResolveEffectCommand(Versioned):
 
 class SetBudgetCommand(Versioned):
     """Set the tenant's limits; a field left out keeps its value, `null` removes it.
-    `tokens`: the token budget (runs keep what they reserved; a new reservation must
-    fit); `max_active_runs` and `max_runs_per_day` (UTC): quotas answered at submit."""
+    `tokens` and `cost` (units the tenant defines): the budgets (runs keep what they
+    reserved; a new reservation must fit); `max_active_runs` and `max_runs_per_day`
+    (UTC): quotas answered at submit."""
 
-    tokens: int | None = Field(default=None, ge=0)
-    max_active_runs: int | None = Field(default=None, ge=0)
-    max_runs_per_day: int | None = Field(default=None, ge=0)
+    tokens: int | None = Field(default=None, ge=0, le=MAX_BUDGET)
+    cost: int | None = Field(default=None, ge=0, le=MAX_BUDGET)
+    max_active_runs: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    max_runs_per_day: int | None = Field(default=None, ge=0, le=2**31 - 1)
 
 
 class GetBudgetCommand(Versioned):
     """Read the tenant's budget and what its runs spent and hold reserved."""
+
+
+class SetPolicyCommand(Versioned):
+    """Set the tenant's policy: `effects`, the effect kinds its runs may perform (null:
+    every kind). Every run submitted before holds a stale authorization from now on:
+    its next effect claim fails with AUTHORIZATION_STALE (effects already dispatched
+    are not undone)."""
+
+    effects: list[EffectKind] | None = Field(max_length=64)
+
+
+class GetPolicyCommand(Versioned):
+    """Read the tenant's policy."""
 
 
 class AbortSessionCommand(Versioned):

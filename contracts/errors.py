@@ -25,6 +25,10 @@ class ErrorCode(StrEnum):
     EFFECT_DEADLINE_EXCEEDED = "EFFECT_DEADLINE_EXCEEDED"
     # A side effect failed for good (the adapter refused it). Not retryable.
     EFFECT_FAILED = "EFFECT_FAILED"
+    # A side effect's claim found the run's authorization stale: its tenant's policy
+    # changed after the run was submitted. The effect failed, never dispatched. Not
+    # retryable.
+    AUTHORIZATION_STALE = "AUTHORIZATION_STALE"
     # A reservation did not fit the tenant's or the run's budget. Not retryable.
     BUDGET_EXCEEDED = "BUDGET_EXCEEDED"
     # A submit that a quota of the tenant refuses (runs active at once, runs per day):

@@ -22,9 +22,10 @@ class RunEventName(StrEnum):
     SESSION_TURN = "session_turn"  # the earlier runs of its session ended: its turn came
     RECOVERING = "recovering"  # its executor stopped renewing the lease; resumed elsewhere
     INTERRUPTED = "interrupted"  # closed after repeated recoveries without progress
-    BUDGET_RESERVED = "budget_reserved"  # tokens reserved before a costly call
+    BUDGET_RESERVED = "budget_reserved"  # tokens (and cost units) reserved for a costly call
     BUDGET_SETTLED = "budget_settled"  # a reservation settled with what the call used
     BUDGET_RELEASED = "budget_released"  # a reservation nobody will settle was released
+    EFFECT_RESOLVED = "effect_resolved"  # an operator settled an effect (resolve_effect)
 
 
 class RunEvent(Versioned):

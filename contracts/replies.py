@@ -90,8 +90,9 @@ class JoinReply(Versioned):
 
 class BudgetReply(Versioned):
     """A tenant's limits and where it stands: the token budget (None: none), what its
-    runs used (settled) and hold reserved, what is left (None without a limit); its
-    quotas (None: none) with its active runs and the runs it submitted today (UTC)."""
+    runs used (settled) and hold reserved, what is left (None without a limit); the same
+    for cost units (`cost`, `cost_used`, ...); its quotas (None: none) with its active
+    runs and the runs it submitted today (UTC)."""
 
     ok: Literal[True] = True
     tenant: str
@@ -99,7 +100,21 @@ class BudgetReply(Versioned):
     used: int
     reserved: int
     left: int | None
+    cost: int | None = None
+    cost_used: int = 0
+    cost_reserved: int = 0
+    cost_left: int | None = None
     max_active_runs: int | None = None
     max_runs_per_day: int | None = None
     active_runs: int = 0
     runs_today: int = 0
+
+
+class PolicyReply(Versioned):
+    """A tenant's policy: the effect kinds its runs may perform (None: every kind), and
+    its version (0: never set; each set_policy adds one)."""
+
+    ok: Literal[True] = True
+    tenant: str
+    effects: list[str] | None
+    version: int

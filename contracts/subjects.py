@@ -20,6 +20,8 @@ COMMANDS = (
     "resolve_effect",
     "set_budget",
     "get_budget",
+    "set_policy",
+    "get_policy",
     "join",
 )
 

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
         Runner,
         RunnerError,
         RunnerSpec,
+        ToolContext,
         ToolOutcome,
         runner,
     )
@@ -34,6 +35,7 @@ _PUBLIC = {
     "RunnerError": "runwire.runners.base",
     "RunnerSpec": "runwire.runners.base",
     "runner": "runwire.runners.base",
+    "ToolContext": "runwire.runners.base",
     "ToolOutcome": "runwire.runners.base",
     "ToolError": "runwire.runners.tools",
     "ToolSpec": "runwire.runners.tools",
@@ -47,6 +49,7 @@ __all__ = [
     "Runner",
     "RunnerError",
     "RunnerSpec",
+    "ToolContext",
     "ToolError",
     "ToolOutcome",
     "ToolSpec",

@@ -1,9 +1,10 @@
-"""A payment-like HTTP endpoint for effect tests (real TCP, real HTTP/1.1).
+"""A payment-like and mail-like HTTP endpoint for effect tests (real TCP, HTTP/1.1).
 
 `POST /charge` performs a charge once per `Idempotency-Key` (a repeat answers with the
 first receipt) and refuses a `Runwire-Fence-Token` lower than the highest it has seen for
 the key (409). `GET /charges/<key>`: 200 with the receipt, 404 if never charged. A test
-can make it hold its answer to a charge (`hold`), as a slow provider would.
+can make it hold its answer to a charge (`hold`), as a slow provider would. `POST /email`
+sends an email the same way (once per key; `emails` counts them, receipts `em_<n>`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any
 class EffectServer:
     def __init__(self) -> None:
         self.charges: Counter[str] = Counter()  # charges performed, per idempotency key
+        self.emails: Counter[str] = Counter()  # emails sent, per idempotency key
+        self.sent: dict[str, dict[str, Any]] = {}  # what each email said, by receipt id
         self.receipts: dict[str, dict[str, Any]] = {}
         self.fences: dict[str, int] = {}
         self.refused: list[tuple[str, int]] = []
@@ -89,4 +92,17 @@ class EffectServer:
                 self.receipts[key] = {"id": f"ch_{len(self.receipts) + 1}", "amount": amount}
             self.received.set()
             return (None if self.hold else 200), self.receipts[key]
+        if method == "POST" and path == "/email":
+            key = headers["idempotency-key"]
+            fence = int(headers["runwire-fence-token"])
+            if fence < self.fences.get(key, 0):
+                self.refused.append((key, fence))
+                return 409, {"error": f"fence {fence} is stale"}
+            self.fences[key] = fence
+            if key not in self.receipts:
+                self.emails[key] += 1
+                receipt = {"id": f"em_{sum(self.emails.values())}"}
+                self.receipts[key] = receipt
+                self.sent[receipt["id"]] = json.loads(body)
+            return 200, self.receipts[key]
         return 404, {"error": "not found"}

@@ -60,6 +60,14 @@ class ChargeInput(WireModel):
     amount: int = Field(ge=1)
     # Fail this attempt (retryably) after the charge: the next must not charge again.
     fail_after_charge_on_attempt: int = 0
+    # Cost units the charge reserves from the budgets before it is dispatched.
+    cost: int = Field(default=0, ge=0)
+    # Wait for GATES[gate] to be set before the charge (the test decides when).
+    gate: str | None = None
+
+
+# Events the `charge` runner waits on before charging, by name (tests set them).
+GATES: dict[str, asyncio.Event] = {}
 
 
 @runwire.runner(input=ChargeInput)
@@ -69,7 +77,9 @@ async def charge(ctx: runwire.AttemptContext) -> dict[str, Any]:
     request: dict[str, Any] = {"url": args.url, "body": {"amount": args.amount}}
     if args.status_url is not None:
         request["status_url"] = args.status_url
-    receipt = await ctx.effect("http", "charge", request)
+    if args.gate is not None:
+        await GATES[args.gate].wait()
+    receipt = await ctx.effect("http", "charge", request, cost=args.cost)
     if ctx.attempt == args.fail_after_charge_on_attempt:
         raise runwire.RunnerError("failing after the charge, as asked", retryable=True)
     await ctx.message(f"charged {args.amount} as {receipt['id']}")
@@ -82,14 +92,67 @@ class SpendInput(WireModel):
     reserve: int = Field(ge=0)
     use: int = Field(ge=0)
     hold_ms: int = Field(default=50, ge=0)
+    # Cost units reserved and used, beside the tokens.
+    reserve_cost: int = Field(default=0, ge=0)
+    use_cost: int = Field(default=0, ge=0)
 
 
 @runwire.runner(input=SpendInput)
 async def spend(ctx: runwire.AttemptContext) -> dict[str, Any]:
     """Reserve budget for a costly call, hold it a while, settle what the call used."""
     args = SpendInput.model_validate(ctx.input)
-    await ctx.reserve("call", args.reserve)
+    await ctx.reserve("call", args.reserve, cost=args.reserve_cost)
     await ctx.sleep(args.hold_ms / 1000)
-    await ctx.settle("call", args.use, receipt=f"usage-{ctx.run_id}-{ctx.attempt}")
+    receipt = f"usage-{ctx.run_id}-{ctx.attempt}"
+    await ctx.settle("call", args.use, receipt, cost=args.use_cost)
     await ctx.message(f"spent {args.use}")
     return {"spent": args.use}
+
+
+class EmailArgs(WireModel):
+    """The arguments of the `send_email` tool."""
+
+    to: str = Field(min_length=3)
+    subject: str
+    body: str = ""
+
+
+# Where `send_email` sends: the URL of a test's mail endpoint (set by the test).
+MAIL_API = {"url": ""}
+
+
+@runwire.tool(input=EmailArgs)
+async def send_email(args: EmailArgs, ctx: runwire.ToolContext) -> dict[str, Any]:
+    """Send an email; once per call, whatever crashes."""
+    receipt = await ctx.effect(
+        "http",
+        "email",
+        {"url": f"{MAIL_API['url']}/email", "body": args.model_dump()},
+        cost=1,
+    )
+    return {"sent": receipt["id"]}
+
+
+class MailerInput(WireModel):
+    """What `mailer` takes: whom to greet, under which call ids."""
+
+    to: str
+    calls: list[str] = Field(min_length=1)
+    # Fail this attempt (retryably) after the calls: the next makes them again.
+    fail_on_attempt: int = 0
+
+
+@runwire.runner(input=MailerInput)
+async def mailer(ctx: runwire.AttemptContext) -> dict[str, Any]:
+    """Call the `send_email` tool once per call id, and say what each call gave."""
+    args = MailerInput.model_validate(ctx.input)
+    sent = []
+    for call_id in args.calls:
+        outcome = await ctx.call_tool(
+            "send_email", {"to": args.to, "subject": f"hello ({call_id})"}, call_id=call_id
+        )
+        sent.append(outcome.output["sent"] if outcome.error is None else outcome.error)
+    if ctx.attempt == args.fail_on_attempt:
+        raise runwire.RunnerError("failing after the emails, as asked", retryable=True)
+    await ctx.message(" ".join(sent))
+    return {"sent": sent}

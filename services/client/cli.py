@@ -54,8 +54,16 @@ def _parser() -> argparse.ArgumentParser:
     budget = sub.add_parser(
         "budget", help="print the tenant's budget and quotas; with options, set them first"
     )
-    for flag in ("--tokens", "--max-active-runs", "--max-runs-per-day"):
+    for flag in ("--tokens", "--cost", "--max-active-runs", "--max-runs-per-day"):
         budget.add_argument(flag, help="a limit, or 'none' to remove it")
+
+    policy = sub.add_parser(
+        "policy", help="print the tenant's policy; with --effects, set it first"
+    )
+    policy.add_argument(
+        "--effects",
+        help="the effect kinds the tenant's runs may perform, comma-separated, or 'any'",
+    )
 
     top = sub.add_parser("top", help="live view: queue, executors, throughput, recent runs")
     top.add_argument("--once", action="store_true", help="print one snapshot as text and exit")
@@ -148,11 +156,21 @@ async def _main(args: argparse.Namespace) -> int:
         if args.command == "budget":
             limits = {
                 name: None if value.lower() == "none" else int(value)
-                for name in ("tokens", "max_active_runs", "max_runs_per_day")
+                for name in ("tokens", "cost", "max_active_runs", "max_runs_per_day")
                 if (value := getattr(args, name)) is not None
             }
             budget = await client.set_budget(**limits) if limits else await client.budget()
             print(budget.model_dump_json(indent=2, exclude={"v", "ok"}))
+            return 0
+        if args.command == "policy":
+            if args.effects is None:
+                policy = await client.policy()
+            else:
+                kinds = [k.strip() for k in args.effects.split(",") if k.strip()]
+                policy = await client.set_policy(
+                    effects=None if args.effects.strip().lower() == "any" else kinds
+                )
+            print(policy.model_dump_json(indent=2, exclude={"v", "ok"}))
             return 0
         if args.command == "top":
             await run_top(client.nc, tenant=tenant, prefix=settings.prefix, once=args.once)

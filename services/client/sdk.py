@@ -26,9 +26,11 @@ from runwire.contracts.commands import (
     CancelCommand,
     GetBudgetCommand,
     GetCommand,
+    GetPolicyCommand,
     JoinCommand,
     ResolveEffectCommand,
     SetBudgetCommand,
+    SetPolicyCommand,
     SubmitCommand,
 )
 from runwire.contracts.errors import ErrorBody, ErrorCode, ErrorReply
@@ -39,6 +41,7 @@ from runwire.contracts.replies import (
     AbortSessionReply,
     BudgetReply,
     JoinReply,
+    PolicyReply,
     RunReply,
     RunSummary,
     SubmitReply,
@@ -225,16 +228,31 @@ class Client:
         return reply.run
 
     async def set_budget(self, **limits: int | None) -> BudgetReply:
-        """Set the tenant's limits: `tokens`, `max_active_runs`, `max_runs_per_day` (a
-        limit left out keeps its value; None removes it)."""
+        """Set the tenant's limits: `tokens`, `cost` (units the tenant defines),
+        `max_active_runs`, `max_runs_per_day` (a limit left out keeps its value; None
+        removes it)."""
         reply: BudgetReply = await self._request(
             "set_budget", SetBudgetCommand(**limits), BudgetReply
         )
         return reply
 
     async def budget(self) -> BudgetReply:
-        """The tenant's token budget, what its runs used and what they hold reserved."""
+        """The tenant's budgets, what its runs used and what they hold reserved."""
         reply: BudgetReply = await self._request("get_budget", GetBudgetCommand(), BudgetReply)
+        return reply
+
+    async def set_policy(self, *, effects: list[str] | None) -> PolicyReply:
+        """Set the effect kinds the tenant's runs may perform (None: every kind). Runs
+        submitted before hold a stale authorization: their next effect fails with
+        AUTHORIZATION_STALE."""
+        reply: PolicyReply = await self._request(
+            "set_policy", SetPolicyCommand(effects=effects), PolicyReply
+        )
+        return reply
+
+    async def policy(self) -> PolicyReply:
+        """The tenant's policy."""
+        reply: PolicyReply = await self._request("get_policy", GetPolicyCommand(), PolicyReply)
         return reply
 
     async def abort_session(self, session_id: str) -> list[str]:

@@ -216,30 +216,30 @@ class Attempt:
         # settled by the next one.
         return f"g{self.generation}:{key}"
 
-    async def _reserve(self, key: str, tokens: int) -> None:
+    async def _reserve(self, key: str, tokens: int, cost: int) -> None:
         try:
-            granted, tenant_left, run_left = await self._store.budget_reserve(
-                self.run.run_id, self._budget_key(key), max(0, tokens), self.generation
+            grant = await self._store.budget_reserve(
+                self.run.run_id,
+                self._budget_key(key),
+                max(0, tokens),
+                max(0, cost),
+                self.generation,
             )
         except LostRace:
             self.abort(AbortReason.LOST)
             raise AttemptClosed("lease lost") from None
-        if not granted:
-            left = ", ".join(
-                f"{who} has {n} left"
-                for who, n in (("the tenant", tenant_left), ("the run", run_left))
-                if n is not None
-            )
+        if not grant.granted:
+            needs = f"{tokens} tokens" + (f" and {cost} cost units" if cost else "")
             raise RunnerError(
-                f"{key} needs {tokens} tokens of budget; {left}",
+                f"{key} needs {needs} of budget; {grant.shortfall()}",
                 retryable=False,
                 code=ErrorCode.BUDGET_EXCEEDED,
             )
 
-    async def _settle(self, key: str, used: int, receipt: str | None) -> None:
+    async def _settle(self, key: str, used: int, receipt: str | None, cost: int) -> None:
         await faults.point(faults.BUDGET_UNSETTLED)
         await self._store.budget_settle(
-            self.run.run_id, self._budget_key(key), max(0, used), receipt
+            self.run.run_id, self._budget_key(key), max(0, used), receipt, max(0, cost)
         )
 
     async def _pinned(self) -> ErrorBody | None:

@@ -21,7 +21,7 @@ from runwire.runners.effects import (
 )
 from runwire.runtime import faults
 from runwire.runtime.errors import LostRace
-from runwire.runtime.store import Effect, Store
+from runwire.runtime.store import BudgetGrant, Effect, Store
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +84,11 @@ class EffectFence:
             await self._frame(settled)
         return settled
 
-    async def run(self, kind: str, key: str, request: dict[str, Any]) -> dict[str, Any]:
-        """The receipt of effect `key`: dispatched at most once over every attempt."""
+    async def run(
+        self, kind: str, key: str, request: dict[str, Any], *, tokens: int = 0, cost: int = 0
+    ) -> dict[str, Any]:
+        """The receipt of effect `key`: dispatched at most once over every attempt. With
+        `tokens` or `cost`, the effect reserves that much budget when it is prepared."""
         adapter = self.adapters.get(kind)
         if adapter is None:
             raise RunnerError(
@@ -103,9 +106,18 @@ class EffectFence:
                 idempotency_key=idempotency_key(self.run_id, key),
                 request=request,
                 digest=wanted,
+                tokens=max(0, tokens),
+                cost=max(0, cost),
             )
         except LostRace as exc:
             raise RunnerError("the attempt no longer holds the run", retryable=True) from exc
+        if isinstance(effect, BudgetGrant):
+            raise RunnerError(
+                f"effect {key!r} needs {tokens} tokens and {cost} cost units of budget; "
+                f"{effect.shortfall()}",
+                retryable=False,
+                code=ErrorCode.BUDGET_EXCEEDED,
+            )
         if effect.request_digest != wanted or effect.kind != kind:
             raise RunnerError(
                 f"effect {key!r} was prepared with another request; an effect's key must name "
@@ -123,7 +135,7 @@ class EffectFence:
         raise RunnerError(f"effect {key!r} kept changing under this attempt", retryable=True)
 
     async def _reread(self, effect: Effect) -> Effect:
-        return await self.store.effect_prepare(
+        found = await self.store.effect_prepare(
             self.run_id,
             self.generation,
             key=effect.key,
@@ -132,6 +144,8 @@ class EffectFence:
             request=effect.request,
             digest=effect.request_digest,
         )
+        assert isinstance(found, Effect)  # reserves nothing, so never refused
+        return found
 
     async def _deadline(self, effect: Effect) -> Effect:
         """Fail an effect whose dispatch ran past its claim's deadline (once: the write
@@ -180,11 +194,27 @@ class EffectFence:
                     f"({found.status}); a later attempt reconciles it again",
                     retryable=True,
                 )
-        claimed = await self.store.effect_claim(
-            self.run_id, effect.key, effect.version, self.generation, self.claim_ms
+        claim = await self.store.effect_claim(
+            self.run_id, effect.key, effect.version, self.generation, self.claim_ms, effect.kind
         )
-        if claimed is None:
+        if claim.effect is None:
             return await self._reread(effect)
+        if not claim.claimed:
+            if not claim.fresh:
+                message = (
+                    f"effect {effect.key!r}: the run's authorization is stale (its tenant's "
+                    "policy changed after it was submitted)"
+                )
+                code = ErrorCode.AUTHORIZATION_STALE
+            else:
+                message = (
+                    f"effect {effect.key!r}: the run may not perform effects of kind "
+                    f"{effect.kind!r} (its permissions or its tenant's policy)"
+                )
+                code = ErrorCode.EFFECT_FAILED
+            settled = await self._settle(claim.effect, EffectState.FAILED, error=message, code=code)
+            return settled if settled is not None else await self._reread(effect)
+        claimed = claim.effect
         await self._frame(claimed)
         await faults.point(faults.EFFECT_CLAIMED)
         try:

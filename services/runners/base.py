@@ -61,6 +61,38 @@ class ToolOutcome:
     error: str | None
 
 
+@dataclass(frozen=True)
+class ToolContext:
+    """What a tool's call may know and do, for a tool that takes it as its second
+    parameter: the run and the call, and side effects and budget reservations named
+    within the call (`key` is prefixed with the call's id, so two calls of one tool in a
+    run are two actions, while the same call asked again after a crash is the same)."""
+
+    run_id: str
+    tenant: str
+    call_id: str
+    _attempt: "AttemptContext"
+
+    def _key(self, key: str) -> str:
+        return f"{self.call_id}:{key}"
+
+    async def effect(
+        self, kind: str, key: str, request: dict[str, Any], *, tokens: int = 0, cost: int = 0
+    ) -> dict[str, Any]:
+        """`AttemptContext.effect`, for this call: performed once, whatever crashes."""
+        return await self._attempt.effect(kind, self._key(key), request, tokens=tokens, cost=cost)
+
+    async def reserve(self, key: str, tokens: int = 0, *, cost: int = 0) -> None:
+        """`AttemptContext.reserve`, for this call."""
+        await self._attempt.reserve(self._key(key), tokens, cost=cost)
+
+    async def settle(
+        self, key: str, tokens: int = 0, receipt: str | None = None, *, cost: int = 0
+    ) -> None:
+        """`AttemptContext.settle`, for this call."""
+        await self._attempt.settle(self._key(key), tokens, receipt, cost=cost)
+
+
 @dataclass
 class AttemptContext:
     """Everything an attempt may know and do."""
@@ -81,9 +113,9 @@ class AttemptContext:
     _checkpoint: Callable[[Any], Awaitable[None]]
     # The tools this executor has (`runwire.tools`), by name.
     tools: Mapping[str, "ToolSpec"] = field(default_factory=dict)
-    _effect: Callable[[str, str, dict[str, Any]], Awaitable[dict[str, Any]]] | None = None
-    _reserve: Callable[[str, int], Awaitable[None]] | None = None
-    _settle: Callable[[str, int, str | None], Awaitable[None]] | None = None
+    _effect: Callable[..., Awaitable[dict[str, Any]]] | None = None
+    _reserve: Callable[[str, int, int], Awaitable[None]] | None = None
+    _settle: Callable[[str, int, str | None, int], Awaitable[None]] | None = None
 
     async def emit(self, type: FrameType, data: dict[str, Any]) -> None:
         """Publish a frame of this attempt."""
@@ -97,40 +129,60 @@ class AttemptContext:
         """Save progress that a resumed attempt receives as `checkpoint_state`."""
         await self._checkpoint(state)
 
-    async def effect(self, kind: str, key: str, request: dict[str, Any]) -> dict[str, Any]:
+    async def effect(
+        self,
+        kind: str,
+        key: str,
+        request: dict[str, Any],
+        *,
+        tokens: int = 0,
+        cost: int = 0,
+    ) -> dict[str, Any]:
         """Perform an external action once, whatever crashes, and return its receipt.
 
         `kind` names an effect adapter (`http`, `noop`, or one registered in the group
         `runwire.effects`); `key` is this run's stable name for the action, so a retried
         or resumed attempt asking again gets the stored receipt instead of a second
-        action. `effect` frames show each step. A refused action raises RunnerError
-        (EFFECT_FAILED); one whose outcome is not known yet fails the attempt retryably.
+        action. `effect` frames show each step. A costly action names what it costs
+        (`tokens`, `cost` units): reserved from the tenant's and the run's budgets before
+        anything leaves the process (BUDGET_EXCEEDED when it does not fit), charged once
+        the action happened, given back when it did not. A refused action raises
+        RunnerError (EFFECT_FAILED; AUTHORIZATION_STALE when the tenant's policy changed
+        since the run was submitted); one whose outcome is not known yet fails the attempt
+        retryably.
         """
         if self._effect is None:
             raise RunnerError("effects are not available to this attempt", retryable=False)
-        return await self._effect(kind, key, request)
+        return await self._effect(kind, key, request, tokens=tokens, cost=cost)
 
-    async def reserve(self, key: str, tokens: int) -> None:
-        """Reserve `tokens` of the tenant's and the run's budgets for a costly call that
-        this attempt names `key`, before making it. Raises RunnerError (BUDGET_EXCEEDED,
-        not retryable) when it does not fit. Settle it with `settle` after the call; a
-        reservation left unsettled (a crash) is released by recovery."""
+    async def reserve(self, key: str, tokens: int = 0, *, cost: int = 0) -> None:
+        """Reserve `tokens` (and `cost` units) of the tenant's and the run's budgets for a
+        costly call that this attempt names `key`, before making it. Raises RunnerError
+        (BUDGET_EXCEEDED, not retryable) when it does not fit. Settle it with `settle`
+        after the call; a reservation left unsettled (a crash) is released by recovery."""
         if self._reserve is None:
             raise RunnerError("budgets are not available to this attempt", retryable=False)
-        await self._reserve(key, tokens)
+        await self._reserve(key, tokens, cost)
 
-    async def settle(self, key: str, used: int, receipt: str | None = None) -> None:
-        """Settle reservation `key` with the tokens the call used (once: again, nothing)."""
+    async def settle(
+        self, key: str, tokens: int = 0, receipt: str | None = None, *, cost: int = 0
+    ) -> None:
+        """Settle reservation `key` with the tokens (and `cost` units) the call used,
+        once: settling again changes nothing. `receipt`: the provider's id for the call."""
         if self._settle is None:
             raise RunnerError("budgets are not available to this attempt", retryable=False)
-        await self._settle(key, used, receipt)
+        await self._settle(key, tokens, receipt, cost)
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any], *, call_id: str | None = None
     ) -> "ToolOutcome":
         """Call a registered tool: a `tool_call` frame, the call, a `tool_result` frame.
         An unknown tool, bad arguments or the tool's own failure come back as the
-        outcome's `error` (also in the frame), for the runner or the model to handle."""
+        outcome's `error` (also in the frame), for the runner or the model to handle.
+        `call_id` names the call (a model's id for it): give the same one when a resumed
+        attempt makes the call again, so the tool's effects happen once. A RunnerError
+        the tool raises (a budget exceeded, an effect refused or not known yet) is not a
+        result: it fails the attempt, as it would the runner's own call."""
         from runwire.runners.tools import ToolError
 
         call_id = call_id or f"call_{uuid.uuid4().hex[:12]}"
@@ -142,9 +194,13 @@ class AttemptContext:
             error = f"no tool named {name!r} is registered"
         else:
             try:
-                output = await spec.call(arguments)
+                output = await spec.call(
+                    arguments, ToolContext(self.run_id, self.tenant, call_id, self)
+                )
             except ToolError as exc:
                 error = str(exc)
+            except (RunnerError, AttemptClosed):
+                raise  # the attempt's failure (or end), not the call's result
             except Exception as exc:  # noqa: BLE001 - a tool's failure is the call's result
                 error = f"{type(exc).__name__}: {exc}"
         result = {"id": call_id, "name": name, "output": output, "error": error}

@@ -26,6 +26,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import re
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
@@ -117,6 +118,24 @@ class OpenAISettings(BaseSettings):
     max_in_flight: int | None = Field(
         default=None, ge=1, validation_alias=AliasChoices("RUNWIRE_OPENAI_MAX_IN_FLIGHT")
     )
+    # The price of a million prompt (input) and answer (output) tokens in the tenant's
+    # cost units: with either set, each model call also reserves and settles cost units.
+    input_cost_per_million: float | None = Field(
+        default=None, ge=0, validation_alias=AliasChoices("RUNWIRE_OPENAI_INPUT_COST_PER_MILLION")
+    )
+    output_cost_per_million: float | None = Field(
+        default=None,
+        ge=0,
+        validation_alias=AliasChoices("RUNWIRE_OPENAI_OUTPUT_COST_PER_MILLION"),
+    )
+
+    def cost(self, input_tokens: int, output_tokens: int) -> int:
+        """What a call of this many tokens costs, in cost units (rounded up)."""
+        units = (
+            input_tokens * (self.input_cost_per_million or 0)
+            + output_tokens * (self.output_cost_per_million or 0)
+        ) / 1_000_000
+        return math.ceil(units)
 
 
 class OpenAIInput(WireModel):
@@ -367,9 +386,9 @@ class OpenAIChat:
         usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
         steps = 0
         if resumed.unanswered:
-            # Calls an earlier attempt made whose results were not stored: run them now
-            # (a tool may so run twice for one call; effects that must happen once are
-            # the tool's to guard).
+            # Calls an earlier attempt made whose results were not stored: run them now,
+            # under the same call ids (a tool may so run twice for one call; what must
+            # happen once it does through ctx.effect, which the call id keeps the same).
             client_calls = await self._run_tools(ctx, resumed.unanswered, messages)
             if client_calls:
                 return _client_calls(client_calls, messages, usage, steps)
@@ -382,18 +401,24 @@ class OpenAIChat:
             steps += 1
             # Reserved before the call: the prompt's size and the most it may answer.
             reservation = f"model-call-{steps}"
-            estimate = _estimate(args, messages)
-            await ctx.reserve(reservation, estimate)
+            prompt, answer = _estimate(args, messages)
+            estimate, estimate_cost = prompt + answer, self.settings.cost(prompt, answer)
+            await ctx.reserve(reservation, estimate, cost=estimate_cost)
             try:
                 step = await self._step(ctx, self._request(args, messages, tools))
             except _Aborted:
-                await ctx.settle(reservation, estimate)  # cut short: count what it may have used
+                # Cut short: count what it may have used.
+                await ctx.settle(reservation, estimate, cost=estimate_cost)
                 return {"usage": usage}  # the executor records the abort, not this result
             except Exception as exc:  # noqa: BLE001 - mapped to an outcome, or raised again
                 await ctx.settle(reservation, 0)
                 raise self._failure(exc) from None
-            used = step.usage["total_tokens"] if step.usage is not None else estimate
-            await ctx.settle(reservation, used, step.id)
+            if step.usage is not None:
+                used = step.usage["total_tokens"]
+                cost = self.settings.cost(step.usage["input_tokens"], step.usage["output_tokens"])
+            else:
+                used, cost = estimate, estimate_cost
+            await ctx.settle(reservation, used, step.id, cost=cost)
             if step.usage is not None:
                 for key in usage:
                     usage[key] += step.usage[key]
@@ -416,11 +441,12 @@ class OpenAIChat:
         )
 
 
-def _estimate(args: OpenAIInput, messages: list[dict[str, Any]]) -> int:
-    """Tokens a model call may take: about one per three characters of its messages, plus
-    the most it may answer (`max_completion_tokens`, `max_tokens`, else a default)."""
+def _estimate(args: OpenAIInput, messages: list[dict[str, Any]]) -> tuple[int, int]:
+    """Tokens a model call may take, (prompt, answer): about one per three characters of
+    its messages, and the most it may answer (`max_completion_tokens`, `max_tokens`,
+    else a default)."""
     answer = args.max_completion_tokens or args.max_tokens or DEFAULT_ANSWER_TOKENS
-    return len(json.dumps(messages)) // 3 + answer
+    return len(json.dumps(messages)) // 3, answer
 
 
 def _parsed(call: _Call) -> dict[str, Any]:

@@ -18,9 +18,11 @@ from runwire.contracts.commands import (
     CancelCommand,
     GetBudgetCommand,
     GetCommand,
+    GetPolicyCommand,
     Multitask,
     ResolveEffectCommand,
     SetBudgetCommand,
+    SetPolicyCommand,
     SubmitCommand,
 )
 from runwire.contracts.errors import ErrorCode
@@ -29,6 +31,7 @@ from runwire.contracts.replies import (
     AbortSessionReply,
     BudgetReply,
     FrameChannel,
+    PolicyReply,
     RunReply,
     SubmitReply,
 )
@@ -174,6 +177,8 @@ class Submitter:
             trace_parent=tracing.current_traceparent(),
             config_pin=self.runners.pin(cmd.runner, cmd.input),
             budget_tokens=cmd.budget_tokens,
+            budget_cost=cmd.budget_cost,
+            effects=cmd.effects,
         )
         if run is None:
             raise _Duplicate("request_id already used")
@@ -215,24 +220,45 @@ class Submitter:
 
     async def get_budget(self, tenant: str, cmd: GetBudgetCommand) -> BudgetReply:
         state = await self.store.tenant_budget(tenant)
-        tokens = state["tokens"]
+
+        def left(limit: int | None, spent: int) -> int | None:
+            return None if limit is None else limit - spent
+
         return BudgetReply(
             tenant=tenant,
-            tokens=tokens,
-            used=state["used"],
+            tokens=state["tokens"],
+            used=state["spent"] - state["reserved"],
             reserved=state["reserved"],
-            left=None if tokens is None else tokens - state["used"] - state["reserved"],
+            left=left(state["tokens"], state["spent"]),
+            cost=state["cost"],
+            cost_used=state["cost_spent"] - state["cost_reserved"],
+            cost_reserved=state["cost_reserved"],
+            cost_left=left(state["cost"], state["cost_spent"]),
             max_active_runs=state["max_active_runs"],
             max_runs_per_day=state["max_runs_per_day"],
             active_runs=state["active_runs"],
             runs_today=state["runs_today"],
         )
 
+    async def set_policy(self, tenant: str, cmd: SetPolicyCommand) -> PolicyReply:
+        await self.store.set_tenant_policy(tenant, cmd.effects)
+        log.warning(
+            "policy set: runs submitted before hold a stale authorization",
+            extra=fields(tenant=tenant, effects=cmd.effects),
+        )
+        return await self.get_policy(tenant, GetPolicyCommand())
+
+    async def get_policy(self, tenant: str, cmd: GetPolicyCommand) -> PolicyReply:
+        effects, version = await self.store.tenant_policy(tenant)
+        return PolicyReply(tenant=tenant, effects=effects, version=version)
+
     async def resolve_effect(self, tenant: str, cmd: ResolveEffectCommand) -> RunReply:
         run = await self.store.get_run(tenant, cmd.run_id)
         if run is None:
             raise NotFound(f"no run {cmd.run_id!r}")
-        state = await self.store.resolve_effect(tenant, run.run_id, cmd.key, cmd.receipt, cmd.error)
+        state = await self.store.resolve_effect(
+            tenant, run.run_id, cmd.key, cmd.receipt, cmd.error, "operator"
+        )
         if state is None:
             known = {e["key"]: e["state"] for e in await self.store.run_effects(run.run_id)}
             if cmd.key not in known:

@@ -9,11 +9,19 @@ from runwire.contracts.commands import (
     CancelCommand,
     GetBudgetCommand,
     GetCommand,
+    GetPolicyCommand,
     ResolveEffectCommand,
     SetBudgetCommand,
+    SetPolicyCommand,
     SubmitCommand,
 )
-from runwire.contracts.replies import AbortSessionReply, BudgetReply, RunReply, SubmitReply
+from runwire.contracts.replies import (
+    AbortSessionReply,
+    BudgetReply,
+    PolicyReply,
+    RunReply,
+    SubmitReply,
+)
 from runwire.runners.base import RunnerSpec
 from runwire.runners.registry import RunnerConfigError, load_runners
 from runwire.runtime import publications
@@ -71,13 +79,24 @@ class SubmitterService(Service[SubmitterSettings]):
 
         @command("set_budget", max_bytes=settings.max_input_bytes)
         async def set_budget(body: SetBudgetCommand) -> BudgetReply:
-            """Set the tenant's token budget (`tokens: null` for none)."""
+            """Set the tenant's budgets (tokens, cost units) and quotas (`null`: none)."""
             return await self.submitter.set_budget(tenant(), body)
 
         @command("get_budget", max_bytes=settings.max_input_bytes)
         async def get_budget(body: GetBudgetCommand) -> BudgetReply:
-            """Read the tenant's token budget, what its runs used and hold reserved."""
+            """Read the tenant's budgets, what its runs used and hold reserved."""
             return await self.submitter.get_budget(tenant(), body)
+
+        @command("set_policy", max_bytes=settings.max_input_bytes)
+        async def set_policy(body: SetPolicyCommand) -> PolicyReply:
+            """Set the effect kinds the tenant's runs may perform; earlier runs' effect
+            claims fail with AUTHORIZATION_STALE from now on."""
+            return await self.submitter.set_policy(tenant(), body)
+
+        @command("get_policy", max_bytes=settings.max_input_bytes)
+        async def get_policy(body: GetPolicyCommand) -> PolicyReply:
+            """Read the tenant's policy."""
+            return await self.submitter.get_policy(tenant(), body)
 
         @command("abort_session", max_bytes=settings.max_input_bytes)
         async def abort_session(body: AbortSessionCommand) -> AbortSessionReply:

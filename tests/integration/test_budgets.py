@@ -42,7 +42,7 @@ async def test_the_openai_runner_reserves_and_settles_each_model_call(
     assert (refused.status, refused.attempts) == (RunStatus.FAILED, 1)
     assert refused.error is not None
     assert (refused.error.code, refused.error.retryable) == (ErrorCode.BUDGET_EXCEEDED, False)
-    assert "the run has 5 left" in refused.error.message
+    assert "the run has 5 tokens left" in refused.error.message
     assert len(server.requests) == 1  # the refused run never called the model
 
 
@@ -116,3 +116,75 @@ async def test_quotas_refuse_a_submit_and_create_nothing(
     assert daily.value.code == ErrorCode.QUOTA_EXCEEDED
     assert "3 runs today" in daily.value.message
     assert (final.max_active_runs, final.max_runs_per_day, final.runs_today) == (None, 3, 3)
+
+
+async def test_cost_units_are_a_budget_beside_tokens(infra: Any, db_url: str, prefix: str) -> None:
+    async with InProcessStack(infra.nats_url, db_url, prefix, runners={"spend": spend}) as stack:
+        await stack.client.set_budget(cost=100)  # no token limit: only cost units count
+        runs = []
+        for _ in range(4):
+            reply = await stack.client.submit(
+                {"reserve": 5000, "use": 5000, "reserve_cost": 40, "use_cost": 30},
+                runner="spend",
+            )
+            await collect(stack.client, reply.run.run_id)
+            runs.append(await stack.client.get(reply.run.run_id))
+        # A run's own cost budget, smaller than what the tenant has left.
+        small = await stack.client.submit(
+            {"reserve": 1, "use": 1, "reserve_cost": 9, "use_cost": 9},
+            runner="spend",
+            budget_cost=8,
+        )
+        await collect(stack.client, small.run.run_id)
+        refused_small = await stack.client.get(small.run.run_id)
+        budget = await stack.client.budget()
+
+    # 30 + 30 + 30 settled; the fourth run's 40 does not fit the 10 left.
+    assert [r.status for r in runs] == [RunStatus.FINISHED] * 3 + [RunStatus.FAILED]
+    last = runs[-1].error
+    assert last is not None
+    assert last.code == ErrorCode.BUDGET_EXCEEDED
+    assert "the tenant has 10 cost units left" in last.message
+    assert refused_small.error is not None
+    assert "the run has 8 cost units left" in refused_small.error.message
+    assert (budget.cost, budget.cost_used, budget.cost_reserved, budget.cost_left) == (
+        100,
+        90,
+        0,
+        10,
+    )
+    assert (budget.tokens, budget.used, budget.left) == (None, 15_000, None)
+
+
+async def test_the_openai_runner_prices_each_call_in_cost_units(
+    infra: Any, db_url: str, prefix: str
+) -> None:
+    async with OpenAIServer() as server:
+        settings = OpenAISettings(
+            base_url=server.base_url,
+            api_key="sk-test",
+            input_cost_per_million=1_000_000,  # a cost unit per prompt token
+            output_cost_per_million=3_000_000,  # three per answer token
+        )
+        stack = InProcessStack(
+            infra.nats_url, db_url, prefix, runners={"openai": make_runner(settings)}
+        )
+        async with stack:
+            await stack.client.set_budget(cost=1000)
+            server.queue(Stream(text_answer("Hi", " there", prompt_tokens=7)))
+            reply = await stack.client.submit(HELLO, runner="openai")
+            await collect(stack.client, reply.run.run_id)
+            finished = await stack.client.get(reply.run.run_id)
+            # 20 answer tokens at most would cost 60 alone: more than this run may spend.
+            refused = await stack.client.submit(HELLO, runner="openai", budget_cost=50)
+            await collect(stack.client, refused.run.run_id)
+            refused_run = await stack.client.get(refused.run.run_id)
+            budget = await stack.client.budget()
+
+    assert finished.status == RunStatus.FINISHED
+    # text_answer's usage: 7 prompt tokens and 2 answer tokens: 7 + 2 * 3.
+    assert (budget.cost_used, budget.cost_reserved) == (13, 0)
+    assert refused_run.error is not None
+    assert refused_run.error.code == ErrorCode.BUDGET_EXCEEDED
+    assert "cost units" in refused_run.error.message
+    assert len(server.requests) == 1

@@ -96,7 +96,15 @@ async def test_budget_sets_and_shows_the_tenants_limits(
     stack: InProcessStack, stack_dir: Path
 ) -> None:
     code, out, err = await _runwire(
-        "budget", "--tokens", "5000", "--max-active-runs", "3", cwd=stack_dir, env=_clean_env()
+        "budget",
+        "--tokens",
+        "5000",
+        "--cost",
+        "700",
+        "--max-active-runs",
+        "3",
+        cwd=stack_dir,
+        env=_clean_env(),
     )
     assert code == 0, err
     assert json.loads(out) | {"active_runs": 0, "runs_today": 0} == {
@@ -105,6 +113,10 @@ async def test_budget_sets_and_shows_the_tenants_limits(
         "used": 0,
         "reserved": 0,
         "left": 5000,
+        "cost": 700,
+        "cost_used": 0,
+        "cost_reserved": 0,
+        "cost_left": 700,
         "max_active_runs": 3,
         "max_runs_per_day": None,
         "active_runs": 0,
@@ -114,3 +126,28 @@ async def test_budget_sets_and_shows_the_tenants_limits(
     assert code == 0, err
     shown = json.loads(out)
     assert (shown["tokens"], shown["left"], shown["max_active_runs"]) == (None, None, 3)
+
+
+async def test_policy_sets_and_shows_the_effect_kinds_a_tenant_may_perform(
+    stack: InProcessStack, stack_dir: Path
+) -> None:
+    code, out, err = await _runwire("policy", cwd=stack_dir, env=_clean_env())
+    assert code == 0, err
+    before = json.loads(out)
+    code, out, err = await _runwire(
+        "policy", "--effects", "http, noop", cwd=stack_dir, env=_clean_env()
+    )
+    assert code == 0, err
+    assert json.loads(out) == {
+        "tenant": "default",
+        "effects": ["http", "noop"],
+        "version": before["version"] + 1,
+    }
+    code, out, err = await _runwire("policy", "--effects", "any", cwd=stack_dir, env=_clean_env())
+    assert code == 0, err
+    assert json.loads(out)["effects"] is None
+    code, out, err = await _runwire(
+        "policy", "--effects", "Not A Kind", cwd=stack_dir, env=_clean_env()
+    )
+    assert code != 0
+    assert "effect kind" in err or "pattern" in err

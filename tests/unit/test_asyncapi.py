@@ -24,11 +24,16 @@ from runwire.contracts import (
     SubmitCommand,
     SubmitReply,
 )
-from runwire.contracts.commands import GetBudgetCommand, SetBudgetCommand
+from runwire.contracts.commands import (
+    GetBudgetCommand,
+    GetPolicyCommand,
+    SetBudgetCommand,
+    SetPolicyCommand,
+)
 from runwire.contracts.events import RunEvent
 from runwire.contracts.frames import Job, RawFrame
 from runwire.contracts.health import HealthReply
-from runwire.contracts.replies import BudgetReply
+from runwire.contracts.replies import BudgetReply, PolicyReply
 from runwire.contracts.subjects import COMMANDS
 
 pytestmark = pytest.mark.unit
@@ -45,6 +50,8 @@ REQUESTS: dict[str, type[BaseModel]] = {
     "resolve_effect": ResolveEffectCommand,
     "set_budget": SetBudgetCommand,
     "get_budget": GetBudgetCommand,
+    "set_policy": SetPolicyCommand,
+    "get_policy": GetPolicyCommand,
     "join": JoinCommand,
 }
 REPLIES: dict[str, type[BaseModel]] = {
@@ -55,6 +62,8 @@ REPLIES: dict[str, type[BaseModel]] = {
     "resolve_effect": RunReply,
     "set_budget": BudgetReply,
     "get_budget": BudgetReply,
+    "set_policy": PolicyReply,
+    "get_policy": PolicyReply,
     "join": JoinReply,
 }
 

@@ -70,3 +70,23 @@ async def test_the_openai_runner_without_a_key_for_the_openai_api_fails_at_once(
         await spec(ctx)
     assert failed.value.retryable is False
     assert "RUNWIRE_OPENAI_API_KEY" in failed.value.message
+
+
+def test_a_tool_takes_its_arguments_and_optionally_a_context() -> None:
+    class Args(BaseModel):
+        n: int
+
+    @runwire.tool(input=Args)
+    async def plain_tool(args: Args) -> int:
+        return args.n
+
+    @runwire.tool(input=Args)
+    async def with_context(args: Args, ctx: runwire.ToolContext) -> str:
+        return ctx.call_id
+
+    assert (plain_tool.takes_context, with_context.takes_context) == (False, True)
+    with pytest.raises(TypeError, match="it takes 3 positional parameters"):
+
+        @runwire.tool(input=Args)
+        async def too_many(args: Args, ctx: runwire.ToolContext, extra: int) -> None:
+            return None

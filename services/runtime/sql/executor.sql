@@ -146,10 +146,12 @@ RETURNING config_pin;
 -- name: effect_prepare
 -- Persist a side effect's command before anything leaves the process (only while the
 -- attempt of generation $7 holds the run); an effect already prepared under this key
--- is returned as it is.
+-- is returned as it is. $8, $9: the tokens and cost units it reserved (`effect:<key>`,
+-- in the same transaction).
 WITH ins AS (
-    INSERT INTO effects (run_id, key, kind, idempotency_key, request, request_digest)
-    SELECT r.run_id, $2, $3, $4, $5, $6
+    INSERT INTO effects (run_id, key, kind, idempotency_key, request, request_digest,
+                         tokens, cost)
+    SELECT r.run_id, $2, $3, $4, $5, $6, $8, $9
       FROM runs r
      WHERE r.run_id = $1 AND r.generation = $7 AND r.status = 'running'
     ON CONFLICT (run_id, key) DO NOTHING
@@ -160,21 +162,42 @@ UNION ALL
 SELECT *, deadline_at < now() AS past_deadline
   FROM effects WHERE run_id = $1 AND key = $2 AND NOT EXISTS (SELECT 1 FROM ins);
 
+-- name: effect_get
+SELECT *, deadline_at < now() AS past_deadline FROM effects WHERE run_id = $1 AND key = $2;
+
 -- name: effect_claim
--- Take the effect for a dispatch: a new fence token, fenced by the run's generation and
--- the effect's version; the claim holds for $5 ms.
-UPDATE effects e
-   SET state = 'claimed', fence = e.fence + 1, version = e.version + 1,
-       claimed_generation = $4, deadline_at = now() + make_interval(secs => $5 / 1000.0),
-       updated_at = now()
-  FROM runs r
- WHERE e.run_id = $1 AND e.key = $2 AND e.version = $3
-   AND e.state IN ('prepared', 'claimed', 'unknown')
-   AND r.run_id = e.run_id AND r.generation = $4 AND r.status = 'running'
-RETURNING e.*, false AS past_deadline;
+-- Take the effect for a dispatch: a new fence token, fenced by the run's generation, the
+-- effect's version and the run's authorization (its digest of its permissions and its
+-- tenant's policy must still match, and both must permit the effect's kind $6); the
+-- claim holds for $5 ms. A run whose authorization is stale, or that may not perform
+-- this kind, gets the effect back unchanged, with `fresh` or `permitted` false.
+WITH run AS (
+    SELECT r.run_id,
+           r.auth_fence IS NOT DISTINCT FROM run_authorization(r.tenant, r.effects) AS fresh,
+           (r.effects IS NULL OR $6 = ANY (r.effects))
+               AND (p.effects IS NULL OR $6 = ANY (p.effects)) AS permitted
+      FROM runs r LEFT JOIN tenant_policies p ON p.tenant = r.tenant
+     WHERE r.run_id = $1 AND r.generation = $4 AND r.status = 'running'
+), claimed AS (
+    UPDATE effects e
+       SET state = 'claimed', fence = e.fence + 1, version = e.version + 1,
+           claimed_generation = $4, deadline_at = now() + make_interval(secs => $5 / 1000.0),
+           updated_at = now()
+      FROM run
+     WHERE e.run_id = $1 AND e.key = $2 AND e.version = $3
+       AND e.state IN ('prepared', 'claimed', 'unknown')
+       AND run.run_id = e.run_id AND run.fresh AND run.permitted
+    RETURNING e.*
+)
+SELECT *, false AS past_deadline, true AS fresh, true AS permitted FROM claimed
+UNION ALL
+SELECT e.*, e.deadline_at < now() AS past_deadline, run.fresh, run.permitted
+  FROM effects e JOIN run ON run.run_id = e.run_id AND NOT (run.fresh AND run.permitted)
+ WHERE e.run_id = $1 AND e.key = $2;
 
 -- name: effect_settle
 -- Record how a dispatch (or a reconcile) ended, if nobody moved the effect meanwhile.
+-- The effect's reservation follows it (trigger effect_budget_close).
 UPDATE effects
    SET state = $4, receipt = $5, error = $6, error_code = $7, version = version + 1,
        updated_at = now()
@@ -182,19 +205,22 @@ UPDATE effects
 RETURNING *, deadline_at < now() AS past_deadline;
 
 -- name: budget_reserve
-SELECT * FROM budget_reserve($1, $2, $3, $4);
+SELECT * FROM budget_reserve($1, $2, $3, $4, $5);
 
 -- name: budget_settle
 -- Settle a reservation with what the call used; once (a second settle changes nothing).
 WITH upd AS (
     UPDATE budget_reservations
-       SET state = 'settled', used = $3, receipt = $4, settled_at = now()
+       SET state = 'settled', used = $3, receipt = $4, cost_used = $5, settled_at = now()
      WHERE run_id = $1 AND key = $2 AND state = 'reserved'
-    RETURNING run_id, key, tokens, used
+    RETURNING run_id, key, tokens, used, cost, cost_used
 ), ev AS (
     INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
     SELECT r.run_id, 'budget_settled', r.status, r.attempts, coalesce(r.lease_owner, 'executor'),
            u.key || ': ' || u.used || ' of ' || u.tokens || ' tokens used'
+               || CASE WHEN u.cost > 0 OR u.cost_used > 0
+                       THEN ', ' || u.cost_used || ' of ' || u.cost || ' cost units'
+                       ELSE '' END
       FROM upd u JOIN runs r ON r.run_id = u.run_id
 )
 SELECT used FROM upd;

@@ -132,13 +132,21 @@ RETURNING r.run_id, r.tenant;
 
 -- name: release_orphaned_reservations
 -- Reservations whose attempt is gone (the run moved to a newer generation) or whose run
--- ended: nobody will settle them.
+-- ended: nobody will settle them. An effect's reservation (`effect:<key>`) follows its
+-- effect instead, across attempts: released here only when its run ended with the
+-- effect never claimed (so never dispatched); a claimed or unknown effect keeps it until
+-- a reconcile or an operator settles the effect.
 WITH upd AS (
     UPDATE budget_reservations b
        SET state = 'released', settled_at = now()
       FROM runs r
      WHERE b.state = 'reserved' AND r.run_id = b.run_id
-       AND (r.generation > b.generation OR run_terminal(r.status))
+       AND CASE WHEN b.key LIKE 'effect:%'
+                THEN run_terminal(r.status) AND EXISTS (
+                         SELECT 1 FROM effects e
+                          WHERE e.run_id = b.run_id AND 'effect:' || e.key = b.key
+                            AND e.state = 'prepared')
+                ELSE r.generation > b.generation OR run_terminal(r.status) END
     RETURNING b.run_id, b.key, b.tokens, r.status, r.attempts
 ), ev AS (
     INSERT INTO run_events (run_id, event, status, attempt, actor, reason)

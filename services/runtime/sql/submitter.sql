@@ -14,10 +14,11 @@ WITH quota AS (
     INSERT INTO runs (run_id, tenant, request_id, session_id, multitask, runner, input,
                       metadata, max_attempts, attempt_timeout_ms, queue_timeout_ms,
                       job_published_at, created_at, updated_at, trace_parent, config_pin,
-                      budget_tokens)
+                      budget_tokens, budget_cost, effects, auth_fence)
     SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,
            CASE WHEN session_blocked($2, $4, NULL) THEN NULL ELSE now() END,
-           clock_timestamp(), clock_timestamp(), $13, $14, $15
+           clock_timestamp(), clock_timestamp(), $13, $14, $15, $16, $17,
+           run_authorization($2, $17)
       FROM quota WHERE quota.ok
     ON CONFLICT (tenant, request_id) DO NOTHING
     RETURNING *
@@ -114,41 +115,66 @@ SELECT key, kind, state::text AS state, receipt, error
 
 -- name: resolve_effect
 -- An operator settles an effect whose outcome is not known: `reconciled` with a receipt,
--- or `failed`. Only an `unknown` or `claimed` effect of the tenant's run moves.
-UPDATE effects e
-   SET state = CASE WHEN $4::jsonb IS NOT NULL THEN 'reconciled' ELSE 'failed' END::effect_state,
-       receipt = $4, error = $5,
-       error_code = CASE WHEN $4::jsonb IS NOT NULL THEN NULL ELSE 'EFFECT_FAILED' END,
-       version = e.version + 1, updated_at = now()
-  FROM runs r
- WHERE e.run_id = $2 AND e.key = $3 AND r.run_id = e.run_id AND r.tenant = $1
-   AND e.state IN ('unknown', 'claimed')
-RETURNING e.state::text AS state;
+-- or `failed`. Only an `unknown` or `claimed` effect of the tenant's run moves; the
+-- move is a run event ($6: who resolved it).
+WITH upd AS (
+    UPDATE effects e
+       SET state = CASE WHEN $4::jsonb IS NOT NULL THEN 'reconciled'
+                        ELSE 'failed' END::effect_state,
+           receipt = $4, error = $5,
+           error_code = CASE WHEN $4::jsonb IS NOT NULL THEN NULL ELSE 'EFFECT_FAILED' END,
+           version = e.version + 1, updated_at = now()
+      FROM runs r
+     WHERE e.run_id = $2 AND e.key = $3 AND r.run_id = e.run_id AND r.tenant = $1
+       AND e.state IN ('unknown', 'claimed')
+    RETURNING e.run_id, e.key, e.state::text AS state, r.status, r.attempts
+), ev AS (
+    INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
+    SELECT run_id, 'effect_resolved', status, attempts, $6, key || ': ' || state
+      FROM upd
+)
+SELECT state FROM upd;
 
 -- name: set_tenant_budget
--- $2..$4: the new limits; $5: which of them were given (tokens, active, per day).
-INSERT INTO tenant_budgets (tenant, tokens, max_active_runs, max_runs_per_day)
-VALUES ($1, $2, $3, $4)
+-- $2..$5: the new limits; $6: which of them were given (tokens, active, per day, cost).
+INSERT INTO tenant_budgets (tenant, tokens, max_active_runs, max_runs_per_day, cost)
+VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (tenant) DO UPDATE
-   SET tokens = CASE WHEN ($5::boolean[])[1] THEN EXCLUDED.tokens ELSE tenant_budgets.tokens END,
-       max_active_runs = CASE WHEN ($5::boolean[])[2] THEN EXCLUDED.max_active_runs
+   SET tokens = CASE WHEN ($6::boolean[])[1] THEN EXCLUDED.tokens ELSE tenant_budgets.tokens END,
+       max_active_runs = CASE WHEN ($6::boolean[])[2] THEN EXCLUDED.max_active_runs
                               ELSE tenant_budgets.max_active_runs END,
-       max_runs_per_day = CASE WHEN ($5::boolean[])[3] THEN EXCLUDED.max_runs_per_day
+       max_runs_per_day = CASE WHEN ($6::boolean[])[3] THEN EXCLUDED.max_runs_per_day
                                ELSE tenant_budgets.max_runs_per_day END,
+       cost = CASE WHEN ($6::boolean[])[4] THEN EXCLUDED.cost ELSE tenant_budgets.cost END,
        updated_at = now()
 RETURNING tokens;
 
 -- name: tenant_budget
--- A tenant's limits (NULL: none, also without a row), its tokens used and reserved, its
--- active runs and the runs it submitted today (UTC).
-SELECT b.tokens, b.max_active_runs, b.max_runs_per_day,
+-- A tenant's limits (NULL: none, also without a row), what it spent (settled and still
+-- reserved, tokens and cost units), its active runs and the runs it submitted today (UTC).
+SELECT b.tokens, b.max_active_runs, b.max_runs_per_day, b.cost,
        (SELECT count(*) FROM runs WHERE tenant = $1 AND run_active(status)) AS active_runs,
        (SELECT count(*) FROM runs WHERE tenant = $1
            AND created_at >= date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC')
            AS runs_today,
-       coalesce((SELECT sum(used) FROM budget_reservations
-                  WHERE tenant = $1 AND state = 'settled'), 0)::bigint AS used,
-       coalesce((SELECT sum(tokens) FROM budget_reservations
-                  WHERE tenant = $1 AND state = 'reserved'), 0)::bigint AS reserved
+       coalesce(s.tokens, 0)::bigint AS spent,
+       coalesce(s.cost, 0)::bigint AS cost_spent,
+       coalesce(o.tokens, 0)::bigint AS reserved,
+       coalesce(o.cost, 0)::bigint AS cost_reserved
   FROM (SELECT $1::text AS tenant) t
-  LEFT JOIN tenant_budgets b ON b.tenant = t.tenant;
+  LEFT JOIN tenant_budgets b ON b.tenant = t.tenant
+  LEFT JOIN tenant_spend s ON s.tenant = t.tenant
+  LEFT JOIN LATERAL (SELECT sum(tokens) AS tokens, sum(cost) AS cost FROM budget_reservations
+                      WHERE tenant = t.tenant AND state = 'reserved') o ON true;
+
+-- name: set_tenant_policy
+-- Replace the tenant's policy (the effect kinds its runs may perform; NULL: every kind).
+-- Its version grows: every run submitted before holds a stale authorization now.
+INSERT INTO tenant_policies AS p (tenant, effects) VALUES ($1, $2)
+ON CONFLICT (tenant) DO UPDATE
+   SET effects = EXCLUDED.effects, version = p.version + 1, updated_at = now()
+RETURNING effects, version;
+
+-- name: tenant_policy
+SELECT p.effects, coalesce(p.version, 0) AS version
+  FROM (SELECT $1::text AS tenant) t LEFT JOIN tenant_policies p ON p.tenant = t.tenant;

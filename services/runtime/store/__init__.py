@@ -9,6 +9,7 @@ LostRace when the guard did not hold (another writer or a newer attempt got ther
 
 from runwire.runtime.store.locks import LockSession
 from runwire.runtime.store.rows import (
+    BudgetGrant,
     Effect,
     OutboxBatch,
     OutboxKind,
@@ -24,6 +25,7 @@ from runwire.runtime.store.store import Store
 
 __all__ = [
     "QUERIES",
+    "BudgetGrant",
     "Effect",
     "LockSession",
     "OutboxBatch",

@@ -8,15 +8,33 @@ what it implies in the run's trace).
 """
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from runwire.contracts.errors import ErrorBody
 from runwire.contracts.status import RunStatus
 from runwire.runtime.errors import CANCELED_ERROR, LostRace
 from runwire.runtime.store.queries import Queries
-from runwire.runtime.store.rows import Effect, Run
+from runwire.runtime.store.rows import BudgetGrant, Effect, Run
+from runwire.runtime.store.schema import QUERIES
 
 CANCELED_BODY = CANCELED_ERROR.model_dump(mode="json")
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A claim's outcome: the claimed effect; or None when its version or the run moved
+    on; or the effect unchanged with `fresh` false (the run's authorization is stale:
+    its tenant's policy changed since it was submitted) or `permitted` false (the run or
+    its tenant's policy does not allow the effect's kind)."""
+
+    effect: Effect | None
+    fresh: bool = True
+    permitted: bool = True
+
+    @property
+    def claimed(self) -> bool:
+        return self.effect is not None and self.fresh and self.permitted
 
 
 class ExecutorQueries(Queries):
@@ -32,31 +50,43 @@ class ExecutorQueries(Queries):
         idempotency_key: str,
         request: dict[str, Any],
         digest: str,
-    ) -> Effect:
-        """The effect under `key`: prepared now, or as an earlier attempt left it.
-        LostRace when this attempt no longer holds the run."""
-        rec = await self._fetchrow(
-            "effect_prepare",
-            uuid.UUID(run_id),
-            key,
-            kind,
-            idempotency_key,
-            request,
-            digest,
-            generation,
-        )
+        tokens: int = 0,
+        cost: int = 0,
+    ) -> Effect | BudgetGrant:
+        """The effect under `key`: prepared now, or as an earlier attempt left it. An
+        effect that reserves budget (`tokens`, `cost`) is prepared with its reservation
+        in one transaction; the refused grant when it does not fit. LostRace when this
+        attempt no longer holds the run."""
+        run = uuid.UUID(run_id)
+        args = (run, key, kind, idempotency_key, request, digest, generation, tokens, cost)
+        if tokens <= 0 and cost <= 0:
+            rec = await self._fetchrow("effect_prepare", *args)
+        else:
+            rec = await self._fetchrow("effect_get", run, key)
+            if rec is None:
+                async with self._transaction("effect_prepare") as conn:
+                    grant_rec = await conn.fetchrow(
+                        QUERIES["budget_reserve"], run, f"effect:{key}", tokens, cost, generation
+                    )
+                    if grant_rec is not None:
+                        grant = BudgetGrant.from_record(grant_rec)
+                        if not grant.granted:
+                            return grant
+                        rec = await conn.fetchrow(QUERIES["effect_prepare"], *args)
         if rec is None:
             raise LostRace(f"run {run_id} is no longer held by generation {generation}")
         return Effect.from_record(rec)
 
     async def effect_claim(
-        self, run_id: str, key: str, version: int, generation: int, timeout_ms: int
-    ) -> Effect | None:
-        """Claim the effect for a dispatch; None when its version or the run moved on."""
+        self, run_id: str, key: str, version: int, generation: int, timeout_ms: int, kind: str
+    ) -> "Claim":
+        """Claim the effect for a dispatch (see `Claim`)."""
         rec = await self._fetchrow(
-            "effect_claim", uuid.UUID(run_id), key, version, generation, timeout_ms
+            "effect_claim", uuid.UUID(run_id), key, version, generation, timeout_ms, kind
         )
-        return Effect.from_record(rec) if rec else None
+        if rec is None:
+            return Claim(None)
+        return Claim(Effect.from_record(rec), bool(rec["fresh"]), bool(rec["permitted"]))
 
     async def effect_settle(
         self,
@@ -75,20 +105,23 @@ class ExecutorQueries(Queries):
         return Effect.from_record(rec) if rec else None
 
     async def budget_reserve(
-        self, run_id: str, key: str, tokens: int, generation: int
-    ) -> tuple[bool, int | None, int | None]:
-        """Reserve `tokens` for the run's call `key`: (granted, tenant's tokens left, the
-        run's left; None without a limit). LostRace when the attempt no longer holds
-        the run."""
-        rec = await self._fetchrow("budget_reserve", uuid.UUID(run_id), key, tokens, generation)
+        self, run_id: str, key: str, tokens: int, cost: int, generation: int
+    ) -> BudgetGrant:
+        """Reserve `tokens` and `cost` units for the run's call `key`. LostRace when the
+        attempt no longer holds the run."""
+        rec = await self._fetchrow(
+            "budget_reserve", uuid.UUID(run_id), key, tokens, cost, generation
+        )
         if rec is None:
             raise LostRace(f"run {run_id} is no longer held by generation {generation}")
-        return bool(rec["granted"]), rec["tenant_left"], rec["run_left"]
+        return BudgetGrant.from_record(rec)
 
-    async def budget_settle(self, run_id: str, key: str, used: int, receipt: str | None) -> bool:
+    async def budget_settle(
+        self, run_id: str, key: str, used: int, receipt: str | None, cost_used: int = 0
+    ) -> bool:
         """Settle the reservation `key` with what the call used; False when it was
         settled (or released) already."""
-        rows = await self._fetch("budget_settle", uuid.UUID(run_id), key, used, receipt)
+        rows = await self._fetch("budget_settle", uuid.UUID(run_id), key, used, receipt, cost_used)
         return bool(rows)
 
     async def pin_config(self, run_id: str, generation: int, pin: str) -> None:

@@ -1,7 +1,9 @@
 """The store's plumbing: running a named query on a pool (or on one connection inside a
 transaction) and translating driver errors at this boundary."""
 
+import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -38,6 +40,24 @@ class Queries:
     async def _fetch(self, name: str, *args: Any) -> list[asyncpg.Record]:
         try:
             return list(await self._pool.fetch(QUERIES[name], *args))
+        except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
+            raise Unavailable(f"Postgres unavailable during {name}: {exc}") from exc
+        except asyncpg.PostgresError as exc:
+            raise _failed(name, exc) from exc
+
+    @contextlib.asynccontextmanager
+    async def _transaction(
+        self, name: str
+    ) -> AsyncIterator["asyncpg.Connection | asyncpg.pool.PoolConnectionProxy"]:
+        """One connection in a transaction (the one this store already runs in, inside a
+        session's lock), with driver errors translated like a named query's."""
+        try:
+            if isinstance(self._pool, asyncpg.Pool):
+                async with self._pool.acquire() as conn, conn.transaction():
+                    yield conn
+            else:
+                async with self._pool.transaction():
+                    yield self._pool
         except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
             raise Unavailable(f"Postgres unavailable during {name}: {exc}") from exc
         except asyncpg.PostgresError as exc:

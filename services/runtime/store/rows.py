@@ -243,6 +243,9 @@ class Effect:
     error_code: str | None = None
     # Its claim's deadline has passed (as of the read).
     past_deadline: bool = False
+    # The budget it reserved when it was prepared (reservation `effect:<key>`).
+    tokens: int = 0
+    cost: int = 0
 
     @classmethod
     def from_record(cls, rec: asyncpg.Record) -> "Effect":
@@ -261,4 +264,42 @@ class Effect:
             error=rec["error"],
             error_code=rec["error_code"],
             past_deadline=bool(rec.get("past_deadline")),
+            tokens=rec.get("tokens") or 0,
+            cost=rec.get("cost") or 0,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetGrant:
+    """The answer to a reservation: granted or not, and what is left of each limit
+    (None: no such limit)."""
+
+    granted: bool
+    tenant_tokens_left: int | None = None
+    run_tokens_left: int | None = None
+    tenant_cost_left: int | None = None
+    run_cost_left: int | None = None
+
+    @classmethod
+    def from_record(cls, rec: asyncpg.Record) -> "BudgetGrant":
+        return cls(
+            granted=bool(rec["granted"]),
+            tenant_tokens_left=rec["tenant_left"],
+            run_tokens_left=rec["run_left"],
+            tenant_cost_left=rec["tenant_cost_left"],
+            run_cost_left=rec["run_cost_left"],
+        )
+
+    def shortfall(self) -> str:
+        """What is left, of the limits that have one, for an error message."""
+        parts = [
+            f"{who} has {n} {unit} left"
+            for who, unit, n in (
+                ("the tenant", "tokens", self.tenant_tokens_left),
+                ("the run", "tokens", self.run_tokens_left),
+                ("the tenant", "cost units", self.tenant_cost_left),
+                ("the run", "cost units", self.run_cost_left),
+            )
+            if n is not None
+        ]
+        return ", ".join(parts) or "no limit applies"

@@ -23,16 +23,19 @@ class SubmitterQueries(Queries):
         key: str,
         receipt: dict[str, Any] | None,
         error: str | None,
+        actor: str,
     ) -> str | None:
-        """Settle an unknown (or orphaned claimed) effect; its new state, or None when
-        no such effect of the tenant's run is unknown or claimed."""
-        rec = await self._fetchrow("resolve_effect", tenant, uuid.UUID(run_id), key, receipt, error)
+        """Settle an unknown (or orphaned claimed) effect (a run event by `actor`); its
+        new state, or None when no such effect of the tenant's run is unknown or claimed."""
+        rec = await self._fetchrow(
+            "resolve_effect", tenant, uuid.UUID(run_id), key, receipt, error, actor
+        )
         return str(rec["state"]) if rec else None
 
     async def set_tenant_budget(self, tenant: str, limits: dict[str, int | None]) -> None:
-        """Set the limits named in `limits` (tokens, max_active_runs, max_runs_per_day);
-        the others keep their values."""
-        names = ("tokens", "max_active_runs", "max_runs_per_day")
+        """Set the limits named in `limits` (tokens, max_active_runs, max_runs_per_day,
+        cost); the others keep their values."""
+        names = ("tokens", "max_active_runs", "max_runs_per_day", "cost")
         await self._fetch(
             "set_tenant_budget",
             tenant,
@@ -41,11 +44,23 @@ class SubmitterQueries(Queries):
         )
 
     async def tenant_budget(self, tenant: str) -> dict[str, Any]:
-        """The tenant's limits (None: none), tokens used (settled) and reserved, its
-        active runs and the runs it submitted today."""
+        """The tenant's limits (None: none), what it spent (settled and reserved: tokens
+        `spent`, `reserved`; cost units `cost_spent`, `cost_reserved`), its active runs
+        and the runs it submitted today."""
         rec = await self._fetchrow("tenant_budget", tenant)
         assert rec is not None
         return dict(rec)
+
+    async def set_tenant_policy(self, tenant: str, effects: list[str] | None) -> None:
+        """Replace the tenant's policy (a new version: earlier runs' authorization is
+        stale)."""
+        await self._fetch("set_tenant_policy", tenant, effects)
+
+    async def tenant_policy(self, tenant: str) -> tuple[list[str] | None, int]:
+        """The tenant's permitted effect kinds (None: every kind) and policy version."""
+        rec = await self._fetchrow("tenant_policy", tenant)
+        assert rec is not None
+        return (list(rec["effects"]) if rec["effects"] is not None else None), rec["version"]
 
     async def runner_catalog(self) -> dict[str, dict[str, Any] | None]:
         """Every runner an executor has served: name → input JSON Schema (or None)."""
@@ -72,6 +87,8 @@ class SubmitterQueries(Queries):
         trace_parent: str | None = None,
         config_pin: str | None = None,
         budget_tokens: int | None = None,
+        budget_cost: int | None = None,
+        effects: list[str] | None = None,
     ) -> Run | None:
         """Create a queued run; None when the tenant already has this request_id.
         `config_pin`: the fingerprint of the configuration its attempts must run with."""
@@ -92,6 +109,8 @@ class SubmitterQueries(Queries):
             trace_parent,
             config_pin,
             budget_tokens,
+            budget_cost,
+            effects,
         )
 
     async def request_cancel(
