@@ -26,6 +26,7 @@ def _charge(server: EffectServer) -> dict[str, Any]:
         "url": f"{server.url}/charge",
         "status_url": f"{server.url}/charges/{{idempotency_key}}",
         "amount": 40,
+        "cost": 40,  # reserved from the tenant's cost budget with the effect
     }
 
 
@@ -73,6 +74,7 @@ async def test_a_crash_at_any_step_of_an_effect_charges_exactly_once(
                 victim = stack.start("executor-a")
             else:
                 victim = stack.start("executor-a", fault_points=f"{crash}=kill")
+            await stack.client.set_budget(cost=100)
             reply = await stack.client.submit(_charge(server), runner="charge")
             if crash == "during dispatch":
                 await asyncio.wait_for(server.received.wait(), 30)
@@ -84,6 +86,7 @@ async def test_a_crash_at_any_step_of_an_effect_charges_exactly_once(
             _, transcript = await collect(stack.client, reply.run.run_id, timeout=60)
             run = await stack.client.get(reply.run.run_id)
             rows = await _effect_rows(service_env["RUNWIRE_DATABASE_URL"], reply.run.run_id)
+            budget = await stack.client.budget()
         finally:
             await stack.close()
 
@@ -91,6 +94,8 @@ async def test_a_crash_at_any_step_of_an_effect_charges_exactly_once(
     assert list(server.charges.values()) == [1]
     assert transcript.text == "charged 40 as ch_1"
     assert [(r["state"], r["receipt"]["id"]) for r in rows] == [("committed", "ch_1")]
+    # Charged once to the budget too, whichever attempt committed it.
+    assert (budget.cost_used, budget.cost_reserved) == (40, 0)
 
 
 async def test_a_frozen_executor_that_wakes_up_cannot_charge_over_the_new_attempt(

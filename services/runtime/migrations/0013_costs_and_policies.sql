@@ -15,8 +15,9 @@
 -- Authorization: a run may name the effect kinds it is allowed (`runs.effects`; NULL:
 -- every kind), and a tenant's policy may limit them too (`tenant_policies`, changed by
 -- set_policy, which bumps its version). At submit the run takes a digest of both
--- (`runs.auth_fence`); a claim whose run's digest no longer matches fails the effect
--- with AUTHORIZATION_STALE.
+-- (`runs.auth_fence`), and each effect keeps it when it is prepared; a claim whose
+-- effect's digest no longer matches the current one fails the effect with
+-- AUTHORIZATION_STALE.
 
 ALTER TABLE runs ADD COLUMN budget_cost bigint,
                  ADD COLUMN effects text[],
@@ -24,8 +25,10 @@ ALTER TABLE runs ADD COLUMN budget_cost bigint,
 ALTER TABLE tenant_budgets ADD COLUMN cost bigint;
 ALTER TABLE budget_reservations ADD COLUMN cost bigint NOT NULL DEFAULT 0 CHECK (cost >= 0),
                                 ADD COLUMN cost_used bigint CHECK (cost_used >= 0);
+-- An effect keeps the budget it reserved and the authorization it was prepared under.
 ALTER TABLE effects ADD COLUMN tokens bigint NOT NULL DEFAULT 0,
-                    ADD COLUMN cost bigint NOT NULL DEFAULT 0;
+                    ADD COLUMN cost bigint NOT NULL DEFAULT 0,
+                    ADD COLUMN auth_fence text;
 CREATE INDEX budget_reservations_open_by_tenant ON budget_reservations (tenant)
     WHERE state = 'reserved';
 DROP INDEX budget_reservations_by_tenant;
@@ -183,6 +186,12 @@ LANGUAGE sql STABLE AS $$
                || '|' || coalesce(p.version, 0))
       FROM (SELECT 1) one LEFT JOIN tenant_policies p ON p.tenant = p_tenant
 $$;
+
+-- Runs still active and their effects hold the authorization of the policy as it stands
+-- (none was set before): an upgrade does not make their effects stale.
+UPDATE runs SET auth_fence = run_authorization(tenant, effects) WHERE NOT run_terminal(status);
+UPDATE effects e SET auth_fence = r.auth_fence FROM runs r
+ WHERE r.run_id = e.run_id AND r.auth_fence IS NOT NULL;
 
 -- An effect resolved by an operator is a run event.
 ALTER TABLE run_events DROP CONSTRAINT run_events_event_known;

@@ -150,8 +150,8 @@ RETURNING config_pin;
 -- in the same transaction).
 WITH ins AS (
     INSERT INTO effects (run_id, key, kind, idempotency_key, request, request_digest,
-                         tokens, cost)
-    SELECT r.run_id, $2, $3, $4, $5, $6, $8, $9
+                         tokens, cost, auth_fence)
+    SELECT r.run_id, $2, $3, $4, $5, $6, $8, $9, r.auth_fence
       FROM runs r
      WHERE r.run_id = $1 AND r.generation = $7 AND r.status = 'running'
     ON CONFLICT (run_id, key) DO NOTHING
@@ -167,16 +167,18 @@ SELECT *, deadline_at < now() AS past_deadline FROM effects WHERE run_id = $1 AN
 
 -- name: effect_claim
 -- Take the effect for a dispatch: a new fence token, fenced by the run's generation, the
--- effect's version and the run's authorization (its digest of its permissions and its
--- tenant's policy must still match, and both must permit the effect's kind $6); the
--- claim holds for $5 ms. A run whose authorization is stale, or that may not perform
--- this kind, gets the effect back unchanged, with `fresh` or `permitted` false.
+-- effect's version and its authorization (the digest of the run's permissions and its
+-- tenant's policy it was prepared under must still match, and both must permit the
+-- effect's kind $6); the claim holds for $5 ms. An effect whose authorization is stale,
+-- or whose kind is not permitted, comes back unchanged with `fresh` or `permitted` false.
 WITH run AS (
     SELECT r.run_id,
-           r.auth_fence IS NOT DISTINCT FROM run_authorization(r.tenant, r.effects) AS fresh,
+           e.auth_fence IS NOT DISTINCT FROM run_authorization(r.tenant, r.effects) AS fresh,
            (r.effects IS NULL OR $6 = ANY (r.effects))
                AND (p.effects IS NULL OR $6 = ANY (p.effects)) AS permitted
-      FROM runs r LEFT JOIN tenant_policies p ON p.tenant = r.tenant
+      FROM runs r
+      JOIN effects e ON e.run_id = r.run_id AND e.key = $2
+      LEFT JOIN tenant_policies p ON p.tenant = r.tenant
      WHERE r.run_id = $1 AND r.generation = $4 AND r.status = 'running'
 ), claimed AS (
     UPDATE effects e
