@@ -7,7 +7,7 @@ PYTEST_WORKERS ?= 2
 START_TIMEOUT ?=
 STACK_OPTIONS := $(if $(START_TIMEOUT),--start-timeout $(START_TIMEOUT))
 
-.PHONY: install run up down logs status test test-soak lint typecheck unit integration chaos schemas docs bench clean
+.PHONY: install run up down logs status test test-soak fuzz lint typecheck unit integration chaos schemas docs bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,11 @@ chaos: $(STAMP)
 ## 500 runs while executors are killed at random; prints recoveries and their times.
 test-soak: $(STAMP)
 	$(BIN)/pytest -q -s -m soak
+
+## 10,000 random bodies on every command subject (make test tries 300, the same each
+## time): every reply documented, nothing created by a refused submit, nothing stopped.
+fuzz: $(STAMP)
+	RUNWIRE_FUZZ_EXAMPLES=$(or $(FUZZ_EXAMPLES),10000) $(BIN)/pytest -q -p no:cacheprovider tests/integration/test_command_fuzz.py
 
 ## Write the JSON Schema of every wire model to contracts/schema/.
 schemas: $(STAMP)

@@ -1,22 +1,39 @@
 """Command bodies, sent request/reply on `<prefix>.<tenant>.cmd.<name>`.
 
-The tenant is taken from the subject, never from the body.
+The tenant is taken from the subject, never from the body. Numbers are JSON numbers:
+`"3"` (or `true`, or `3.0`) is refused where an integer is expected, as the published
+schema says.
 """
 
 from enum import StrEnum
 from typing import Annotated, Any, Self
 
-from pydantic import Field, StringConstraints, model_validator
+from pydantic import Field, StringConstraints, field_validator, model_validator
 
 from runwire.contracts.base import Versioned
 from runwire.contracts.subjects import RUNNER_NAME_PATTERN
 
 MAX_ID_LENGTH = 200
-# The largest budget (tokens or cost units) a limit may hold: what Postgres's bigint does.
-MAX_BUDGET = 2**62
+# The largest integer every JSON client holds exactly (2^53 - 1): the most a budget (tokens
+# or cost units) or a frame cursor may be. Integers are checked before they reach SQL.
+MAX_SAFE_INTEGER = 2**53 - 1
+MAX_BUDGET = MAX_SAFE_INTEGER
+MAX_SEQ = MAX_SAFE_INTEGER
 # An effect kind names an adapter (`http`, `noop`, one in the group `runwire.effects`).
 EFFECT_KIND_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
 EffectKind = Annotated[str, StringConstraints(pattern=EFFECT_KIND_PATTERN)]
+
+
+class Command(Versioned):
+    """A command's body."""
+
+    @field_validator("v", mode="before")
+    @classmethod
+    def _integer_version(cls, value: Any) -> Any:
+        # `true` and `1.0` equal 1 in Python; on the wire the version is the integer 1.
+        if type(value) is not int:
+            raise ValueError("v must be the integer 1")
+        return value
 
 
 class Multitask(StrEnum):
@@ -27,7 +44,7 @@ class Multitask(StrEnum):
     REJECT = "reject"
 
 
-class SubmitCommand(Versioned):
+class SubmitCommand(Command):
     """Start a run. `request_id` is the idempotency key within the tenant."""
 
     request_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
@@ -35,34 +52,34 @@ class SubmitCommand(Versioned):
     runner: str = Field(default="scripted", pattern=RUNNER_NAME_PATTERN)
     session_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_LENGTH)
     multitask: Multitask = Multitask.INTERRUPT
-    max_attempts: int | None = Field(default=None, ge=1, le=100)
-    attempt_timeout_ms: int | None = Field(default=None, ge=100, le=86_400_000)
-    queue_timeout_ms: int | None = Field(default=None, ge=100, le=86_400_000)
+    max_attempts: int | None = Field(default=None, ge=1, le=100, strict=True)
+    attempt_timeout_ms: int | None = Field(default=None, ge=100, le=86_400_000, strict=True)
+    queue_timeout_ms: int | None = Field(default=None, ge=100, le=86_400_000, strict=True)
     metadata: dict[str, Any] = Field(default_factory=dict)
     # Tokens the run may spend over all its attempts (model calls reserve, then settle).
-    budget_tokens: int | None = Field(default=None, ge=1, le=MAX_BUDGET)
+    budget_tokens: int | None = Field(default=None, ge=1, le=MAX_BUDGET, strict=True)
     # Cost units the run may spend (an amount the tenant defines; costly effects and
     # model calls priced in it reserve, then settle).
-    budget_cost: int | None = Field(default=None, ge=1, le=MAX_BUDGET)
+    budget_cost: int | None = Field(default=None, ge=1, le=MAX_BUDGET, strict=True)
     # The effect kinds the run may perform (`ctx.effect`); None: every kind its tenant's
     # policy allows. Taken into the run's authorization at submit: a claim made after
     # the tenant's policy changed fails with AUTHORIZATION_STALE.
     effects: list[EffectKind] | None = Field(default=None, max_length=64)
 
 
-class CancelCommand(Versioned):
+class CancelCommand(Command):
     """Cancel a run. Cancelling a terminal run answers with the run unchanged."""
 
     run_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
 
 
-class GetCommand(Versioned):
+class GetCommand(Command):
     """Read a run's summary."""
 
     run_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
 
 
-class ResolveEffectCommand(Versioned):
+class ResolveEffectCommand(Command):
     """An operator settles a side effect whose outcome runwire could not know (`unknown`,
     or `claimed` by an attempt that is gone): with the receipt of the action that
     happened (`reconciled`), or with why it did not (`failed`). Exactly one of the two."""
@@ -79,23 +96,23 @@ class ResolveEffectCommand(Versioned):
         return self
 
 
-class SetBudgetCommand(Versioned):
+class SetBudgetCommand(Command):
     """Set the tenant's limits; a field left out keeps its value, `null` removes it.
     `tokens` and `cost` (units the tenant defines): the budgets (runs keep what they
     reserved; a new reservation must fit); `max_active_runs` and `max_runs_per_day`
     (UTC): quotas answered at submit."""
 
-    tokens: int | None = Field(default=None, ge=0, le=MAX_BUDGET)
-    cost: int | None = Field(default=None, ge=0, le=MAX_BUDGET)
-    max_active_runs: int | None = Field(default=None, ge=0, le=2**31 - 1)
-    max_runs_per_day: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    tokens: int | None = Field(default=None, ge=0, le=MAX_BUDGET, strict=True)
+    cost: int | None = Field(default=None, ge=0, le=MAX_BUDGET, strict=True)
+    max_active_runs: int | None = Field(default=None, ge=0, le=2**31 - 1, strict=True)
+    max_runs_per_day: int | None = Field(default=None, ge=0, le=2**31 - 1, strict=True)
 
 
-class GetBudgetCommand(Versioned):
+class GetBudgetCommand(Command):
     """Read the tenant's budget and what its runs spent and hold reserved."""
 
 
-class SetPolicyCommand(Versioned):
+class SetPolicyCommand(Command):
     """Set the tenant's policy: `effects`, the effect kinds its runs may perform (null:
     every kind). Every run submitted before holds a stale authorization from now on:
     its next effect claim fails with AUTHORIZATION_STALE (effects already dispatched
@@ -104,18 +121,18 @@ class SetPolicyCommand(Versioned):
     effects: list[EffectKind] | None = Field(max_length=64)
 
 
-class GetPolicyCommand(Versioned):
+class GetPolicyCommand(Command):
     """Read the tenant's policy."""
 
 
-class AbortSessionCommand(Versioned):
+class AbortSessionCommand(Command):
     """Cancel every active and queued run of a session."""
 
     session_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
 
 
-class JoinCommand(Versioned):
+class JoinCommand(Command):
     """Join a run's frames: every frame with `seq > after`, then live."""
 
     run_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
-    after: int = Field(default=0, ge=0)
+    after: int = Field(default=0, ge=0, le=MAX_SEQ, strict=True)

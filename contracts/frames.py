@@ -196,13 +196,18 @@ class RawFrame(Versioned):
         return self
 
 
+# A run id is a UUID (as Postgres writes it); a generation fits Postgres's integer.
+RUN_ID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+MAX_GENERATION = 2**31 - 1
+
+
 class Job(Versioned):
     """A queued attempt: "look at run X, generation G". Postgres holds the rest."""
 
-    run_id: str
+    run_id: str = Field(pattern=RUN_ID_PATTERN)
     tenant: str
     runner: str = Field(pattern=RUNNER_NAME_PATTERN)
-    generation: int = Field(ge=0)
+    generation: int = Field(ge=0, le=MAX_GENERATION, strict=True)
 
 
 class Transcript:

@@ -196,6 +196,12 @@ class Attempt:
     async def _emit(self, type: FrameType, data: dict[str, Any]) -> None:
         if self.closed or self.abort_reason == AbortReason.LOST:
             raise AttemptClosed(f"attempt {self.generation} of run {self.run.run_id} is closed")
+        if self._seq >= self._settings.max_frames_per_run:
+            # For good: a run that emits without end must not fill the stream and Postgres.
+            raise PayloadTooLarge(
+                f"the run emitted {self._seq} frames, the limit of a run "
+                f"(RUNWIRE_MAX_FRAMES_PER_RUN={self._settings.max_frames_per_run})"
+            )
         await self.publish(type, data)
 
     async def _checkpoint(self, state: Any) -> None:

@@ -39,6 +39,7 @@ from runwire.runners.tools import ToolSpec, load_tools
 from runwire.runtime import publications, tracing
 from runwire.runtime.app import Service
 from runwire.runtime.broker import EXECUTOR_CONSUMER, Broker, StreamLimits
+from runwire.runtime.commands import describe
 from runwire.runtime.consumer import DurablePull
 from runwire.runtime.errors import RunwireError
 from runwire.runtime.health import serve_health
@@ -55,6 +56,9 @@ FETCH_BATCH = 64
 # A job whose run waits for its session should not exist (such runs get their job when
 # their turn comes); if one does, look again after this long.
 SESSION_WAIT_S = 1.0
+# A job whose handling crashed (a bug, not Postgres or NATS away) this many times is
+# terminated, so that it cannot hold a slot of the consumer for ever.
+POISON_DELIVERIES = 5
 
 
 async def _unknown_runner(ctx: object) -> None:
@@ -192,7 +196,11 @@ class Executor:
         try:
             job = Job.model_validate_json(msg.data)
         except ValidationError as exc:
-            log.error("malformed job dropped: %s", exc)
+            # Never left pending: a job that is not one would be redelivered forever and
+            # hold a slot of the consumer's max_ack_pending each time.
+            log.error(
+                "malformed job terminated: %s", describe(exc), extra=fields(subject=msg.subject)
+            )
             await msg.term()
             return
         with bind(run_id=job.run_id, tenant=job.tenant):
@@ -203,6 +211,12 @@ class Executor:
                 log.warning("job not processed: %s", exc.message)
                 await msg.nak(delay=1.0)
             except Exception:
+                if msg.metadata.num_delivered >= POISON_DELIVERIES:
+                    log.exception(
+                        "job handling crashed %d times: job terminated", POISON_DELIVERIES
+                    )
+                    await msg.term()
+                    return
                 log.exception("job handling crashed")
                 await msg.nak(delay=1.0)
 
@@ -273,13 +287,17 @@ class Executor:
         """A job that did not start an attempt: stale, early, canceled or timed out (a
         run past its queue timeout is closed by recovery, the one place that does it)."""
         run = await self.store.get_run_by_id(job.run_id)
+        if run is None or run.tenant != job.tenant or run.runner != job.runner:
+            log.error("a job that names no run of its tenant and runner terminated")
+            await msg.term()
+            return
         waiting = (
             run is not None
             and run.status in (RunStatus.QUEUED, RunStatus.RECOVERING)
             and run.generation == job.generation
             and not run.cancel_requested
         )
-        if run is None or not waiting:
+        if not waiting:
             await msg.ack()  # duplicate, stale or already closed: nothing to do
             return
         assert run is not None

@@ -32,6 +32,8 @@ Commands run concurrently: each subscriber has `COMMAND_WORKERS` workers (FastSt
 import asyncio
 import json
 import logging
+import math
+import re
 import time
 import typing
 from collections.abc import Awaitable, Callable
@@ -79,6 +81,15 @@ def tenant() -> str:
 
 # Room for the envelope around an input of the maximum size.
 ENVELOPE_BYTES = 16 * 1024
+# What a client is told when the store or the broker failed (the service logs what).
+UNAVAILABLE_MESSAGE = (
+    "runwire could not complete the command now (the service logged why); try again"
+)
+# How deep a body's objects and arrays may nest, and how long a number may be written.
+MAX_DEPTH = 64
+MAX_NUMBER_CHARS = 100
+# What Postgres cannot store in text or jsonb: NUL, and UTF-16 halves without a pair.
+UNSTORABLE_TEXT = re.compile("[\x00\ud800-\udfff]")
 # Commands one subscriber handles at once; more wait in the connection's buffer.
 COMMAND_WORKERS = 256
 # How long a stopping service waits for the commands it has taken to be answered.
@@ -96,16 +107,77 @@ def describe(exc: ValidationError) -> str:
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 
 
+def _number(text: str) -> str:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise InvalidRequest(
+            f"a number of {len(text)} characters is over the limit of {MAX_NUMBER_CHARS}"
+        )
+    return text
+
+
+def _int(text: str) -> int:
+    return int(_number(text))
+
+
+def _float(text: str) -> float:
+    value = float(_number(text))
+    if not math.isfinite(value):
+        raise InvalidRequest(f"the number {text} is out of range")
+    return value
+
+
+def _constant(name: str) -> Any:
+    raise InvalidRequest(f"{name} is not JSON")
+
+
+def _unstorable(obj: Any) -> str | None:
+    """Where `obj` holds what no store can keep: nesting past MAX_DEPTH, or text with a
+    NUL character or a lone surrogate (a path such as `input.messages.0`); None if
+    nothing. Only walked for a body that may hold one (see `parse`)."""
+    stack: list[tuple[Any, int, tuple[str, ...]]] = [(obj, 1, ())]
+    while stack:
+        value, level, where = stack.pop()
+        problem = None
+        if isinstance(value, str):
+            if UNSTORABLE_TEXT.search(value):
+                problem = "text with a NUL character or a lone surrogate cannot be stored"
+        elif isinstance(value, dict | list):
+            if level > MAX_DEPTH:
+                problem = f"nested more than {MAX_DEPTH} levels deep"
+            else:
+                items = value.items() if isinstance(value, dict) else enumerate(value)
+                for key, item in items:
+                    if isinstance(key, str) and UNSTORABLE_TEXT.search(key):
+                        problem = "a key with a NUL character or a lone surrogate cannot be stored"
+                        break
+                    stack.append((item, level + 1, (*where, str(key))))
+        if problem is not None:
+            path = ".".join(where[:8]) + (".…" if len(where) > 8 else "")
+            return f"{path or 'body'}: {problem}"
+    return None
+
+
 def parse(model: type[M], data: bytes, *, max_bytes: int) -> M:
-    """Decode and validate a command body, raising a wire error for bad input."""
+    """Decode and validate a command body, raising a wire error for bad input: over the
+    size limit, not JSON, not an object, numbers too long or out of range, nesting too
+    deep, text Postgres cannot store (NUL, lone surrogates), or not the contract model."""
     if len(data) > max_bytes + ENVELOPE_BYTES:
         raise PayloadTooLarge(f"body of {len(data)} bytes is over the limit of {max_bytes}")
     try:
-        obj = json.loads(data)
+        obj = json.loads(data, parse_int=_int, parse_float=_float, parse_constant=_constant)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidRequest(f"body is not JSON: {exc}") from exc
+    except RecursionError:
+        raise InvalidRequest(f"body is nested more than {MAX_DEPTH} levels deep") from None
     if not isinstance(obj, dict):
         raise InvalidRequest("body must be a JSON object")
+    # Only an escape can put a NUL or a lone surrogate in a string (raw ones are not
+    # JSON, or not UTF-8), and only that many brackets can nest that deep: most bodies
+    # need no walk.
+    if b"\\u" in data or data.count(b"{") + data.count(b"[") > MAX_DEPTH:
+        problem = _unstorable(obj)
+        if problem is not None:
+            raise InvalidRequest(problem)
     try:
         return model.model_validate(obj)
     except ValidationError as exc:
@@ -178,10 +250,14 @@ class _Answer(BaseMiddleware[Any, Any]):
         except RunwireError as exc:
             if not isinstance(exc, InvalidRequest | PayloadTooLarge | NotFound):
                 log.warning("command %s failed: %s", name, exc.message, extra=fields(code=exc.code))
+            if exc.code == ErrorCode.UNAVAILABLE:
+                # What Postgres or NATS said stays in the log: no driver text, no query,
+                # no address reaches a client.
+                return _error(ErrorCode.UNAVAILABLE, UNAVAILABLE_MESSAGE, retryable=exc.retryable)
             return ErrorReply(error=exc.body())
         except Exception:
             log.exception("command %s failed unexpectedly", name, extra=fields(tenant=tenant))
-            return _error(ErrorCode.UNAVAILABLE, "internal error; try again", retryable=True)
+            return _error(ErrorCode.UNAVAILABLE, UNAVAILABLE_MESSAGE, retryable=True)
 
 
 class CommandReplies:

@@ -16,6 +16,9 @@ DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/runwire"
 DEFAULT_QUEUE_CAPACITY = 10_000
 DEFAULT_FRAME_STREAM_MAX_AGE_S = 3_600
 DEFAULT_MAX_INPUT_BYTES = 256 * 1024
+DEFAULT_MAX_METADATA_BYTES = 16 * 1024
+DEFAULT_MAX_SESSION_WAITING = 100
+DEFAULT_MAX_FRAMES_PER_RUN = 100_000
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_ATTEMPT_TIMEOUT_MS = 600_000
 DEFAULT_SUPERSEDE_GRACE_MS = 5_000
@@ -75,6 +78,11 @@ class SubmitterSettings(CommonSettings):
     """The submitter: validation limits and per-run defaults."""
 
     max_input_bytes: int = Field(default=DEFAULT_MAX_INPUT_BYTES, ge=1024)
+    # A run's `metadata`, as JSON (PAYLOAD_TOO_LARGE past it).
+    max_metadata_bytes: int = Field(default=DEFAULT_MAX_METADATA_BYTES, ge=0)
+    # Runs of one session active or waiting their turn at once; an `enqueue` submit past
+    # it is refused with SESSION_BUSY.
+    max_session_waiting: int = Field(default=DEFAULT_MAX_SESSION_WAITING, ge=1)
     default_max_attempts: int = Field(default=DEFAULT_MAX_ATTEMPTS, ge=1)
     default_attempt_timeout_ms: int = Field(default=DEFAULT_ATTEMPT_TIMEOUT_MS, ge=100)
     # How long a canceled (or superseded) run that is still running may keep its session
@@ -90,6 +98,9 @@ class ExecutorSettings(CommonSettings):
     # `runwire.tools` registers packaged ones).
     tools: str = ""
     max_in_flight: int = Field(default=DEFAULT_MAX_IN_FLIGHT, ge=1)
+    # Frames a run's runner may emit over all its attempts; past it the run fails with
+    # PAYLOAD_TOO_LARGE (its closing frames still follow).
+    max_frames_per_run: int = Field(default=DEFAULT_MAX_FRAMES_PER_RUN, ge=10)
     ack_wait_ms: int = Field(default=DEFAULT_ACK_WAIT_MS, ge=500)
     heartbeat_ms: int = Field(default=DEFAULT_HEARTBEAT_MS, ge=50)
     cancel_poll_ms: int = Field(default=DEFAULT_CANCEL_POLL_MS, ge=20)

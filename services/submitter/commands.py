@@ -99,6 +99,13 @@ class Submitter:
             raise PayloadTooLarge(
                 f"input of {size} bytes is over the limit of {self.settings.max_input_bytes}"
             )
+        if cmd.metadata:
+            size = len(json.dumps(cmd.metadata).encode())
+            if size > self.settings.max_metadata_bytes:
+                raise PayloadTooLarge(
+                    f"metadata of {size} bytes is over the limit of "
+                    f"{self.settings.max_metadata_bytes}"
+                )
         await self.runners.check(cmd.runner, cmd.input)
 
     async def submit(self, tenant: str, cmd: SubmitCommand) -> SubmitReply:
@@ -157,6 +164,13 @@ class Submitter:
             return await tx.cancel_session(
                 tenant, session_id, SUPERSEDED, ACTOR, grace_ms=self.settings.supersede_grace_ms
             )
+        else:
+            waiting = await tx.session_active(tenant, session_id)
+            if len(waiting) >= self.settings.max_session_waiting:
+                raise SessionBusy(
+                    f"session {session_id!r} has {len(waiting)} runs active or waiting; the "
+                    f"limit is {self.settings.max_session_waiting}"
+                )
         return []
 
     async def _insert(self, store: Store, tenant: str, cmd: SubmitCommand) -> Run:
