@@ -178,7 +178,8 @@ class RawFrame(Versioned):
     """A frame as an attempt publishes it, before the relay orders and numbers it.
 
     `seq` counts within one attempt (its `generation`), from 1; the relay drops frames
-    of a stale generation and gives each kept frame its run-wide `seq`.
+    of a stale generation and gives each kept frame its run-wide `seq`, and refuses one
+    whose `token` is not its attempt's.
     """
 
     run_id: str
@@ -188,6 +189,9 @@ class RawFrame(Versioned):
     type: FrameType
     data: dict[str, Any] = Field(default_factory=dict)
     at: AwareDatetime
+    # The attempt's signature (services only): the relay keeps no frame without the one
+    # of its run and generation. Never part of a client's frame.
+    token: str | None = Field(default=None, max_length=64)
 
     @model_validator(mode="after")
     def _data_fits_type(self, info: ValidationInfo) -> Self:

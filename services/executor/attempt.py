@@ -37,6 +37,7 @@ from runwire.runtime.errors import (
 )
 from runwire.runtime.settings import ExecutorSettings
 from runwire.runtime.store import Run, Store
+from runwire.runtime.tokens import frame_token
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,8 @@ class Attempt:
     ) -> None:
         self.run = run
         self.generation = run.generation
+        # What signs this attempt's raw frames (see runwire.runtime.tokens).
+        self._token = frame_token(run.frame_secret, run.generation) if run.frame_secret else None
         self._runner = runner
         self._tools = tools or {}
         self._effects = EffectFence(
@@ -150,6 +153,7 @@ class Attempt:
                 type=type,
                 data=data,
                 at=datetime.now(UTC),
+                token=self._token,
             )
             body = frame.model_dump_json().encode()  # once: size check and publish
         except ValidationError as exc:  # data that does not fit the frame type's model

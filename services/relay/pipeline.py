@@ -45,10 +45,11 @@ from runwire.runtime.broker import (
 )
 from runwire.runtime.consumer import DurablePull
 from runwire.runtime.errors import RunwireError
-from runwire.runtime.logs import bind
+from runwire.runtime.logs import bind, fields
 from runwire.runtime.metrics import FRAMES_RELAYED, RELAY_LAG
 from runwire.runtime.settings import RelaySettings
-from runwire.runtime.store import Segment, SegmentCount, Store
+from runwire.runtime.store import FrameState, Segment, SegmentCount, Store
+from runwire.runtime.tokens import authentic
 
 log = logging.getLogger(__name__)
 
@@ -143,26 +144,44 @@ def _numbered(last: StoredMsg | None) -> TypeGuard[StoredMsg]:
     return last is not None and HDR_GENERATION in last.headers
 
 
-def _opens(raw: RawFrame, last: StoredMsg | None) -> bool:
-    """Whether `raw` is a run's very first frame and nothing is published for the run: a
-    new run, with no need to ask Postgres. (Its subject cannot have been purged: that
-    needs the run's `done` handled, which comes after this frame in the partition, and
-    the stream would then still hold the run or this frame would be long gone.)"""
-    return last is None and raw.generation == FIRST_GENERATION and raw.seq == 1
-
-
-def _cursor_from(last: StoredMsg | None, state: tuple[int, bool] | None) -> RunCursor:
+def _cursor_from(last: StoredMsg | None, state: FrameState | None) -> RunCursor:
     """A run's cursor from the last frame published for it, or, when the stream no longer
-    holds any (purged after the run ended), from Postgres (last seq, frames closed)."""
+    holds any (purged after the run ended), from Postgres (last seq, frames closed); and
+    what Postgres says of the run's attempts (None: no such run)."""
     if _numbered(last):
-        return RunCursor(
+        cursor = RunCursor(
             generation=int(last.headers[HDR_GENERATION]),
             raw_seq=int(last.headers[HDR_RAW_SEQ]),
             seq=int(last.headers[HDR_FRAME_SEQ]),
             closed=last.headers.get(HDR_FRAME_TYPE) == FrameType.DONE.value,
         )
-    last_seq, closed = state or (0, False)
-    return RunCursor(seq=last_seq, closed=closed)
+    else:
+        cursor = RunCursor(
+            seq=state.last_seq if state else 0, closed=state.closed if state else False
+        )
+    _know(cursor, state)
+    return cursor
+
+
+def _know(cursor: RunCursor, state: FrameState | None) -> None:
+    """Record in `cursor` what Postgres says of the run's attempts."""
+    cursor.known = state is not None
+    if state is not None:
+        cursor.secret, cursor.claimed, cursor.ended = state.secret, state.generation, state.ended
+
+
+def _signed(cursor: RunCursor, raw: RawFrame) -> bool:
+    """Whether `raw` comes from an attempt of its run: a generation Postgres claimed (or
+    the closing frames of the next one, which Postgres writes for a run that ended
+    without an attempt), carrying that generation's token."""
+    if not cursor.known:
+        return False
+    claimed = raw.generation <= cursor.claimed or (
+        raw.generation == cursor.claimed + 1
+        and cursor.ended
+        and raw.type in (FrameType.ERROR, FrameType.DONE)
+    )
+    return claimed and authentic(raw.token, cursor.secret, raw.generation)
 
 
 class Pipeline:
@@ -254,12 +273,9 @@ class Pipeline:
             )
         )
         found = dict(zip(first, lasts, strict=True))
-        unknown = [
-            run_id
-            for run_id, last in found.items()
-            if not (_numbered(last) or _opens(first[run_id], last))
-        ]
-        states = await self.store.frame_states(unknown)
+        # Every run's state, in one query: where to go on from (for a run the stream no
+        # longer holds), and what tells its attempts' frames from forged ones.
+        states = await self.store.frame_states(list(found))
         return {run_id: _cursor_from(last, states.get(run_id)) for run_id, last in found.items()}
 
     @staticmethod
@@ -311,6 +327,17 @@ class Pipeline:
         self, cursors: dict[str, RunCursor], raw: RawFrame, msg: Msg, batch: list["Pending"]
     ) -> None:
         cursor = await self._cursor(cursors, raw)
+        if not _signed(cursor, raw) and raw.generation > cursor.claimed:
+            # A generation claimed since the cursor was made: ask Postgres again.
+            _know(cursor, (await self.store.frame_states([raw.run_id])).get(raw.run_id))
+        if not _signed(cursor, raw):
+            log.error(
+                "raw frame refused: it is not signed by an attempt of its run (forged, or "
+                "sent by a faulty service)",
+                extra=fields(generation=raw.generation, seq=raw.seq, frame_type=raw.type.value),
+            )
+            await msg.term()
+            return
         verdict = cursor.judge(raw.generation, raw.seq)
         if verdict == Verdict.KEEP and raw.generation > max(cursor.generation, FIRST_GENERATION):
             await self._settle(cursors, batch)  # what came before is acknowledged first

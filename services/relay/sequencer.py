@@ -6,7 +6,7 @@ newer one. Frames of an older generation (an attempt that was fenced out) and
 repeats are dropped; anything after `done` is dropped.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 
@@ -24,6 +24,12 @@ class RunCursor:
     raw_seq: int = 0
     seq: int = 0
     closed: bool = False
+    # What Postgres says of the run (see `FrameState`), to tell a real frame from a forged
+    # one: its secret, the generation last claimed, whether it ended, whether it exists.
+    secret: str | None = field(default=None, repr=False)
+    claimed: int = 0
+    ended: bool = False
+    known: bool = True
 
     def judge(self, generation: int, raw_seq: int) -> Verdict:
         if self.closed or generation < self.generation:

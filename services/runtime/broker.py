@@ -33,6 +33,7 @@ from runwire.contracts.headers import TRACEPARENT
 from runwire.contracts.subjects import Subjects
 from runwire.runtime.errors import PayloadTooLarge, QueueFull, Unavailable
 from runwire.runtime.settings import CommonSettings
+from runwire.runtime.tokens import raw_frame_id
 
 log = logging.getLogger(__name__)
 
@@ -379,7 +380,7 @@ class Broker:
         await self._publish(
             self.subjects.frames_in(frame.tenant, frame.run_id),
             body if body is not None else frame.model_dump_json().encode(),
-            f"{frame.run_id}:{frame.generation}:{frame.seq}",
+            raw_frame_id(frame.run_id, frame.generation, frame.seq, frame.token),
             self.subjects.frames_in_stream,
             headers={TRACEPARENT: traceparent} if traceparent else None,
         )

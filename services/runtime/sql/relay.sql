@@ -2,8 +2,10 @@
 -- Named queries: `-- name: <name>` starts one.
 
 -- name: frame_states
--- The relay's starting point for runs it has no cursor for.
-SELECT run_id, last_seq, frames_closed FROM runs WHERE run_id = ANY($1::uuid[]);
+-- The relay's starting point for runs it has no cursor for, and what tells their real
+-- frames from forged ones (their secret, the generation last claimed, whether they ended).
+SELECT run_id, last_seq, frames_closed, frame_secret, generation, run_terminal(status) AS ended
+  FROM runs WHERE run_id = ANY($1::uuid[]);
 
 -- name: insert_segments
 -- One write per relay flush: every run's new segments, and the runs' frame counters

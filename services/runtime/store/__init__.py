@@ -11,6 +11,7 @@ from runwire.runtime.store.locks import LockSession
 from runwire.runtime.store.rows import (
     BudgetGrant,
     Effect,
+    FrameState,
     OutboxBatch,
     OutboxKind,
     OutboxMessage,
@@ -27,6 +28,7 @@ __all__ = [
     "QUERIES",
     "BudgetGrant",
     "Effect",
+    "FrameState",
     "LockSession",
     "OutboxBatch",
     "OutboxKind",

@@ -73,6 +73,9 @@ class Run:
     job_checked_at: datetime | None = None
     # The fingerprint of the configuration its attempts must run with (see RunnerSpec.pin).
     config_pin: str | None = None
+    # The run's secret, which signs its attempts' raw frames (runwire.runtime.tokens); None
+    # for a run created before runwire had one. Services only: never in a reply or a log.
+    frame_secret: str | None = field(default=None, repr=False)
     # The transaction of the transition that returned this row: what it implies waits in
     # the outbox under this id, for the service to publish (None for a plain read).
     xact: str | None = None
@@ -117,6 +120,7 @@ class Run:
             trace_parent=rec["trace_parent"],
             job_checked_at=rec["job_checked_at"],
             config_pin=rec.get("config_pin"),
+            frame_secret=rec.get("frame_secret"),
             xact=rec.get("xact"),
         )
 
@@ -303,3 +307,16 @@ class BudgetGrant:
             if n is not None
         ]
         return ", ".join(parts) or "no limit applies"
+
+
+@dataclass(frozen=True, slots=True)
+class FrameState:
+    """What the relay needs of a run: the last frame seq written and whether its frames
+    are closed (where to go on from), its secret, the generation last claimed and whether
+    it ended (which raw frames are its attempts')."""
+
+    last_seq: int
+    closed: bool
+    secret: str | None = field(default=None, repr=False)
+    generation: int = 0
+    ended: bool = False

@@ -5,20 +5,30 @@ import uuid
 from collections.abc import Sequence
 
 from runwire.runtime.store.queries import Queries
-from runwire.runtime.store.rows import Segment, SegmentCount, StoredSegment, parse_run_id
+from runwire.runtime.store.rows import (
+    FrameState,
+    Segment,
+    SegmentCount,
+    StoredSegment,
+    parse_run_id,
+)
 
 
 class RelayQueries(Queries):
     """Frame segments as the relay writes and replays them."""
 
-    async def frame_states(self, run_ids: list[str]) -> dict[str, tuple[int, bool]]:
-        """For each run that exists: (last frame seq written, whether its frames are
-        closed), in one query."""
+    async def frame_states(self, run_ids: list[str]) -> dict[str, FrameState]:
+        """What the relay needs of each run that exists, in one query."""
         keys = [key for run_id in run_ids if (key := parse_run_id(run_id)) is not None]
         if not keys:
             return {}
         rows = await self._fetch("frame_states", keys)
-        return {str(r["run_id"]): (r["last_seq"], r["frames_closed"]) for r in rows}
+        return {
+            str(r["run_id"]): FrameState(
+                r["last_seq"], r["frames_closed"], r["frame_secret"], r["generation"], r["ended"]
+            )
+            for r in rows
+        }
 
     async def segments_after(self, run_id: str, after: int) -> list[StoredSegment]:
         rows = await self._fetch("segments_after", uuid.UUID(run_id), after)
