@@ -204,9 +204,14 @@ def _tail(path: Path, lines: int = 30) -> str:
 class EmbeddedNats:
     """A single JetStream-enabled nats-server listening on 127.0.0.1."""
 
-    def __init__(self, data_dir: Path, port: int | None = None) -> None:
+    def __init__(
+        self, data_dir: Path, port: int | None = None, *, authorization: Path | None = None
+    ) -> None:
         self.data_dir = data_dir.absolute()
         self.port = port if port is not None else find_free_port()
+        # A file with the `authorization` block of the identities the server accepts
+        # (infra/auth.py), included by its configuration; None: no authentication.
+        self.authorization = authorization.absolute() if authorization is not None else None
         self._process = _Process("nats-server", signal.SIGTERM)
 
     @property
@@ -251,8 +256,24 @@ class EmbeddedNats:
             "jetstream {\n"
             f"  store_dir: {json.dumps(str(store))}\n"
             "}\n"
+            # nats-server reads an include's path relative to the configuration's folder.
+            + (
+                f"include {json.dumps(os.path.relpath(self.authorization, self.data_dir))}\n"
+                if self.authorization
+                else ""
+            )
         )
         return [str(nats_server_binary()), "-c", str(self.config_path)]
+
+    def reload(self) -> None:
+        """Have the running server read its configuration again (the identities among
+        it): a removed identity's connections are closed at once."""
+        pid = self._process.pid or (
+            int(self.pid_file.read_text()) if self.pid_file.exists() else None
+        )
+        if pid is None:
+            raise RuntimeError("nats-server is not running")
+        os.kill(pid, signal.SIGHUP)
 
     def ready(self) -> bool:
         """Tell whether the server accepts clients with JetStream enabled.

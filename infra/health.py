@@ -45,13 +45,18 @@ class HealthProbe:
         self.subjects = subjects
 
     @classmethod
-    async def connect(cls, nats_url: str, prefix: str) -> HealthProbe:
-        """Connect to a NATS server that already accepts clients (check that first: the
-        client tries a server that is down for minutes, whatever its options say)."""
+    async def connect(
+        cls, nats_url: str, prefix: str, user: str | None = None, password: str | None = None
+    ) -> HealthProbe:
+        """Connect (as `user`, on a broker that enforces identities) to a NATS server that
+        already accepts clients (check that first: the client tries a server that is down
+        for minutes, whatever its options say)."""
         nc = await asyncio.wait_for(
             nats.connect(
                 nats_url,
                 name="runwire-stack",
+                user=user,
+                password=password,
                 connect_timeout=CONNECT_TIMEOUT_S,
                 # A failed request already says the service did not answer; the client's
                 # default handler would log a traceback per reconnect attempt.

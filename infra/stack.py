@@ -34,7 +34,16 @@ import asyncpg
 import nats.errors
 from pydantic import ValidationError
 
-from runwire.contracts.subjects import DEFAULT_PREFIX
+from runwire.contracts.subjects import DEFAULT_PREFIX, DEFAULT_TENANT, Subjects
+from runwire.infra.auth import (
+    OPERATOR,
+    Identities,
+    render,
+    service_user,
+    tenant_settings,
+    write_env_file,
+    write_private,
+)
 from runwire.infra.embedded import EmbeddedNats, EmbeddedPostgres, find_free_port, port_is_free
 from runwire.infra.health import HealthProbe
 from runwire.infra.supervisor import Program, Supervisor, environment, venv_tool
@@ -92,7 +101,32 @@ class Layout:
 
     @property
     def env_file(self) -> Path:
+        """The default tenant's client settings (and where the stack is)."""
         return self.root / "env"
+
+    @property
+    def identities_file(self) -> Path:
+        """Every identity's secret (infra/auth.py); mode 0600, never committed."""
+        return self.root / "identities.json"
+
+    @property
+    def auth_file(self) -> Path:
+        """The nats-server `authorization` block, included by its configuration."""
+        return self.root / "nats-auth.conf"
+
+    @property
+    def tenants_dir(self) -> Path:
+        """A client settings file per tenant (`runwire tenant add`)."""
+        return self.root / "tenants"
+
+    @property
+    def operator_env_file(self) -> Path:
+        """The operator's client settings: admin commands, `runwire top`."""
+        return self.root / "operator.env"
+
+    def service_env_file(self, service: str) -> Path:
+        """What a service started by hand next to the stack needs (an extra executor)."""
+        return self.root / "services" / f"{service}.env"
 
     @property
     def ports_file(self) -> Path:
@@ -214,6 +248,7 @@ def _programs(
     pg: EmbeddedPostgres,
     database_url: str,
     settings: CommonSettings,
+    identities: Identities,
 ) -> list[Program]:
     """nats-server and Postgres first, then the four services wired to them."""
     nats_program = Program(
@@ -239,6 +274,7 @@ def _programs(
     for service in SERVICES:
         # One port each: on the shell's one port, all but the first would crash-loop.
         metrics = {"RUNWIRE_METRICS_PORT": str(ports.get(service, 0))}
+        identity = _service_identity(identities, service)
         programs.append(
             Program(
                 service,
@@ -246,7 +282,7 @@ def _programs(
                 layout.repo,
                 {
                     "priority": "100",
-                    "environment": environment({**wiring, **metrics}),
+                    "environment": environment({**wiring, **metrics, **identity}),
                     # Services wait for NATS and Postgres themselves; a few quick exits
                     # while the servers come up must not mark them FATAL.
                     "startretries": "10",
@@ -315,6 +351,13 @@ class _NotUp:
     timed_out: bool
 
 
+def _operator(layout: Layout) -> tuple[str | None, str | None]:
+    """The operator's identity, for the stack's own health requests."""
+    if not layout.identities_file.exists():
+        return None, None
+    return OPERATOR, Identities.load(layout.identities_file).passwords.get(OPERATOR)
+
+
 async def _unanswered(layout: Layout, nats_url: str, prefix: str, timeout: float) -> _NotUp | None:
     """Ask every service for its health until each has answered once (None), giving up
     at `timeout` or when supervisord stops restarting one of them."""
@@ -331,7 +374,7 @@ async def _unanswered(layout: Layout, nats_url: str, prefix: str, timeout: float
                     seen.update(dict.fromkeys(pending, f"NATS at {nats_url} does not answer"))
                 else:
                     try:
-                        probe = await HealthProbe.connect(nats_url, prefix)
+                        probe = await HealthProbe.connect(nats_url, prefix, *_operator(layout))
                     except (TimeoutError, OSError, nats.errors.Error) as exc:
                         seen.update(dict.fromkeys(pending, f"NATS refuses clients ({exc!r})"))
             if probe is not None:
@@ -377,11 +420,14 @@ def _summary(layout: Layout, env: dict[str, str]) -> None:
 runwire stack is up; every service answers.
   NATS       {env["RUNWIRE_NATS_URL"]}
   Postgres   {env["RUNWIRE_DATABASE_URL"]}
-{metrics}  env file   {layout.env_file}
+{metrics}  env file   {layout.env_file} (the default tenant's)
+  operator   {layout.operator_env_file} (admin commands: runwire --env FILE budget ...)
 
 Stream a run:
   set -a; . {layout.env_file}; set +a
   {runwire} submit --tokens "Hello" " world" --watch
+Add a tenant (its own NATS identity):
+  {runwire} tenant add acme
 
 Follow logs: make logs    Status: make status    Stop everything: make down
 """
@@ -428,18 +474,51 @@ def _metrics_ports_free(settings: CommonSettings) -> bool:
     return True
 
 
+def _service_identity(identities: Identities, service: str) -> dict[str, str]:
+    user = service_user(service)
+    return {"RUNWIRE_NATS_USER": user, "RUNWIRE_NATS_PASSWORD": identities.passwords[user]}
+
+
+def _identities(layout: Layout, settings: CommonSettings) -> Identities:
+    """The stack's identities (made on its first start), with the `default` tenant's,
+    and the server's `authorization` block written from them."""
+    path = layout.identities_file
+    identities = Identities.load(path) if path.exists() else Identities.generate()
+    identities.add_tenant(DEFAULT_TENANT)
+    identities.save(path)
+    write_private(layout.auth_file, render(identities, Subjects(settings.prefix)))
+    return identities
+
+
 def _write_env(
-    layout: Layout, nats_url: str, database_url: str, settings: CommonSettings
+    layout: Layout,
+    nats_url: str,
+    database_url: str,
+    settings: CommonSettings,
+    identities: Identities,
 ) -> dict[str, str]:
-    """Write `.runwire/env`: where the stack is, for the CLI and for scripts."""
-    env = {
+    """Write `.runwire/env` (where the stack is, and the default tenant's identity, for
+    the CLI and for scripts), the operator's settings and each service's."""
+    where = {
         "RUNWIRE_NATS_URL": nats_url,
         "RUNWIRE_DATABASE_URL": database_url,
         "RUNWIRE_PREFIX": settings.prefix,
     }
+    env = {**where, **tenant_settings(identities, DEFAULT_TENANT)}
     for service, port in metrics_ports(settings.metrics_port).items():
         env[f"{METRICS_URL}{service.upper()}"] = _metrics_url(settings.metrics_host, port)
-    layout.env_file.write_text("".join(f"{key}={value}\n" for key, value in env.items()))
+    write_env_file(layout.env_file, env)
+    operator = {
+        "RUNWIRE_NATS_USER": OPERATOR,
+        "RUNWIRE_NATS_PASSWORD": identities.passwords[OPERATOR],
+    }
+    write_env_file(
+        layout.operator_env_file, {**where, "RUNWIRE_TENANT": DEFAULT_TENANT, **operator}
+    )
+    for service in SERVICES:
+        write_env_file(
+            layout.service_env_file(service), {**where, **_service_identity(identities, service)}
+        )
     return env
 
 
@@ -458,7 +537,8 @@ def up(layout: Layout, start_timeout: float = START_TIMEOUT) -> int:
     for folder in (layout.root, layout.logs, layout.nats_dir):
         folder.mkdir(parents=True, exist_ok=True)
     ports = _load_ports(layout)
-    nats = EmbeddedNats(layout.nats_dir, ports.nats)
+    identities = _identities(layout, settings)
+    nats = EmbeddedNats(layout.nats_dir, ports.nats, authorization=layout.auth_file)
     pg = EmbeddedPostgres(layout.pg_dir, ports.postgres)
     if not (layout.pg_dir / "PG_VERSION").exists():
         _say(f"Creating the Postgres cluster in {layout.pg_dir} ...")
@@ -468,9 +548,9 @@ def up(layout: Layout, start_timeout: float = START_TIMEOUT) -> int:
         logs=layout.logs,
         pid_file=layout.supervisord_pid_file,
         directory=layout.repo,
-        programs=_programs(layout, nats, pg, database_url, settings),
+        programs=_programs(layout, nats, pg, database_url, settings, identities),
     )
-    env = _write_env(layout, nats.url, database_url, settings)
+    env = _write_env(layout, nats.url, database_url, settings, identities)
 
     _say("Starting supervisord ...")
     started = layout.supervisor.start()

@@ -75,6 +75,7 @@ directory={directory}
             header += "user=root\n"
         sections = [header, *(_section(program, logs) for program in programs)]
         self.conf.write_text("\n".join(sections))
+        os.chmod(self.conf, 0o600)  # the services' identities are in their environment
 
     def start(self) -> subprocess.CompletedProcess[str]:
         """Start supervisord, which daemonizes once its programs are launched."""

@@ -22,6 +22,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from runwire.client import Client
+
 ROOT = Path(__file__).resolve().parent.parent
 # Longer than `up` itself may wait (for the servers, then for the services).
 COMMAND_TIMEOUT_S = 150.0
@@ -50,13 +52,24 @@ class LocalStack:
     def root(self) -> Path:
         return self.folder / ".runwire"
 
-    def env(self) -> dict[str, str]:
-        """What `up` wrote to `.runwire/env`."""
+    def env(self, name: str = "env") -> dict[str, str]:
+        """What `up` wrote to `.runwire/env` (or another of its settings files)."""
         values: dict[str, str] = {}
-        for line in (self.root / "env").read_text().splitlines():
+        for line in (self.root / name).read_text().splitlines():
             key, _, value = line.partition("=")
             values[key] = value
         return values
+
+
+async def client_of(env: dict[str, str]) -> Client:
+    """A client as the identity of settings `env` (a stack's `.runwire/env`, say)."""
+    return await Client.connect(
+        env["RUNWIRE_NATS_URL"],
+        prefix=env["RUNWIRE_PREFIX"],
+        tenant=env.get("RUNWIRE_TENANT", "default"),
+        user=env.get("RUNWIRE_NATS_USER"),
+        password=env.get("RUNWIRE_NATS_PASSWORD"),
+    )
 
 
 def clean_shell(**settings: str) -> dict[str, str]:

@@ -7,13 +7,16 @@ that `make up` writes.
 import argparse
 import asyncio
 import json
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from runwire.client.sdk import Client, ClientError, Transcript
-from runwire.client.settings import load_settings
+from runwire.client.settings import ENV_FILE_VARIABLE, find_env_file, load_settings
 from runwire.client.top import run_top
 from runwire.contracts.frames import Frame, FrameType
+from runwire.infra.auth import IDENTITIES_FILE, Identities, add_tenant, remove_tenant
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -23,6 +26,12 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="runwire", description="Submit and follow runwire runs.")
     parser.add_argument("--nats-url", help="NATS URL (default: RUNWIRE_NATS_URL or .runwire/env)")
     parser.add_argument("--tenant", help="tenant (default: RUNWIRE_TENANT or 'default')")
+    parser.add_argument(
+        "--env",
+        metavar="FILE",
+        help="settings file to use instead of the nearest .runwire/env (a tenant's, from "
+        "`runwire tenant add`, or .runwire/operator.env for admin commands)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     submit = sub.add_parser("submit", help="submit a run of the scripted runner")
@@ -63,6 +72,15 @@ def _parser() -> argparse.ArgumentParser:
     policy.add_argument(
         "--effects",
         help="the effect kinds the tenant's runs may perform, comma-separated, or 'any'",
+    )
+
+    tenant = sub.add_parser(
+        "tenant", help="add or remove a tenant of the local stack (its identity on NATS)"
+    )
+    tenant.add_argument("action", choices=("add", "remove", "list"))
+    tenant.add_argument("name", nargs="?", help="the tenant (for add and remove)")
+    tenant.add_argument(
+        "--root", type=Path, help="the stack's folder (default: the nearest .runwire/)"
     )
 
     top = sub.add_parser("top", help="live view: queue, executors, throughput, recent runs")
@@ -118,8 +136,11 @@ async def _main(args: argparse.Namespace) -> int:
     settings = load_settings()
     url = args.nats_url or settings.nats_url
     tenant = args.tenant or settings.tenant
+    password = settings.nats_password.get_secret_value() if settings.nats_password else None
     try:
-        client = await Client.connect(url, tenant=tenant, prefix=settings.prefix)
+        client = await Client.connect(
+            url, tenant=tenant, prefix=settings.prefix, user=settings.nats_user, password=password
+        )
     except (OSError, TimeoutError) as exc:
         print(
             f"runwire: cannot reach NATS at {url}: {exc} (is the stack up? `make up`)",
@@ -182,17 +203,51 @@ async def _main(args: argparse.Namespace) -> int:
     return EXIT_USAGE
 
 
+def _tenant(args: argparse.Namespace) -> int:
+    """`runwire tenant add|remove|list`: no connection needed, only the stack's folder."""
+    found = find_env_file()
+    root = args.root or (found.parent if found is not None else None)
+    if root is None:
+        print("runwire: no local stack found (no .runwire/ here; `make up`)", file=sys.stderr)
+        return EXIT_FAILED
+    if args.action == "list":
+        for name in Identities.load(root / IDENTITIES_FILE).tenants:
+            print(name)
+        return 0
+    if not args.name:
+        print(f"runwire: tenant {args.action} needs the tenant's name", file=sys.stderr)
+        return EXIT_USAGE
+    if args.action == "add":
+        env_file, told = add_tenant(root, args.name)
+        print(f"tenant {args.name}: its client settings are in {env_file}")
+        print(f"  runwire --env {env_file} submit --tokens hi --watch")
+    else:
+        had, told = remove_tenant(root, args.name)
+        if not had:
+            print(f"runwire: no tenant {args.name!r}", file=sys.stderr)
+            return EXIT_FAILED
+        print(f"tenant {args.name} removed; its connections are closed")
+    if not told:
+        print("(nats-server is not running: it takes the change when it starts)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `runwire` command."""
     args = _parser().parse_args(argv)
+    if args.env is not None:
+        os.environ[ENV_FILE_VARIABLE] = str(args.env)
     try:
-        code = asyncio.run(_main(args))
+        code = _tenant(args) if args.command == "tenant" else asyncio.run(_main(args))
     except ClientError as exc:
         print(f"runwire: {exc.code}: {exc.message}", file=sys.stderr)
         code = EXIT_FAILED
     except ValueError as exc:
         print(f"runwire: {exc}", file=sys.stderr)
         code = EXIT_USAGE
+    except FileNotFoundError as exc:
+        print(f"runwire: {exc}", file=sys.stderr)
+        code = EXIT_FAILED
     except KeyboardInterrupt:
         code = 130
     raise SystemExit(code)

@@ -8,6 +8,7 @@ subscription is lost.
 import asyncio
 import contextlib
 import logging
+import re
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,7 +17,8 @@ import nats
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NatsClient
-from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from opentelemetry import propagate
 from pydantic import BaseModel, ValidationError
 
@@ -63,13 +65,63 @@ REJOIN_DELAY_S = 0.2
 JOIN_FIRST_TIMEOUT_S = 2.0
 # With no frame for this long, the client re-joins to check the run is still alive.
 LIVE_IDLE_S = 5.0
+# A live-frames consumer the client no longer reads is removed by the server after this.
+FOLLOW_INACTIVE_S = 10.0
 # Frames held back waiting for an earlier one before the client joins again.
 EARLY_LIMIT = 256
 
 
-async def _connection_error(exc: Exception) -> None:
-    # nats-py prints a traceback for every failed attempt by default; one line will do.
-    log.debug("NATS connection error: %s", exc)
+# How the broker says no (nats-server's -ERR line): the operation and its subject.
+_VIOLATION = re.compile(r"permissions violation for (publish|subscription) to \"?([^\"']+)", re.I)
+
+
+def inbox_prefix(tenant: str) -> str:
+    """A tenant's inbox prefix: on a broker that enforces identities, its replies arrive
+    only there (see runwire.infra.auth)."""
+    return f"_INBOX_{tenant}"
+
+
+class _Refusals:
+    """The broker's refusals on one connection, as they arrive (asynchronously: a publish
+    it refuses is dropped, and the connection hears why a moment later)."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, list[asyncio.Future[str]]] = {}
+        # Set when the broker refused the connection's credentials.
+        self.credentials_refused = asyncio.Event()
+
+    async def on_error(self, exc: Exception) -> None:
+        if "authorization violation" in str(exc).lower():
+            self.credentials_refused.set()
+            return
+        found = _VIOLATION.search(str(exc))
+        if found is None:
+            # nats-py prints a traceback for every failed attempt by default; one line.
+            log.debug("NATS connection error: %s", exc)
+            return
+        subject = found.group(2).strip()
+        for future in self._waiting.pop(subject, []):
+            if not future.done():
+                future.set_result(
+                    f"the broker refused to let this identity {found.group(1)} to {subject}"
+                )
+
+    def watch(self, subject: str) -> "asyncio.Future[str]":
+        """A future set when the broker refuses an operation on `subject`."""
+        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(subject, []).append(future)
+        return future
+
+    def forget(self, subject: str, future: "asyncio.Future[str]") -> None:
+        waiting = self._waiting.get(subject, [])
+        if future in waiting:
+            waiting.remove(future)
+        if not waiting:
+            self._waiting.pop(subject, None)
+
+
+def _unauthorized(message: str) -> "ClientError":
+    return ClientError(ErrorBody(code=ErrorCode.UNAUTHORIZED, message=message, retryable=False))
 
 
 class ClientError(Exception):
@@ -85,9 +137,12 @@ class ClientError(Exception):
 class Client:
     """A connection to runwire for one tenant."""
 
-    def __init__(self, nc: NatsClient, *, tenant: str, prefix: str) -> None:
+    def __init__(
+        self, nc: NatsClient, *, tenant: str, prefix: str, refusals: _Refusals | None = None
+    ) -> None:
         self.nc = nc
         self.tenant = tenant
+        self._refusals = refusals or _Refusals()
         self.subjects = Subjects(prefix)
 
     @classmethod
@@ -97,29 +152,55 @@ class Client:
         *,
         tenant: str | None = None,
         prefix: str | None = None,
+        user: str | None = None,
+        password: str | None = None,
         connect_timeout: float = CONNECT_TIMEOUT_S,
     ) -> "Client":
         """Connect to NATS; after the first connection, reconnect for as long as it takes.
 
-        What is not given is found the way the CLI finds it: `RUNWIRE_NATS_URL`,
-        `RUNWIRE_TENANT` and `RUNWIRE_PREFIX`, then the nearest `.runwire/env` (which
-        `make up` writes), then the defaults.
+        Unless `url`, `tenant` and `prefix` are all given, what is not given is found the
+        way the CLI finds it: `RUNWIRE_NATS_URL`, `RUNWIRE_TENANT`, `RUNWIRE_PREFIX`,
+        `RUNWIRE_NATS_USER` and `RUNWIRE_NATS_PASSWORD` (on a broker that enforces
+        identities: the tenant's, which `runwire tenant add` writes), then the nearest
+        `.runwire/env` (which `make up` writes), then the defaults. Refused credentials
+        raise ClientError(UNAUTHORIZED).
         """
         if url is None or tenant is None or prefix is None:
             found = load_settings()
             url = found.nats_url if url is None else url
             tenant = found.tenant if tenant is None else tenant
             prefix = found.prefix if prefix is None else prefix
-        try:
-            nc = await asyncio.wait_for(
-                nats.connect(
-                    url,
-                    name="runwire-client",
-                    max_reconnect_attempts=-1,
-                    error_cb=_connection_error,
-                ),
-                connect_timeout,
+            if user is None and found.nats_user is not None:
+                user = found.nats_user
+                if password is None and found.nats_password is not None:
+                    password = found.nats_password.get_secret_value()
+        refusals = _Refusals()
+        connecting = asyncio.ensure_future(
+            nats.connect(
+                url,
+                name="runwire-client",
+                max_reconnect_attempts=-1,
+                error_cb=refusals.on_error,
+                inbox_prefix=inbox_prefix(tenant),
+                user=user,
+                password=password,
             )
+        )
+        refused = asyncio.ensure_future(refusals.credentials_refused.wait())
+        try:
+            await asyncio.wait(
+                [connecting, refused], timeout=connect_timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            if not connecting.done():
+                connecting.cancel()
+                if refused.done():
+                    raise _unauthorized(
+                        f"NATS at {url} refused the identity {user or '(none)'}: give the "
+                        "tenant's settings (RUNWIRE_NATS_USER, RUNWIRE_NATS_PASSWORD; "
+                        "`runwire tenant add` writes them)"
+                    )
+                raise TimeoutError(f"no connection within {connect_timeout}s")
+            nc = connecting.result()
         except (TimeoutError, OSError, nats.errors.Error) as exc:
             raise ClientError(
                 ErrorBody(
@@ -128,7 +209,9 @@ class Client:
                     retryable=True,
                 )
             ) from exc
-        return cls(nc, tenant=tenant, prefix=prefix)
+        finally:
+            refused.cancel()
+        return cls(nc, tenant=tenant, prefix=prefix, refusals=refusals)
 
     async def health(self, service: str, *, wait: float = HEALTH_WAIT_S) -> list[HealthReply]:
         """The health of every replica of `service` (submitter, executor, relay,
@@ -167,13 +250,22 @@ class Client:
         # The caller's trace context, when it traces: a submitted run joins its trace.
         headers: dict[str, str] = {}
         propagate.inject(headers)
-        try:
-            msg = await self.nc.request(
+        refused = self._refusals.watch(subject)
+        request: asyncio.Future[Msg] = asyncio.ensure_future(
+            self.nc.request(
                 subject,
                 body.model_dump_json(exclude_unset=True).encode(),
                 headers=headers or None,
                 timeout=timeout,
             )
+        )
+        try:
+            waiting: list[asyncio.Future[Any]] = [request, refused]
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            if refused.done() and not request.done():
+                request.cancel()
+                raise _unauthorized(refused.result())
+            msg = await request
         except nats.errors.NoRespondersError as exc:
             raise ClientError(
                 ErrorBody(
@@ -190,6 +282,8 @@ class Client:
                     retryable=True,
                 )
             ) from exc
+        finally:
+            self._refusals.forget(subject, refused)
         try:
             # Frames in a reply come from the relay, which only stores frames whose data
             # was checked when they were made: their data is not checked again.
@@ -337,19 +431,38 @@ class Client:
         return follow()
 
     async def _follow(self, subject: str, stream: str, start: int) -> AsyncIterator[Frame]:
-        """Live frames from a stream position, until the subscription goes quiet or fails."""
+        """Live frames from a stream position, until the subscription goes quiet or fails.
+
+        Through a consumer of its own, filtered to the run's subject and created with the
+        filtered form of the API (`$JS.API.CONSUMER.CREATE.<stream>.<name>.<subject>`): a
+        broker that enforces identities lets a tenant create only consumers filtered to
+        its own runs. Unacknowledged, in memory, and removed by the server once unused."""
         js = self.nc.jetstream()
+        inbox = self.nc.new_inbox()
         try:
-            sub = await js.subscribe(
-                subject,
-                stream=stream,
-                ordered_consumer=True,
-                config=ConsumerConfig(
-                    deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start
+            sub = await self.nc.subscribe(inbox)
+        except nats.errors.Error as exc:
+            log.info("live subscription failed (%s); joining again", exc)
+            return
+        try:
+            await js.add_consumer(
+                stream,
+                ConsumerConfig(
+                    name=f"follow-{uuid.uuid4().hex}",
+                    filter_subject=subject,
+                    deliver_subject=inbox,
+                    deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                    opt_start_seq=start,
+                    ack_policy=AckPolicy.NONE,
+                    inactive_threshold=FOLLOW_INACTIVE_S,
+                    mem_storage=True,
+                    num_replicas=1,
                 ),
             )
         except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
             log.info("live subscription failed (%s); joining again", exc)
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
             return
         try:
             while True:

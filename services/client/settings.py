@@ -1,12 +1,16 @@
 """Where the client finds the stack: flags, `RUNWIRE_*` variables, or `.runwire/env`."""
 
+import os
 from pathlib import Path
 
+from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runwire.contracts.subjects import DEFAULT_PREFIX, DEFAULT_TENANT
 
 ENV_FILE = Path(".runwire") / "env"
+# Names the settings file to read instead of the nearest `.runwire/env` (`runwire --env`).
+ENV_FILE_VARIABLE = "RUNWIRE_ENV_FILE"
 
 
 def find_env_file(start: Path | None = None) -> Path | None:
@@ -27,9 +31,17 @@ class ClientSettings(BaseSettings):
     nats_url: str = "nats://127.0.0.1:4222"
     prefix: str = DEFAULT_PREFIX
     tenant: str = DEFAULT_TENANT
+    # The tenant's NATS identity, on a broker that enforces identities.
+    nats_user: str | None = None
+    nats_password: SecretStr | None = None
 
 
 def load_settings() -> ClientSettings:
+    given = os.environ.get(ENV_FILE_VARIABLE)
+    if given:
+        if not Path(given).is_file():
+            raise FileNotFoundError(f"no settings file {given}")
+        return ClientSettings(_env_file=given)
     env_file = find_env_file()
     if env_file is None:
         return ClientSettings()

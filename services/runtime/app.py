@@ -184,7 +184,13 @@ class Service(Generic[S]):
                 settings.database_url, pool_size=settings.db_pool_size
             )
             self._broker = await Broker.connect(
-                settings.nats_url, self.subjects, name=f"runwire-{self.name}"
+                settings.nats_url,
+                self.subjects,
+                name=f"runwire-{self.name}",
+                user=settings.nats_user,
+                password=(
+                    settings.nats_password.get_secret_value() if settings.nats_password else None
+                ),
             )
             await self._broker.ensure_streams(StreamLimits.of(settings))
         except BaseException:

@@ -133,11 +133,23 @@ class Broker:
 
     @classmethod
     async def connect(
-        cls, url: str, subjects: Subjects, *, name: str, timeout: float = CONNECT_TIMEOUT_S
+        cls,
+        url: str,
+        subjects: Subjects,
+        *,
+        name: str,
+        timeout: float = CONNECT_TIMEOUT_S,
+        user: str | None = None,
+        password: str | None = None,
     ) -> "Broker":
-        """Connect, retrying with backoff until `timeout`; then reconnect forever."""
+        """Connect (as `user`, on a broker that enforces identities), retrying with
+        backoff until `timeout`; then reconnect forever. Refused credentials fail at once."""
+
+        refused = asyncio.Event()
 
         async def on_error(exc: Exception) -> None:
+            if "authorization violation" in str(exc).lower():
+                refused.set()
             log.warning("NATS connection error: %s", exc)
 
         async def on_disconnect() -> None:
@@ -153,16 +165,30 @@ class Broker:
         delay = 0.1
         while True:
             try:
-                nc = await nats.connect(
-                    url,
-                    name=name,
-                    max_reconnect_attempts=-1,
-                    reconnect_time_wait=0.5,
-                    connect_timeout=2,
-                    error_cb=on_error,
-                    disconnected_cb=on_disconnect,
-                    reconnected_cb=on_reconnect,
+                connecting = asyncio.ensure_future(
+                    nats.connect(
+                        url,
+                        name=name,
+                        max_reconnect_attempts=-1,
+                        reconnect_time_wait=0.5,
+                        connect_timeout=2,
+                        error_cb=on_error,
+                        disconnected_cb=on_disconnect,
+                        reconnected_cb=on_reconnect,
+                        user=user,
+                        password=password,
+                    )
                 )
+                gate = asyncio.ensure_future(refused.wait())
+                await asyncio.wait([connecting, gate], return_when=asyncio.FIRST_COMPLETED)
+                gate.cancel()
+                if not connecting.done():
+                    connecting.cancel()
+                    raise Unavailable(
+                        f"NATS at {url} refused the identity {user or '(none)'}: set "
+                        "RUNWIRE_NATS_USER and RUNWIRE_NATS_PASSWORD to this service's"
+                    )
+                nc = connecting.result()
                 broker = cls(nc, subjects)
                 broker._state = state
                 await broker._listen_for_acks()

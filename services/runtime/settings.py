@@ -6,7 +6,7 @@ Defaults are named constants so the README and the tests can quote them.
 from datetime import timedelta
 from typing import Literal, Self
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runwire.contracts.subjects import DEFAULT_PREFIX, PREFIX_PATTERN
@@ -53,6 +53,10 @@ class CommonSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RUNWIRE_", extra="ignore")
 
     nats_url: str = DEFAULT_NATS_URL
+    # The service's NATS identity (a broker that enforces identities, see infra/auth.py);
+    # none for a broker without authentication.
+    nats_user: str | None = None
+    nats_password: SecretStr | None = None
     database_url: str = DEFAULT_DATABASE_URL
     prefix: str = Field(default=DEFAULT_PREFIX, pattern=PREFIX_PATTERN.pattern)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

@@ -18,6 +18,7 @@ from runwire.client import Client, ClientError, Transcript
 from runwire.contracts.errors import ErrorCode
 from runwire.contracts.frames import Frame
 from runwire.executor.main import serve as serve_executor
+from runwire.infra.auth import OPERATOR, Identities, service_user, tenant_user
 from runwire.recovery.main import serve as serve_recovery
 from runwire.relay.main import serve as serve_relay
 from runwire.runtime.settings import (
@@ -68,13 +69,19 @@ class InProcessStack:
     # tools handed to the executors.
     runners: dict[str, Any] = field(default_factory=dict)
     tools: dict[str, Any] = field(default_factory=dict)
+    # On a broker that enforces identities: each service connects as its own, the client
+    # as the `default` tenant's (else the operator's).
+    identities: Identities | None = None
     client: Client = field(init=False)
     store: Store = field(init=False)
     _services: dict[str, tuple[asyncio.Task[None], asyncio.Event]] = field(
         default_factory=dict, init=False
     )
 
-    def settings(self, cls: type[Any], **extra: Any) -> Any:
+    def settings(self, cls: type[Any], service: str | None = None, **extra: Any) -> Any:
+        if self.identities is not None and service is not None:
+            user = service_user(service)
+            extra = {"nats_user": user, "nats_password": self.identities.passwords[user], **extra}
         values = {
             **FAST,
             **self.overrides,
@@ -100,15 +107,26 @@ class InProcessStack:
         self._start(
             "submitter",
             functools.partial(serve_submitter, runners=self.runners),
-            self.settings(SubmitterSettings),
+            self.settings(SubmitterSettings, "submitter"),
         )
-        self._start("relay", serve_relay, self.settings(RelaySettings))
-        self._start("recovery", serve_recovery, self.settings(RecoverySettings))
+        self._start("relay", serve_relay, self.settings(RelaySettings, "relay"))
+        self._start("recovery", serve_recovery, self.settings(RecoverySettings, "recovery"))
         for i in range(executors):
             self.start_executor(f"executor-{i}")
-        self.client = await Client.connect(self.nats_url, prefix=self.prefix)
+        user, password = self._client_identity()
+        self.client = await Client.connect(
+            self.nats_url, prefix=self.prefix, tenant="default", user=user, password=password
+        )
         await wait_ready(self.client)
         return self
+
+    def _client_identity(self) -> tuple[str | None, str | None]:
+        if self.identities is None:
+            return None, None
+        for user in (tenant_user("default"), OPERATOR):
+            if user in self.identities.passwords:
+                return user, self.identities.passwords[user]
+        return None, None
 
     async def __aenter__(self) -> InProcessStack:
         return await self.start(executors=self.executors)
@@ -117,10 +135,10 @@ class InProcessStack:
         await self.close()
 
     def start_recovery(self, name: str) -> None:
-        self._start(name, serve_recovery, self.settings(RecoverySettings))
+        self._start(name, serve_recovery, self.settings(RecoverySettings, "recovery"))
 
     def start_relay(self, name: str) -> None:
-        self._start(name, serve_relay, self.settings(RelaySettings))
+        self._start(name, serve_relay, self.settings(RelaySettings, "relay"))
 
     def start_executor(
         self, name: str = "executor-0", runners: dict[str, Any] | None = None, **extra: Any
@@ -133,7 +151,7 @@ class InProcessStack:
                 runners=self.runners if runners is None else runners,
                 tools=self.tools,
             ),
-            self.settings(ExecutorSettings, executor_id=name, **extra),
+            self.settings(ExecutorSettings, "executor", executor_id=name, **extra),
         )
 
     async def stop_service(self, name: str, timeout: float = 15.0) -> None:

@@ -24,7 +24,14 @@ async def test_the_openai_runner_reserves_and_settles_each_model_call(
 ) -> None:
     async with OpenAIServer() as server:
         runner = make_runner(OpenAISettings(base_url=server.base_url, api_key="sk-test"))
-        stack = InProcessStack(infra.nats_url, db_url, prefix, runners={"openai": runner})
+        # One attempt each, however busy the machine: a lease that outlives a slow tick.
+        stack = InProcessStack(
+            infra.nats_url,
+            db_url,
+            prefix,
+            runners={"openai": runner},
+            overrides={"lease_ttl_ms": 20_000},
+        )
         async with stack:
             await stack.client.set_budget(tokens=10_000)
             server.queue(Stream(text_answer("Hi", " there", prompt_tokens=7)))

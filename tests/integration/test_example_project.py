@@ -20,10 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from runwire import Client
 from runwire.testing.servers import Servers
 from runwire.testing.waiting import eventually
-from tests.local_stack import local_stack
+from tests.local_stack import client_of, local_stack
 
 pytestmark = pytest.mark.integration
 
@@ -137,7 +136,7 @@ def test_the_example_projects_suite_passes_with_runwires_plugin(
 
 async def _serves(env: dict[str, str], runner: str) -> bool:
     """Whether an executor of the stack says it serves `runner` (it takes its jobs)."""
-    client = await Client.connect(env["RUNWIRE_NATS_URL"], prefix=env["RUNWIRE_PREFIX"])
+    client = await client_of(env)
     try:
         return any(runner in reply.runners for reply in await client.health("executor"))
     finally:
@@ -176,7 +175,10 @@ async def test_the_example_runner_runs_through_the_local_stack_beside_an_executo
         assert stack.returncode == 0, stack.output
         # An executor from the project's virtualenv, wired to the stack `make up` started;
         # the stack's own executor (this repository's virtualenv) lacks the runner.
-        env = _clean_env(**stack.env(), RUNWIRE_EXECUTOR_ID="project-executor")
+        # As the executors' identity: the broker lets no other one take jobs.
+        env = _clean_env(
+            **stack.env("services/executor.env"), RUNWIRE_EXECUTOR_ID="project-executor"
+        )
         log = (tmp_path / "project-executor.log").open("wb")
         executor = await asyncio.create_subprocess_exec(
             str(venv / "bin" / "runwire-executor"), env=env, stdout=log, stderr=log

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from runwire.client import Client, ClientError
+from runwire.client import ClientError
 from runwire.contracts.errors import ErrorCode
 from runwire.contracts.health import HealthReply
 from runwire.contracts.status import RunStatus
 from runwire.contracts.subjects import Subjects
-from tests.local_stack import ROOT, local_stack
-from tests.services import collect
+from tests.local_stack import ROOT, LocalStack, client_of, local_stack
+from tests.services import collect, eventually
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +30,7 @@ async def test_a_run_submitted_right_after_up_finishes(tmp_path: Path) -> None:
         assert stack.returncode == 0, stack.output
         env = stack.env()
         # Straight away, once each, no retry: what a script does after `make up`.
-        client = await Client.connect(env["RUNWIRE_NATS_URL"], prefix=env["RUNWIRE_PREFIX"])
+        client = await client_of(env)
         subjects = Subjects(env["RUNWIRE_PREFIX"])
         try:
             reply = await client.submit({"tokens": ["right", " after", " up"]})
@@ -86,6 +86,71 @@ async def test_a_run_submitted_right_after_up_finishes(tmp_path: Path) -> None:
         out, err = await asyncio.wait_for(example.communicate(), 60)
         assert example.returncode == 0, err.decode()
         assert out.decode().strip() == "'Hello world' finished"
+
+
+async def _cli(stack: LocalStack, *args: str) -> tuple[int, str, str]:
+    """`runwire ARGS` as typed in the folder `make up` ran in."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "runwire.client.cli",
+        *args,
+        cwd=stack.folder,
+        env={**stack.shell, "PYTHONPATH": str(ROOT)},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_tenants_are_identities_the_broker_enforces(tmp_path: Path) -> None:
+    async with local_stack(tmp_path) as stack:
+        assert stack.returncode == 0, stack.output
+        secrets = [stack.env()["RUNWIRE_NATS_PASSWORD"]]
+        code, out, err = await _cli(stack, "tenant", "add", "acme")
+        assert code == 0, err
+        acme_env = stack.root / "tenants" / "acme.env"
+        acme = stack.env("tenants/acme.env")
+        secrets.append(acme["RUNWIRE_NATS_PASSWORD"])
+        assert (acme["RUNWIRE_TENANT"], acme["RUNWIRE_NATS_USER"]) == ("acme", "tenant-acme")
+        assert acme_env.stat().st_mode & 0o077 == 0  # private
+        code, out, err = await _cli(
+            stack, "--env", str(acme_env), "submit", "--tokens", "hi", "--watch"
+        )
+        assert code == 0, err
+        assert out.splitlines()[1] == "hi"
+        # No identity at all: refused by the broker.
+        identity = ("RUNWIRE_NATS_USER", "RUNWIRE_NATS_PASSWORD")
+        bare = {k: v for k, v in stack.env().items() if k not in identity}
+        anonymous = tmp_path / "anonymous.env"
+        anonymous.write_text("".join(f"{k}={v}\n" for k, v in bare.items()))
+        code, _, err = await _cli(stack, "--env", str(anonymous), "get", "x")
+        assert code == 1
+        assert "UNAUTHORIZED" in err
+        # Admin commands need the operator's identity.
+        code, _, err = await _cli(stack, "budget", "--tokens", "5")
+        assert (code, "UNAUTHORIZED" in err) == (1, True), err
+        code, out, err = await _cli(
+            stack, "--env", str(stack.root / "operator.env"), "budget", "--tokens", "5"
+        )
+        assert code == 0, err
+        # A removed tenant is cut off, its open connection too.
+        held = await client_of(acme)
+        code, out, err = await _cli(stack, "tenant", "remove", "acme")
+        assert code == 0, err
+        await eventually(lambda: not held.nc.is_connected, timeout=10)
+        await held.close()
+        assert not acme_env.exists()
+        (tmp_path / "gone.env").write_text("".join(f"{k}={v}\n" for k, v in acme.items()))
+        code, _, err = await _cli(stack, "--env", str(tmp_path / "gone.env"), "get", "x")
+        assert (code, "UNAUTHORIZED" in err) == (1, True), err
+        code, out, _ = await _cli(stack, "tenant", "list")
+        assert out.split() == ["default"]
+        # No secret reached a log.
+        logs = "".join(p.read_text(errors="replace") for p in (stack.root / "logs").glob("*"))
+        assert not any(secret in logs for secret in secrets)
 
 
 def _readme_block(section: str) -> str:

@@ -15,7 +15,7 @@ from runwire.client import Client
 from runwire.contracts.status import RunStatus
 from runwire.infra.embedded import find_free_port, port_is_free
 from runwire.testing.waiting import eventually
-from tests.local_stack import local_stack
+from tests.local_stack import client_of, local_stack
 from tests.services import MODULES, ProcessStack, collect
 
 pytestmark = pytest.mark.integration
@@ -171,9 +171,7 @@ async def test_make_up_gives_each_service_its_own_metrics_port(tmp_path: Path) -
             name: f"http://127.0.0.1:{first + i}/metrics"
             for i, name in enumerate(("submitter", "executor", "relay", "recovery"))
         }
-        async with await Client.connect(
-            env["RUNWIRE_NATS_URL"], prefix=env["RUNWIRE_PREFIX"]
-        ) as client:
+        async with await client_of(env) as client:
             run_id = (await client.submit({"tokens": ["a", "b"]})).run.run_id
             _, transcript = await collect(client, run_id)
         assert transcript.text == "ab"

@@ -1,0 +1,262 @@
+"""Identities the broker enforces: one NATS user per service and per tenant, each allowed
+exactly the subjects it needs, written as a nats-server `authorization` block.
+
+- **Services** (`svc-submitter`, `svc-executor`, `svc-relay`, `svc-recovery`): each
+  subscribes only to the commands, notices and health requests it answers and publishes
+  only what it sends (only executors and the outbox publish raw frames, only relays
+  publish client frames, only the submitter sends cancel notices, only the outbox and
+  recovery publish jobs and run events); each answers requests through
+  `allow_responses`. They manage the streams and consumers (`$JS.API.>`).
+- **Tenants** (`tenant-<name>`): request their own commands (`<prefix>.<tenant>.cmd.>`,
+  but not `set_budget`, `set_policy` or `resolve_effect`: an operator's), receive
+  replies only on their own inbox prefix (`_INBOX_<tenant>.>`), and read only their own
+  runs' frames and events: core subscriptions under `<prefix>.<tenant>.runs.>` and
+  `.events.>`, and JetStream consumers whose filter is under them (the filtered form of
+  the consumer-create API, `$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`). Nothing
+  else: no stream management, no jobs, no control subjects, no other tenant's subjects.
+- **The operator** (`operator`): every tenant's commands, the admin ones among them.
+
+Secrets are made here (`secrets.token_urlsafe`), kept in `.runwire/identities.json`
+(mode 0600, never committed), and never logged.
+"""
+
+import json
+import os
+import secrets
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runwire.contracts.subjects import COMMANDS, TENANT_PATTERN, Subjects
+
+SERVICES = ("submitter", "executor", "relay", "recovery")
+# Commands only an operator may send, whatever the tenant.
+ADMIN_COMMANDS = ("set_budget", "set_policy", "resolve_effect")
+OPERATOR = "operator"
+
+
+def service_user(service: str) -> str:
+    return f"svc-{service}"
+
+
+def tenant_user(tenant: str) -> str:
+    return f"tenant-{tenant}"
+
+
+def inbox_prefix(tenant: str) -> str:
+    """The inbox prefix a tenant's connection must use: its replies arrive only there."""
+    return f"_INBOX_{tenant}"
+
+
+@dataclass
+class Identities:
+    """Every identity's password, by user name."""
+
+    passwords: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def generate(cls) -> "Identities":
+        """A password for each service and for the operator."""
+        names = [service_user(s) for s in SERVICES] + [OPERATOR]
+        return cls({name: secrets.token_urlsafe(32) for name in names})
+
+    @classmethod
+    def load(cls, path: Path) -> "Identities":
+        return cls(dict(json.loads(path.read_text())["passwords"]))
+
+    def save(self, path: Path) -> None:
+        """Write, readable by this user only."""
+        write_private(path, json.dumps({"passwords": self.passwords}, indent=2))
+
+    @property
+    def tenants(self) -> list[str]:
+        return sorted(n.removeprefix("tenant-") for n in self.passwords if n.startswith("tenant-"))
+
+    def add_tenant(self, tenant: str) -> str:
+        """Create the tenant's identity (or return the one it has); its password."""
+        if not TENANT_PATTERN.match(tenant):
+            raise ValueError(f"invalid tenant name {tenant!r}: 1-64 letters, digits, '-' or '_'")
+        return self.passwords.setdefault(tenant_user(tenant), secrets.token_urlsafe(32))
+
+    def remove_tenant(self, tenant: str) -> bool:
+        """Forget the tenant's identity; whether it had one."""
+        return self.passwords.pop(tenant_user(tenant), None) is not None
+
+
+def tenant_settings(identities: Identities, tenant: str) -> dict[str, str]:
+    """A tenant's client settings (beside where the stack is)."""
+    user = tenant_user(tenant)
+    return {
+        "RUNWIRE_TENANT": tenant,
+        "RUNWIRE_NATS_USER": user,
+        "RUNWIRE_NATS_PASSWORD": identities.passwords[user],
+    }
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write `text` to `path`, readable by this user only (it holds secrets)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    tmp.replace(path)
+
+
+def write_env_file(path: Path, values: dict[str, str]) -> None:
+    """A settings file (`KEY=value` lines) that the CLI, the SDK and `set -a; . FILE`
+    read; private, as it may hold a secret."""
+    write_private(path, "".join(f"{key}={value}\n" for key, value in values.items()))
+
+
+def reload_server(pid_file: Path) -> bool:
+    """Have the nats-server whose pid is in `pid_file` read its configuration again (a
+    removed identity's connections are closed at once); False if it does not run."""
+    try:
+        os.kill(int(pid_file.read_text().strip()), signal.SIGHUP)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def service_permissions(service: str, subjects: Subjects) -> dict[str, Any]:
+    """What a service may publish and subscribe to."""
+    p = subjects.prefix
+    subscribe = ["_INBOX.>", subjects.health(service)]
+    publish = ["$JS.API.>", "$JS.ACK.>"]
+    if service == "submitter":
+        subscribe += [f"{p}.*.cmd.{name}" for name in COMMANDS if name != "join"]
+        publish += [f"{p}.jobs.>", f"{p}.frames.in.>", f"{p}.ctl.cancel.>"]
+    elif service == "executor":
+        subscribe += [f"{p}.ctl.cancel.>"]
+        publish += [f"{p}.jobs.>", f"{p}.frames.in.>"]
+    elif service == "relay":
+        subscribe += [f"{p}.*.cmd.join"]
+        publish += [f"{p}.*.runs.*.frames"]
+    elif service == "recovery":
+        publish += [f"{p}.jobs.>", f"{p}.frames.in.>", f"{p}.*.events.>"]
+    else:
+        raise ValueError(f"unknown service {service!r}")
+    return {
+        "publish": {"allow": publish},
+        "subscribe": {"allow": subscribe},
+        "allow_responses": True,
+    }
+
+
+def tenant_permissions(tenant: str, subjects: Subjects) -> dict[str, Any]:
+    """What a tenant's clients may publish and subscribe to (see the module)."""
+    p = subjects.prefix
+    runs, events = f"{p}.{tenant}.runs.>", f"{p}.{tenant}.events.>"
+    return {
+        "publish": {
+            "allow": [
+                f"{p}.{tenant}.cmd.>",
+                f"$JS.API.CONSUMER.CREATE.{subjects.run_frames_stream}.*.{runs}",
+                f"$JS.API.CONSUMER.CREATE.{subjects.events_stream}.*.{events}",
+                f"{p}.health.*",
+            ],
+            "deny": [f"{p}.{tenant}.cmd.{name}" for name in ADMIN_COMMANDS],
+        },
+        "subscribe": {"allow": [f"{inbox_prefix(tenant)}.>", runs, events]},
+    }
+
+
+def operator_permissions(subjects: Subjects) -> dict[str, Any]:
+    """Every tenant's commands, health, and reading what the queue and streams hold
+    (`runwire top`); no stream management, jobs, raw frames or control subjects."""
+    p = subjects.prefix
+    return {
+        "publish": {
+            "allow": [
+                f"{p}.*.cmd.>",
+                f"{p}.health.*",
+                "$JS.API.INFO",
+                "$JS.API.STREAM.INFO.*",
+                "$JS.API.CONSUMER.INFO.*.*",
+                "$JS.API.CONSUMER.LIST.*",
+                "$JS.API.CONSUMER.NAMES.*",
+                f"$JS.API.CONSUMER.CREATE.{subjects.run_frames_stream}.*.{p}.*.runs.>",
+                f"$JS.API.CONSUMER.CREATE.{subjects.events_stream}.*.{p}.*.events.>",
+            ]
+        },
+        "subscribe": {"allow": [">"]},
+    }
+
+
+def render(identities: Identities, subjects: Subjects) -> str:
+    """The nats-server `authorization` block for these identities (JSON, which the
+    server's configuration format accepts)."""
+    users = []
+    for name, password in sorted(identities.passwords.items()):
+        if name.startswith("svc-"):
+            permissions = service_permissions(name.removeprefix("svc-"), subjects)
+        elif name.startswith("tenant-"):
+            permissions = tenant_permissions(name.removeprefix("tenant-"), subjects)
+        elif name == OPERATOR:
+            permissions = operator_permissions(subjects)
+        else:
+            raise ValueError(f"unknown identity {name!r}")
+        users.append({"user": name, "password": password, "permissions": permissions})
+    return (
+        "# Written by runwire (infra/auth.py): every identity the broker accepts.\n"
+        f"authorization: {json.dumps({'users': users}, indent=2)}\n"
+    )
+
+
+# The files of a stack's folder (`.runwire/`, as `make up` lays it out).
+IDENTITIES_FILE = "identities.json"
+AUTH_FILE = "nats-auth.conf"
+ENV_FILE = "env"
+TENANTS_DIR = "tenants"
+NATS_PID_FILE = "nats/nats-server.pid"
+
+
+def _stack_env(root: Path) -> dict[str, str]:
+    values: dict[str, str] = {}
+    path = root / ENV_FILE
+    for line in path.read_text().splitlines() if path.exists() else []:
+        key, sep, value = line.partition("=")
+        if sep:
+            values[key.strip()] = value.strip()
+    return values
+
+
+def _apply(root: Path, identities: Identities) -> bool:
+    """Save the identities, write the server's block, have the server read it; whether a
+    running server was told."""
+    identities.save(root / IDENTITIES_FILE)
+    prefix = _stack_env(root).get("RUNWIRE_PREFIX") or "rw"
+    write_private(root / AUTH_FILE, render(identities, Subjects(prefix)))
+    return reload_server(root / NATS_PID_FILE)
+
+
+def add_tenant(root: Path, tenant: str) -> tuple[Path, bool]:
+    """Create `tenant`'s identity in the stack at `root` and write its client settings to
+    `tenants/<tenant>.env`; (that file, whether the running server took it)."""
+    path = root / IDENTITIES_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"no identities in {root} (`make up` creates them)")
+    identities = Identities.load(path)
+    identities.add_tenant(tenant)
+    told = _apply(root, identities)
+    where = {
+        k: v for k, v in _stack_env(root).items() if k in ("RUNWIRE_NATS_URL", "RUNWIRE_PREFIX")
+    }
+    env_file = root / TENANTS_DIR / f"{tenant}.env"
+    write_env_file(env_file, {**where, **tenant_settings(identities, tenant)})
+    return env_file, told
+
+
+def remove_tenant(root: Path, tenant: str) -> tuple[bool, bool]:
+    """Revoke `tenant`'s identity: the server closes its connections at once; (whether it
+    had one, whether the running server took it)."""
+    path = root / IDENTITIES_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"no identities in {root} (`make up` creates them)")
+    identities = Identities.load(path)
+    had = identities.remove_tenant(tenant)
+    told = _apply(root, identities) if had else False
+    (root / TENANTS_DIR / f"{tenant}.env").unlink(missing_ok=True)
+    return had, told

@@ -1,0 +1,259 @@
+"""Identities the broker enforces (infra/auth.py), on a nats-server with authentication:
+the services work as their own identities, and tenants, outsiders and a stolen service
+identity are refused by the broker itself, not only by runwire's services."""
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import nats
+import nats.errors
+import nats.js.errors
+import pytest
+from nats.aio.client import Client as NatsClient
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from runwire import ClientError
+from runwire.client import Client
+from runwire.contracts.errors import ErrorCode
+from runwire.contracts.status import RunStatus
+from runwire.contracts.subjects import Subjects
+from runwire.infra.auth import Identities, inbox_prefix, render, service_user, tenant_user
+from runwire.infra.embedded import EmbeddedNats
+from tests.services import InProcessStack, collect, eventually
+
+pytestmark = pytest.mark.integration
+
+
+class Broker:
+    """An authenticating nats-server and the identities it accepts."""
+
+    def __init__(self, folder: Path, prefix: str) -> None:
+        self.subjects = Subjects(prefix)
+        self.identities = Identities.generate()
+        for tenant in ("default", "acme", "globex"):
+            self.identities.add_tenant(tenant)
+        self.auth_file = folder / "auth.conf"
+        self.write()
+        self.server = EmbeddedNats(folder / "nats", authorization=self.auth_file)
+
+    def write(self) -> None:
+        self.auth_file.write_text(render(self.identities, self.subjects))
+
+    async def connect(
+        self, user: str | None, *, inbox: str = "_INBOX"
+    ) -> tuple[NatsClient, list[str]]:
+        """A raw connection as `user`, with the errors the broker sends it."""
+        errors: list[str] = []
+
+        async def on_error(exc: Exception) -> None:
+            errors.append(str(exc))
+
+        nc = await nats.connect(
+            self.server.url,
+            user=user,
+            password=self.identities.passwords.get(user or "", None),
+            error_cb=on_error,
+            inbox_prefix=inbox,
+            allow_reconnect=False,
+        )
+        return nc, errors
+
+    async def tenant(self, tenant: str) -> Client:
+        user = tenant_user(tenant)
+        return await Client.connect(
+            self.server.url,
+            tenant=tenant,
+            prefix=self.subjects.prefix,
+            user=user,
+            password=self.identities.passwords[user],
+        )
+
+
+@pytest.fixture
+async def broker(tmp_path: Path, prefix: str) -> AsyncIterator[Broker]:
+    running = Broker(tmp_path, prefix)
+    running.server.start()
+    try:
+        yield running
+    finally:
+        running.server.stop()
+
+
+@pytest.fixture
+async def secured(broker: Broker, db_url: str, prefix: str) -> AsyncIterator[InProcessStack]:
+    """The four services on the authenticating broker, each as its own identity."""
+    async with InProcessStack(
+        broker.server.url, db_url, prefix, identities=broker.identities
+    ) as stack:
+        yield stack
+
+
+async def test_the_services_run_a_run_as_their_own_identities(
+    broker: Broker, secured: InProcessStack
+) -> None:
+    acme = await broker.tenant("acme")
+    try:
+        reply = await acme.submit({"tokens": ["only", " mine"]})
+        _, transcript = await collect(acme, reply.run.run_id)
+        run = await acme.get(reply.run.run_id)
+        canceled = await acme.submit({"tokens": ["x"] * 200, "token_delay_ms": 20})
+        await acme.cancel(canceled.run.run_id)
+        _, _ = await collect(acme, canceled.run.run_id)
+        gone = await acme.get(canceled.run.run_id)
+    finally:
+        await acme.close()
+    assert transcript.text == "only mine"
+    assert run.status == RunStatus.FINISHED
+    assert gone.status == RunStatus.CANCELED
+    secured.check_alive()
+
+
+async def test_a_tenant_cannot_reach_another_tenants_runs(
+    broker: Broker, secured: InProcessStack
+) -> None:
+    globex = await broker.tenant("globex")
+    theirs = await globex.submit({"tokens": ["secret"]})
+    await collect(globex, theirs.run.run_id)
+    run_id = theirs.run.run_id
+    s = broker.subjects
+
+    # Commands of another tenant's subject: refused by the broker (UNAUTHORIZED), for
+    # read, join, cancel and abort alike.
+    impostor = await broker.tenant("acme")
+    impostor.tenant = "globex"  # a client that names another tenant
+    refusals = []
+    for call in (
+        impostor.get(run_id),
+        impostor.join(run_id),
+        impostor.cancel(run_id),
+        impostor.abort_session("s"),
+    ):
+        with pytest.raises(ClientError) as refused:
+            await call
+        refusals.append((refused.value.code, refused.value.retryable))
+    await impostor.close()
+    assert refusals == [(ErrorCode.UNAUTHORIZED, False)] * 4
+
+    # Raw: subscriptions to another tenant's frames, events or replies, and a consumer on
+    # its frames.
+    nc, errors = await broker.connect(tenant_user("acme"), inbox=inbox_prefix("acme"))
+    try:
+        for subject in (
+            s.run_frames("globex", run_id),
+            s.events("globex", run_id),
+            f"{inbox_prefix('globex')}.>",
+            "_INBOX.>",
+        ):
+            await nc.subscribe(subject)
+        await nc.flush()
+        await eventually(lambda: sum("subscription" in e.lower() for e in errors) >= 4)
+        with pytest.raises((nats.errors.TimeoutError, nats.js.errors.Error, TimeoutError)):
+            await nc.jetstream(timeout=2).add_consumer(
+                s.run_frames_stream,
+                ConsumerConfig(
+                    name="peek",
+                    filter_subject=s.run_frames("globex", run_id),
+                    deliver_policy=DeliverPolicy.ALL,
+                ),
+            )
+        # Its own runs' consumer is allowed.
+        mine = await nc.jetstream(timeout=5).add_consumer(
+            s.run_frames_stream,
+            ConsumerConfig(
+                name="mine",
+                filter_subject=s.run_frames("acme", "*"),
+                deliver_policy=DeliverPolicy.ALL,
+                deliver_subject=f"{inbox_prefix('acme')}.mine",
+            ),
+        )
+        assert mine.name == "mine"
+    finally:
+        await nc.close()
+    await globex.close()
+
+
+async def test_a_tenant_cannot_manage_streams_publish_jobs_or_control_runs(
+    broker: Broker, secured: InProcessStack
+) -> None:
+    s = broker.subjects
+    nc, errors = await broker.connect(tenant_user("acme"), inbox=inbox_prefix("acme"))
+    try:
+        for subject in (
+            s.job("scripted", "00000000-0000-0000-0000-000000000000"),
+            s.cancel_notice("00000000-0000-0000-0000-000000000000"),
+            s.frames_in("acme", "00000000-0000-0000-0000-000000000000"),
+            s.run_frames("acme", "00000000-0000-0000-0000-000000000000"),
+            s.events("acme", "00000000-0000-0000-0000-000000000000"),
+            f"$JS.API.STREAM.DELETE.{s.run_frames_stream}",
+            f"$JS.API.STREAM.PURGE.{s.jobs_stream}",
+            "$JS.API.STREAM.CREATE.MINE",
+            s.command("acme", "set_budget"),
+            s.command("acme", "set_policy"),
+        ):
+            await nc.publish(subject, b"{}")
+        await nc.flush()
+        await eventually(lambda: sum("publish" in e.lower() for e in errors) >= 10)
+    finally:
+        await nc.close()
+    service, _ = await broker.connect(service_user("recovery"))
+    try:
+        info = await service.jetstream().stream_info(s.run_frames_stream)
+    finally:
+        await service.close()
+    assert info.config.name == s.run_frames_stream  # still there
+
+
+async def test_outsiders_and_stolen_service_identities_are_refused(
+    broker: Broker, secured: InProcessStack
+) -> None:
+    with pytest.raises(ClientError) as nobody:
+        await Client.connect(broker.server.url, tenant="acme", prefix=broker.subjects.prefix)
+    with pytest.raises(ClientError) as wrong:
+        await Client.connect(
+            broker.server.url,
+            tenant="acme",
+            prefix=broker.subjects.prefix,
+            user=tenant_user("acme"),
+            password="guessed",
+        )
+    assert (nobody.value.code, wrong.value.code) == (ErrorCode.UNAUTHORIZED,) * 2
+
+    # An executor's identity publishes raw frames and jobs, never client frames or
+    # cancel notices.
+    s = broker.subjects
+    nc, errors = await broker.connect(service_user("executor"))
+    try:
+        await nc.publish(s.run_frames("acme", "00000000-0000-0000-0000-000000000000"), b"{}")
+        await nc.publish(s.cancel_notice("00000000-0000-0000-0000-000000000000"), b"")
+        await nc.publish(s.command("acme", "submit"), b"{}")
+        await nc.flush()
+        await eventually(lambda: sum("publish" in e.lower() for e in errors) >= 3)
+    finally:
+        await nc.close()
+
+
+async def test_a_removed_tenant_is_cut_off_at_once(broker: Broker, secured: InProcessStack) -> None:
+    acme = await broker.tenant("acme")
+    reply = await acme.submit({"tokens": ["before"]})
+    await collect(acme, reply.run.run_id)
+    password = broker.identities.passwords[tenant_user("acme")]
+    broker.identities.remove_tenant("acme")
+    broker.write()
+    broker.server.reload()
+    await eventually(lambda: not acme.nc.is_connected, timeout=10)
+    with pytest.raises(ClientError) as after:
+        await Client.connect(
+            broker.server.url,
+            tenant="acme",
+            prefix=broker.subjects.prefix,
+            user=tenant_user("acme"),
+            password=password,
+        )
+    await acme.close()
+    assert after.value.code == ErrorCode.UNAUTHORIZED
+    # Everyone else goes on.
+    globex = await broker.tenant("globex")
+    reply = await globex.submit({"tokens": ["after"]})
+    _, transcript = await collect(globex, reply.run.run_id)
+    await globex.close()
+    assert transcript.text == "after"
