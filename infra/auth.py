@@ -139,10 +139,31 @@ def service_permissions(service: str, subjects: Subjects) -> dict[str, Any]:
     else:
         raise ValueError(f"unknown service {service!r}")
     return {
-        "publish": {"allow": publish},
+        "publish": {"allow": publish, "deny": _service_denied(service, subjects)},
         "subscribe": {"allow": subscribe},
         "allow_responses": True,
     }
+
+
+def _service_denied(service: str, subjects: Subjects) -> list[str]:
+    """The JetStream API calls no service makes: deleting or snapshotting streams,
+    deleting messages, account and server operations; and purges, which only recovery
+    makes, of ended runs' client frames."""
+    denied = [
+        "$JS.API.STREAM.DELETE.>",
+        "$JS.API.STREAM.MSG.DELETE.>",
+        "$JS.API.STREAM.SNAPSHOT.>",
+        "$JS.API.STREAM.RESTORE.>",
+        "$JS.API.STREAM.PEER.>",
+        "$JS.API.STREAM.LEADER.>",
+        "$JS.API.ACCOUNT.>",
+        "$JS.API.META.>",
+        "$JS.API.SERVER.>",
+    ]
+    if service != "recovery":
+        return [*denied, "$JS.API.STREAM.PURGE.>"]
+    others = (subjects.jobs_stream, subjects.frames_in_stream, subjects.events_stream)
+    return [*denied, *(f"$JS.API.STREAM.PURGE.{stream}" for stream in others)]
 
 
 def tenant_permissions(tenant: str, subjects: Subjects) -> dict[str, Any]:

@@ -219,15 +219,31 @@ async def test_outsiders_and_stolen_service_identities_are_refused(
     assert (nobody.value.code, wrong.value.code) == (ErrorCode.UNAUTHORIZED,) * 2
 
     # An executor's identity publishes raw frames and jobs, never client frames or
-    # cancel notices.
+    # cancel notices, and cannot delete or purge a stream.
     s = broker.subjects
     nc, errors = await broker.connect(service_user("executor"))
     try:
         await nc.publish(s.run_frames("acme", "00000000-0000-0000-0000-000000000000"), b"{}")
         await nc.publish(s.cancel_notice("00000000-0000-0000-0000-000000000000"), b"")
         await nc.publish(s.command("acme", "submit"), b"{}")
+        await nc.publish(f"$JS.API.STREAM.DELETE.{s.run_frames_stream}", b"")
+        await nc.publish(f"$JS.API.STREAM.PURGE.{s.jobs_stream}", b"")
         await nc.flush()
-        await eventually(lambda: sum("publish" in e.lower() for e in errors) >= 3)
+        await eventually(lambda: sum("publish" in e.lower() for e in errors) >= 5)
+    finally:
+        await nc.close()
+    # Recovery purges ended runs' client frames, and nothing else.
+    nc, errors = await broker.connect(service_user("recovery"))
+    try:
+        await nc.publish(f"$JS.API.STREAM.PURGE.{s.jobs_stream}", b"")
+        await nc.publish(f"$JS.API.STREAM.DELETE.{s.jobs_stream}", b"")
+        await nc.flush()
+        await eventually(lambda: sum("publish" in e.lower() for e in errors) >= 2)
+        purged = await nc.jetstream().purge_stream(
+            s.run_frames_stream,
+            subject=s.run_frames("acme", "00000000-0000-0000-0000-000000000000"),
+        )
+        assert purged is True
     finally:
         await nc.close()
 
