@@ -27,6 +27,7 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from runwire.contracts.subjects import COMMANDS, TENANT_PATTERN, Subjects
 
@@ -82,6 +83,19 @@ class Identities:
     def remove_tenant(self, tenant: str) -> bool:
         """Forget the tenant's identity; whether it had one."""
         return self.passwords.pop(tenant_user(tenant), None) is not None
+
+
+def service_role(service: str) -> str:
+    """The Postgres role a service connects as (migration 0015 creates the four)."""
+    return f"runwire_{service}"
+
+
+def database_url_as(url: str, role: str) -> str:
+    """`url` with `role` as its user and no password (a server that trusts loopback, as
+    the local stack's does; a deployment gives each service its own URL instead)."""
+    parts = urlsplit(url)
+    netloc = f"{role}@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def tenant_settings(identities: Identities, tenant: str) -> dict[str, str]:

@@ -38,7 +38,9 @@ from runwire.contracts.subjects import DEFAULT_PREFIX, DEFAULT_TENANT, Subjects
 from runwire.infra.auth import (
     OPERATOR,
     Identities,
+    database_url_as,
     render,
+    service_role,
     service_user,
     tenant_settings,
     write_env_file,
@@ -48,6 +50,7 @@ from runwire.infra.embedded import EmbeddedNats, EmbeddedPostgres, find_free_por
 from runwire.infra.health import HealthProbe
 from runwire.infra.supervisor import Program, Supervisor, environment, venv_tool
 from runwire.runtime.settings import CommonSettings
+from runwire.runtime.store import migrate
 
 SERVICES = ("submitter", "executor", "relay", "recovery")
 SERVERS = ("nats", "postgres")
@@ -274,7 +277,7 @@ def _programs(
     for service in SERVICES:
         # One port each: on the shell's one port, all but the first would crash-loop.
         metrics = {"RUNWIRE_METRICS_PORT": str(ports.get(service, 0))}
-        identity = _service_identity(identities, service)
+        identity = _service_identity(identities, service, database_url)
         programs.append(
             Program(
                 service,
@@ -292,6 +295,18 @@ def _programs(
             )
         )
     return programs
+
+
+async def _prepare_database(database_url: str) -> None:
+    """Apply the migrations, and let the services' roles log in (the server trusts
+    loopback connections: no password)."""
+    await migrate(database_url)
+    conn = await asyncpg.connect(database_url)
+    try:
+        for service in SERVICES:
+            await conn.execute(f"ALTER ROLE {service_role(service)} LOGIN")
+    finally:
+        await conn.close()
 
 
 async def _ensure_database(admin_url: str, name: str) -> None:
@@ -474,9 +489,14 @@ def _metrics_ports_free(settings: CommonSettings) -> bool:
     return True
 
 
-def _service_identity(identities: Identities, service: str) -> dict[str, str]:
+def _service_identity(identities: Identities, service: str, database_url: str) -> dict[str, str]:
+    """A service's identities: on NATS, and in Postgres (its own role)."""
     user = service_user(service)
-    return {"RUNWIRE_NATS_USER": user, "RUNWIRE_NATS_PASSWORD": identities.passwords[user]}
+    return {
+        "RUNWIRE_NATS_USER": user,
+        "RUNWIRE_NATS_PASSWORD": identities.passwords[user],
+        "RUNWIRE_DATABASE_URL": database_url_as(database_url, service_role(service)),
+    }
 
 
 def _identities(layout: Layout, settings: CommonSettings) -> Identities:
@@ -517,7 +537,8 @@ def _write_env(
     )
     for service in SERVICES:
         write_env_file(
-            layout.service_env_file(service), {**where, **_service_identity(identities, service)}
+            layout.service_env_file(service),
+            {**where, **_service_identity(identities, service, database_url)},
         )
     return env
 
@@ -581,6 +602,8 @@ def up(layout: Layout, start_timeout: float = START_TIMEOUT) -> int:
         what = f"{', '.join(problems)} did not accept connections within {start_timeout:g} s"
         return _failed(layout, _NotUp(what, problems, True))
     asyncio.run(_ensure_database(pg.url(), DATABASE))
+    # As the owner: the services connect as their own roles, which may not migrate.
+    asyncio.run(_prepare_database(database_url))
     _say(f"Database {DATABASE!r} is ready.")
     return _wait_for_services(layout, env, start_timeout)
 

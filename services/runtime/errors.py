@@ -78,6 +78,11 @@ class MigrationFailed(Unavailable):
     retryable = False
 
 
+class MigrationsPending(Unavailable):
+    """The schema lacks migrations that this connection's role may not apply (a service
+    connected as its own role): the owner applies them; until then, wait."""
+
+
 class LostRace(RunwireError):
     """A guarded write changed nothing: another writer (or a newer attempt) got there first."""
 

@@ -189,6 +189,23 @@ class Servers:
         finally:
             await conn.close()
         await migrate(self.database_url(self.template))
+        if self.provider == "embedded":
+            await self._service_logins()
+
+    @property
+    def service_roles(self) -> bool:
+        """Whether the services may connect as their own roles (`runwire_<service>`):
+        on the embedded server, which trusts loopback connections, they log in without
+        a password; elsewhere they connect as the admin URL's user."""
+        return self.provider == "embedded"
+
+    async def _service_logins(self) -> None:
+        conn = await asyncpg.connect(self.admin_url)
+        try:
+            for service in ("submitter", "executor", "relay", "recovery"):
+                await conn.execute(f"ALTER ROLE runwire_{service} LOGIN")
+        finally:
+            await conn.close()
 
 
 @contextmanager

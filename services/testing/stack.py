@@ -18,7 +18,14 @@ from runwire.client import Client, ClientError, Transcript
 from runwire.contracts.errors import ErrorCode
 from runwire.contracts.frames import Frame
 from runwire.executor.main import serve as serve_executor
-from runwire.infra.auth import OPERATOR, Identities, service_user, tenant_user
+from runwire.infra.auth import (
+    OPERATOR,
+    Identities,
+    database_url_as,
+    service_role,
+    service_user,
+    tenant_user,
+)
 from runwire.recovery.main import serve as serve_recovery
 from runwire.relay.main import serve as serve_relay
 from runwire.runtime.settings import (
@@ -72,6 +79,9 @@ class InProcessStack:
     # On a broker that enforces identities: each service connects as its own, the client
     # as the `default` tenant's (else the operator's).
     identities: Identities | None = None
+    # Each service connects to Postgres as its own role (`runwire_<service>`, which must
+    # be able to log in), not as the test's user.
+    db_roles: bool = False
     client: Client = field(init=False)
     store: Store = field(init=False)
     _services: dict[str, tuple[asyncio.Task[None], asyncio.Event]] = field(
@@ -82,12 +92,15 @@ class InProcessStack:
         if self.identities is not None and service is not None:
             user = service_user(service)
             extra = {"nats_user": user, "nats_password": self.identities.passwords[user], **extra}
+        database_url = self.db_url
+        if self.db_roles and service is not None:
+            database_url = database_url_as(self.db_url, service_role(service))
         values = {
             **FAST,
             **self.overrides,
             **extra,
             "nats_url": self.nats_url,
-            "database_url": self.db_url,
+            "database_url": database_url,
             "prefix": self.prefix,
             "log_format": "json",
         }

@@ -10,6 +10,9 @@ from tests.services import InProcessStack
 
 @pytest.fixture
 async def stack(infra: Servers, db_url: str, prefix: str) -> AsyncIterator[InProcessStack]:
-    """Submitter, executor, relay and recovery, wired to this test's database and prefix."""
-    async with InProcessStack(infra.nats_url, db_url, prefix) as running:
+    """Submitter, executor, relay and recovery, wired to this test's database and prefix,
+    each connected to Postgres as its own role where the servers allow it."""
+    async with InProcessStack(
+        infra.nats_url, db_url, prefix, db_roles=infra.service_roles
+    ) as running:
         yield running

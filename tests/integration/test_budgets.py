@@ -84,7 +84,9 @@ async def test_runs_racing_for_the_last_tokens_never_overspend_the_tenant(
 async def test_every_reservation_and_settlement_is_a_run_event(
     infra: Any, db_url: str, prefix: str
 ) -> None:
-    async with InProcessStack(infra.nats_url, db_url, prefix, runners={"spend": spend}) as stack:
+    async with InProcessStack(
+        infra.nats_url, db_url, prefix, db_roles=infra.service_roles, runners={"spend": spend}
+    ) as stack:
         reply = await stack.client.submit({"reserve": 60, "use": 40}, runner="spend")
         await collect(stack.client, reply.run.run_id)
         events = [e for e in await stack.store.timeline() if e["run_id"] == reply.run.run_id]
@@ -99,7 +101,9 @@ async def test_every_reservation_and_settlement_is_a_run_event(
 async def test_quotas_refuse_a_submit_and_create_nothing(
     infra: Any, db_url: str, prefix: str
 ) -> None:
-    async with InProcessStack(infra.nats_url, db_url, prefix) as stack:
+    async with InProcessStack(
+        infra.nats_url, db_url, prefix, db_roles=infra.service_roles
+    ) as stack:
         await stack.client.set_budget(max_active_runs=2)
         slow = {"tokens": ["a"] * 100, "token_delay_ms": 20}
         first = [await stack.client.submit(slow) for _ in range(2)]
@@ -126,7 +130,9 @@ async def test_quotas_refuse_a_submit_and_create_nothing(
 
 
 async def test_cost_units_are_a_budget_beside_tokens(infra: Any, db_url: str, prefix: str) -> None:
-    async with InProcessStack(infra.nats_url, db_url, prefix, runners={"spend": spend}) as stack:
+    async with InProcessStack(
+        infra.nats_url, db_url, prefix, db_roles=infra.service_roles, runners={"spend": spend}
+    ) as stack:
         await stack.client.set_budget(cost=100)  # no token limit: only cost units count
         runs = []
         for _ in range(4):

@@ -42,7 +42,9 @@ async def test_an_effect_is_dispatched_once_and_its_steps_are_frames(
 ) -> None:
     async with (
         EffectServer() as server,
-        InProcessStack(infra.nats_url, db_url, prefix, runners={"charge": charge}) as stack,
+        InProcessStack(
+            infra.nats_url, db_url, prefix, db_roles=infra.service_roles, runners={"charge": charge}
+        ) as stack,
     ):
         reply = await stack.client.submit(_charge(server), runner="charge")
         frames, transcript = await collect(stack.client, reply.run.run_id)
@@ -65,7 +67,9 @@ async def test_a_retried_attempt_gets_the_stored_receipt_and_charges_nothing(
 ) -> None:
     async with (
         EffectServer() as server,
-        InProcessStack(infra.nats_url, db_url, prefix, runners={"charge": charge}) as stack,
+        InProcessStack(
+            infra.nats_url, db_url, prefix, db_roles=infra.service_roles, runners={"charge": charge}
+        ) as stack,
     ):
         script = _charge(server, fail_after_charge_on_attempt=1)
         reply = await stack.client.submit(script, runner="charge")
@@ -85,7 +89,9 @@ async def test_a_refused_effect_fails_the_run_with_effect_failed(
 ) -> None:
     async with (
         EffectServer() as server,
-        InProcessStack(infra.nats_url, db_url, prefix, runners={"charge": charge}) as stack,
+        InProcessStack(
+            infra.nats_url, db_url, prefix, db_roles=infra.service_roles, runners={"charge": charge}
+        ) as stack,
     ):
         reply = await stack.client.submit(_charge(server, amount=5000), runner="charge")
         frames, _ = await collect(stack.client, reply.run.run_id)
@@ -130,7 +136,9 @@ async def test_an_unknown_effect_shows_in_get_and_an_operator_resolves_it(
 ) -> None:
     async with (
         EffectServer() as server,
-        InProcessStack(infra.nats_url, db_url, prefix, runners={"charge": charge}) as stack,
+        InProcessStack(
+            infra.nats_url, db_url, prefix, db_roles=infra.service_roles, runners={"charge": charge}
+        ) as stack,
     ):
         server.fail_with = 503  # the outcome cannot be known, and there is no status URL
         script = {"url": f"{server.url}/charge", "amount": 40}
@@ -159,7 +167,9 @@ async def test_a_costly_effect_reserves_its_cost_and_is_refused_before_dispatch(
 ) -> None:
     async with (
         EffectServer() as server,
-        InProcessStack(infra.nats_url, db_url, prefix, runners={"charge": charge}) as stack,
+        InProcessStack(
+            infra.nats_url, db_url, prefix, db_roles=infra.service_roles, runners={"charge": charge}
+        ) as stack,
     ):
         await stack.client.set_budget(cost=50)
         paid = await stack.client.submit(_charge(server, cost=30), runner="charge")
@@ -193,7 +203,9 @@ async def test_a_claim_after_the_tenants_policy_changed_fails_authorization_stal
     gate = GATES[prefix] = asyncio.Event()
     async with (
         EffectServer() as server,
-        InProcessStack(infra.nats_url, db_url, prefix, runners={"charge": charge}) as stack,
+        InProcessStack(
+            infra.nats_url, db_url, prefix, db_roles=infra.service_roles, runners={"charge": charge}
+        ) as stack,
     ):
         reply = await stack.client.submit(_charge(server, gate=prefix), runner="charge")
         run_id = reply.run.run_id
@@ -233,7 +245,9 @@ async def test_effects_a_run_or_its_tenant_does_not_permit_are_refused(
 ) -> None:
     async with (
         EffectServer() as server,
-        InProcessStack(infra.nats_url, db_url, prefix, runners={"charge": charge}) as stack,
+        InProcessStack(
+            infra.nats_url, db_url, prefix, db_roles=infra.service_roles, runners={"charge": charge}
+        ) as stack,
     ):
         # The run itself may only perform noop effects.
         own = await stack.client.submit(_charge(server), runner="charge", effects=["noop"])

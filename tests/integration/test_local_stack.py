@@ -7,6 +7,7 @@ import sys
 import uuid
 from pathlib import Path
 
+import asyncpg
 import pytest
 
 from runwire.client import ClientError
@@ -47,6 +48,15 @@ async def test_a_run_submitted_right_after_up_finishes(tmp_path: Path) -> None:
         finally:
             await client.close()
 
+        # Each service is connected to Postgres as its own role.
+        conn = await asyncpg.connect(env["RUNWIRE_DATABASE_URL"])
+        try:
+            users = await conn.fetch(
+                "SELECT DISTINCT usename FROM pg_stat_activity WHERE datname = current_database()"
+            )
+        finally:
+            await conn.close()
+        assert {f"runwire_{name}" for name in SERVICES} <= {u["usename"] for u in users}
         assert reply.duplicate is False
         assert [(h.service, h.ok) for h in health] == [(name, True) for name in SERVICES]
         assert missing.value.code == ErrorCode.NOT_FOUND  # the relay answers joins too

@@ -19,7 +19,13 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 async def small_queue(infra: Servers, db_url: str, prefix: str):  # type: ignore[no-untyped-def]
-    stack = InProcessStack(infra.nats_url, db_url, prefix, overrides={"queue_capacity": 3})
+    stack = InProcessStack(
+        infra.nats_url,
+        db_url,
+        prefix,
+        db_roles=infra.service_roles,
+        overrides={"queue_capacity": 3},
+    )
     await stack.start(executors=0)
     try:
         yield stack
@@ -95,7 +101,13 @@ async def test_cancel_aborts_the_attempt_within_100_ms(stack: InProcessStack) ->
 async def test_cancel_is_noticed_by_polling_when_the_notice_is_lost(
     infra: Servers, db_url: str, prefix: str
 ) -> None:
-    stack = InProcessStack(infra.nats_url, db_url, prefix, overrides={"cancel_poll_ms": 50})
+    stack = InProcessStack(
+        infra.nats_url,
+        db_url,
+        prefix,
+        db_roles=infra.service_roles,
+        overrides={"cancel_poll_ms": 50},
+    )
     await stack.start()
     try:
         reply = await stack.client.submit({"tokens": ["y"] * 500, "token_delay_ms": 5})
@@ -121,7 +133,9 @@ async def _frames_at_least(stack: InProcessStack, run_id: str, n: int) -> bool:
 async def test_many_runs_with_a_small_in_flight_limit_all_finish(
     infra: Servers, db_url: str, prefix: str
 ) -> None:
-    stack = InProcessStack(infra.nats_url, db_url, prefix, overrides={"max_in_flight": 2})
+    stack = InProcessStack(
+        infra.nats_url, db_url, prefix, db_roles=infra.service_roles, overrides={"max_in_flight": 2}
+    )
     await stack.start(executors=2)
     try:
         replies = [

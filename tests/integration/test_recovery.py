@@ -19,7 +19,13 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 async def no_executor(infra: Servers, db_url: str, prefix: str):  # type: ignore[no-untyped-def]
-    stack = InProcessStack(infra.nats_url, db_url, prefix, overrides={"max_recoveries": 2})
+    stack = InProcessStack(
+        infra.nats_url,
+        db_url,
+        prefix,
+        db_roles=infra.service_roles,
+        overrides={"max_recoveries": 2},
+    )
     await stack.start(executors=0)
     try:
         yield stack

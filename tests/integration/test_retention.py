@@ -31,7 +31,9 @@ async def test_purged_from_the_stream_then_served_from_postgres(
     infra: Servers, db_url: str, prefix: str
 ) -> None:
     overrides = {"stream_purge_grace": timedelta(milliseconds=300)}
-    stack = await InProcessStack(infra.nats_url, db_url, prefix, overrides=overrides).start()
+    stack = await InProcessStack(
+        infra.nats_url, db_url, prefix, db_roles=infra.service_roles, overrides=overrides
+    ).start()
     try:
         reply = await stack.client.submit({"tokens": ["kept", " for", " a", " day"]})
         run_id = reply.run.run_id
@@ -54,7 +56,9 @@ async def test_after_the_retention_join_says_the_frames_are_gone(
         "stream_purge_grace": timedelta(milliseconds=200),
         "frame_retention": timedelta(milliseconds=500),
     }
-    stack = await InProcessStack(infra.nats_url, db_url, prefix, overrides=overrides).start()
+    stack = await InProcessStack(
+        infra.nats_url, db_url, prefix, db_roles=infra.service_roles, overrides=overrides
+    ).start()
     try:
         reply = await stack.client.submit({"tokens": ["short", " lived"]})
         run_id = reply.run.run_id

@@ -32,7 +32,9 @@ async def _claimed_by(stack: InProcessStack) -> dict[str, set[str]]:
 async def test_a_declared_runner_runs_and_its_input_is_checked_at_submit(
     infra: Servers, db_url: str, prefix: str
 ) -> None:
-    async with InProcessStack(infra.nats_url, db_url, prefix, runners={"echo": echo}) as stack:
+    async with InProcessStack(
+        infra.nats_url, db_url, prefix, db_roles=infra.service_roles, runners={"echo": echo}
+    ) as stack:
         reply = await stack.client.submit({"text": "hi ", "times": 3}, runner="echo")
         _, transcript = await collect(stack.client, reply.run.run_id)
         run = await stack.client.get(reply.run.run_id)
@@ -58,7 +60,9 @@ async def test_only_executors_that_have_a_runner_take_its_runs(
 ) -> None:
     # The submitter does not have `echo`: it learns it, with its input schema, from the
     # executor that serves it. Beside that executor runs one that lacks it.
-    async with InProcessStack(infra.nats_url, db_url, prefix, executors=0) as stack:
+    async with InProcessStack(
+        infra.nats_url, db_url, prefix, db_roles=infra.service_roles, executors=0
+    ) as stack:
         stack.start_executor("without-echo")
         stack.start_executor("with-echo", runners={"echo": echo})
 
@@ -115,7 +119,9 @@ async def test_a_runners_max_in_flight_holds_over_every_executor(
 async def test_executors_and_the_submitter_report_their_runners(
     infra: Servers, db_url: str, prefix: str
 ) -> None:
-    async with InProcessStack(infra.nats_url, db_url, prefix, executors=0) as stack:
+    async with InProcessStack(
+        infra.nats_url, db_url, prefix, db_roles=infra.service_roles, executors=0
+    ) as stack:
         stack.start_executor("e-1", runners={"echo": echo})
         stack.start_executor("e-2", runners={"slow": slow})
 
@@ -138,7 +144,9 @@ async def test_a_runner_named_in_the_setting_is_registered(
     infra: Servers, db_url: str, prefix: str
 ) -> None:
     overrides = {"runners": "echo=tests.runners:echo"}
-    async with InProcessStack(infra.nats_url, db_url, prefix, overrides=overrides) as stack:
+    async with InProcessStack(
+        infra.nats_url, db_url, prefix, db_roles=infra.service_roles, overrides=overrides
+    ) as stack:
         reply = await stack.client.submit({"text": "set"}, runner="echo")
         _, transcript = await collect(stack.client, reply.run.run_id)
     assert transcript.text == "set"

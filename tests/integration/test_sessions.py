@@ -239,7 +239,9 @@ async def test_a_run_of_another_session_is_not_held_back(stack: InProcessStack) 
 @pytest.fixture
 async def wide(infra: Servers, db_url: str, prefix: str) -> AsyncIterator[InProcessStack]:
     """Two executors of two slots each and two submitters."""
-    stack = InProcessStack(infra.nats_url, db_url, prefix, overrides={"max_in_flight": 2})
+    stack = InProcessStack(
+        infra.nats_url, db_url, prefix, db_roles=infra.service_roles, overrides={"max_in_flight": 2}
+    )
     await stack.start(executors=2)
     # A second submitter replica in the same queue group: submits are split between them.
     stack._start("submitter-2", serve_submitter, stack.settings(SubmitterSettings))

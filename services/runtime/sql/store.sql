@@ -24,6 +24,9 @@ SELECT pg_advisory_lock($1);
 -- name: migration_unlock
 SELECT pg_advisory_unlock($1);
 
+-- name: migrations_table_exists
+SELECT to_regclass('schema_migrations') IS NOT NULL;
+
 -- name: migrations_table
 CREATE TABLE IF NOT EXISTS schema_migrations (
     version     integer PRIMARY KEY,

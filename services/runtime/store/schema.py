@@ -8,7 +8,7 @@ from importlib import resources
 
 import asyncpg
 
-from runwire.runtime.errors import MigrationFailed
+from runwire.runtime.errors import MigrationFailed, MigrationsPending
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,15 @@ async def migrate(dsn: str) -> list[str]:
     try:
         await conn.execute(QUERIES["migration_lock"], MIGRATION_LOCK_KEY)
         try:
-            await conn.execute(QUERIES["migrations_table"])
+            # A service's own role may not create tables: it only reads which are applied.
+            if not await conn.fetchval(QUERIES["migrations_table_exists"]):
+                try:
+                    await conn.execute(QUERIES["migrations_table"])
+                except asyncpg.InsufficientPrivilegeError as exc:
+                    raise MigrationsPending(
+                        f"the database has no migrations applied, and this role ({exc}) may "
+                        "not apply them: run runwire-migrate as the owner of the schema"
+                    ) from exc
             done = {r["version"] for r in await conn.fetch(QUERIES["migrations_applied"])}
             for version, name, sql in _migrations():
                 if version in done:
@@ -75,6 +83,13 @@ async def migrate(dsn: str) -> list[str]:
                         await conn.execute(QUERIES["migration_done"], version, name)
                 except (asyncpg.PostgresConnectionError, asyncpg.InterfaceError):
                     raise  # Postgres went away: trying again may help
+                except asyncpg.InsufficientPrivilegeError as exc:
+                    # A service connected as its own role: the owner applies migrations
+                    # (`runwire-migrate`, or `make up`); wait for it.
+                    raise MigrationsPending(
+                        f"migration {name} is not applied, and this role ({exc}) may not "
+                        "apply it: run runwire-migrate as the owner of the schema"
+                    ) from exc
                 except asyncpg.PostgresError as exc:
                     raise MigrationFailed(
                         f"migration {name} failed, nothing of it applied: {exc}"

@@ -17,7 +17,7 @@ from typing import Any
 
 import asyncpg
 
-from runwire.runtime.errors import StoreError, Unavailable
+from runwire.runtime.errors import MigrationsPending, StoreError, Unavailable
 from runwire.runtime.store.attempts import ExecutorQueries
 from runwire.runtime.store.outbox import OutboxQueries
 from runwire.runtime.store.rows import Run, parse_run_id
@@ -62,6 +62,12 @@ class Store(SubmitterQueries, ExecutorQueries, RecoveryQueries, RelayQueries, Ou
                     reset=_keep_session,
                 )
                 return cls(pool)
+            except MigrationsPending as exc:
+                if loop.time() + delay > deadline:
+                    raise
+                log.warning("%s; retrying in %.1fs", exc.message, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
             except (OSError, asyncpg.PostgresError) as exc:
                 if loop.time() + delay > deadline:
                     raise Unavailable(f"Postgres unreachable: {exc}") from exc
