@@ -132,6 +132,13 @@ class Subjects:
         return f"{self.prefix}.ctl.cancel.*"
 
 
+def inbox_prefix(tenant: str) -> str:
+    """The inbox prefix of a tenant's connections (`_INBOX_<tenant>`): on a broker that
+    enforces identities, a tenant's replies (and its consumers' deliveries) arrive only
+    under it."""
+    return f"_INBOX_{tenant}"
+
+
 def valid_tenant(tenant: str) -> bool:
     """A tenant is one subject token of letters, digits, `_` or `-`."""
     return bool(TENANT_PATTERN.match(tenant))

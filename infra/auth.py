@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from runwire.contracts.subjects import COMMANDS, TENANT_PATTERN, Subjects
+from runwire.contracts.subjects import COMMANDS, TENANT_PATTERN, Subjects, inbox_prefix
 
 SERVICES = ("submitter", "executor", "relay", "recovery")
 # Commands only an operator may send, whatever the tenant.
@@ -43,11 +43,6 @@ def service_user(service: str) -> str:
 
 def tenant_user(tenant: str) -> str:
     return f"tenant-{tenant}"
-
-
-def inbox_prefix(tenant: str) -> str:
-    """The inbox prefix a tenant's connection must use: its replies arrive only there."""
-    return f"_INBOX_{tenant}"
 
 
 @dataclass

@@ -68,6 +68,15 @@ class EffectServer:
         finally:
             writer.close()
 
+    def _email(self, key: str, message: dict[str, Any]) -> dict[str, Any]:
+        """Send the email of `key`, once."""
+        if key not in self.receipts:
+            self.emails[key] += 1
+            receipt = {"id": f"em_{sum(self.emails.values())}"}
+            self.receipts[key] = receipt
+            self.sent[receipt["id"]] = message
+        return self.receipts[key]
+
     async def _answer(
         self, method: str, path: str, headers: dict[str, str], body: bytes
     ) -> tuple[int | None, dict[str, Any]]:
@@ -75,13 +84,15 @@ class EffectServer:
             key = path.removeprefix("/charges/")
             receipt = self.receipts.get(key)
             return (200, receipt) if receipt is not None else (404, {"error": "no such charge"})
-        if method == "POST" and path == "/charge":
+        if method == "POST" and path in ("/charge", "/email"):
             key = headers["idempotency-key"]
             fence = int(headers["runwire-fence-token"])
             if fence < self.fences.get(key, 0):
                 self.refused.append((key, fence))
                 return 409, {"error": f"fence {fence} is stale"}
             self.fences[key] = fence
+            if path == "/email":
+                return 200, self._email(key, json.loads(body))
             if self.fail_with is not None:
                 return self.fail_with, {"error": "the payment service is down"}
             if json.loads(body)["amount"] > 1000:
@@ -92,17 +103,4 @@ class EffectServer:
                 self.receipts[key] = {"id": f"ch_{len(self.receipts) + 1}", "amount": amount}
             self.received.set()
             return (None if self.hold else 200), self.receipts[key]
-        if method == "POST" and path == "/email":
-            key = headers["idempotency-key"]
-            fence = int(headers["runwire-fence-token"])
-            if fence < self.fences.get(key, 0):
-                self.refused.append((key, fence))
-                return 409, {"error": f"fence {fence} is stale"}
-            self.fences[key] = fence
-            if key not in self.receipts:
-                self.emails[key] += 1
-                receipt = {"id": f"em_{sum(self.emails.values())}"}
-                self.receipts[key] = receipt
-                self.sent[receipt["id"]] = json.loads(body)
-            return 200, self.receipts[key]
         return 404, {"error": "not found"}

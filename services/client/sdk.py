@@ -48,7 +48,7 @@ from runwire.contracts.replies import (
     RunSummary,
     SubmitReply,
 )
-from runwire.contracts.subjects import Subjects
+from runwire.contracts.subjects import Subjects, inbox_prefix
 
 __all__ = ["Client", "ClientError", "Transcript"]
 
@@ -75,12 +75,6 @@ EARLY_LIMIT = 256
 _VIOLATION = re.compile(r"permissions violation for (publish|subscription) to \"?([^\"']+)", re.I)
 
 
-def inbox_prefix(tenant: str) -> str:
-    """A tenant's inbox prefix: on a broker that enforces identities, its replies arrive
-    only there (see runwire.infra.auth)."""
-    return f"_INBOX_{tenant}"
-
-
 class _Refusals:
     """The broker's refusals on one connection, as they arrive (asynchronously: a publish
     it refuses is dropped, and the connection hears why a moment later)."""
@@ -102,9 +96,8 @@ class _Refusals:
         subject = found.group(2).strip()
         for future in self._waiting.pop(subject, []):
             if not future.done():
-                future.set_result(
-                    f"the broker refused to let this identity {found.group(1)} to {subject}"
-                )
+                action = "publish" if found.group(1).lower() == "publish" else "subscribe"
+                future.set_result(f"the broker does not let this identity {action} to {subject}")
 
     def watch(self, subject: str) -> "asyncio.Future[str]":
         """A future set when the broker refuses an operation on `subject`."""

@@ -16,8 +16,8 @@ from runwire import ClientError
 from runwire.client import Client
 from runwire.contracts.errors import ErrorCode
 from runwire.contracts.status import RunStatus
-from runwire.contracts.subjects import Subjects
-from runwire.infra.auth import Identities, inbox_prefix, render, service_user, tenant_user
+from runwire.contracts.subjects import Subjects, inbox_prefix
+from runwire.infra.auth import Identities, render, service_user, tenant_user
 from runwire.infra.embedded import EmbeddedNats
 from tests.services import InProcessStack, collect, eventually
 
@@ -143,10 +143,13 @@ async def test_a_tenant_cannot_reach_another_tenants_runs(
             s.events("globex", run_id),
             f"{inbox_prefix('globex')}.>",
             "_INBOX.>",
+            # To answer another tenant's commands with forged replies.
+            s.command("globex", "get"),
+            s.command("*", "submit"),
         ):
             await nc.subscribe(subject)
         await nc.flush()
-        await eventually(lambda: sum("subscription" in e.lower() for e in errors) >= 4)
+        await eventually(lambda: sum("subscription" in e.lower() for e in errors) >= 6)
         with pytest.raises((nats.errors.TimeoutError, nats.js.errors.Error, TimeoutError)):
             await nc.jetstream(timeout=2).add_consumer(
                 s.run_frames_stream,
