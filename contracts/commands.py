@@ -136,3 +136,18 @@ class JoinCommand(Command):
 
     run_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
     after: int = Field(default=0, ge=0, le=MAX_SEQ, strict=True)
+
+
+# The body of each command, by the name in its subject (subjects.COMMANDS).
+BODIES: dict[str, type[Command]] = {
+    "submit": SubmitCommand,
+    "cancel": CancelCommand,
+    "get": GetCommand,
+    "abort_session": AbortSessionCommand,
+    "resolve_effect": ResolveEffectCommand,
+    "set_budget": SetBudgetCommand,
+    "get_budget": GetBudgetCommand,
+    "set_policy": SetPolicyCommand,
+    "get_policy": GetPolicyCommand,
+    "join": JoinCommand,
+}

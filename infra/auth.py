@@ -243,14 +243,18 @@ TENANTS_DIR = "tenants"
 NATS_PID_FILE = "nats/nats-server.pid"
 
 
-def _stack_env(root: Path) -> dict[str, str]:
+def read_env_file(path: Path) -> dict[str, str]:
+    """The `KEY=value` lines of a settings file (none if there is no file)."""
     values: dict[str, str] = {}
-    path = root / ENV_FILE
     for line in path.read_text().splitlines() if path.exists() else []:
         key, sep, value = line.partition("=")
         if sep:
             values[key.strip()] = value.strip()
     return values
+
+
+def _stack_env(root: Path) -> dict[str, str]:
+    return read_env_file(root / ENV_FILE)
 
 
 def _apply(root: Path, identities: Identities) -> bool:

@@ -268,12 +268,10 @@ class EmbeddedNats:
     def reload(self) -> None:
         """Have the running server read its configuration again (the identities among
         it): a removed identity's connections are closed at once."""
-        pid = self._process.pid or (
-            int(self.pid_file.read_text()) if self.pid_file.exists() else None
-        )
-        if pid is None:
+        from runwire.infra.auth import reload_server
+
+        if not reload_server(self.pid_file):
             raise RuntimeError("nats-server is not running")
-        os.kill(pid, signal.SIGHUP)
 
     def ready(self) -> bool:
         """Tell whether the server accepts clients with JetStream enabled.

@@ -36,9 +36,14 @@ from pydantic import ValidationError
 
 from runwire.contracts.subjects import DEFAULT_PREFIX, DEFAULT_TENANT, Subjects
 from runwire.infra.auth import (
+    AUTH_FILE,
+    ENV_FILE,
+    IDENTITIES_FILE,
+    NATS_PID_FILE,
     OPERATOR,
     Identities,
     database_url_as,
+    read_env_file,
     render,
     service_role,
     service_user,
@@ -92,7 +97,7 @@ class Layout:
     @property
     def nats_pid_file(self) -> Path:
         # Named in the nats-server config that EmbeddedNats writes.
-        return self.nats_dir / "nats-server.pid"
+        return self.root / NATS_PID_FILE
 
     @property
     def logs(self) -> Path:
@@ -105,22 +110,17 @@ class Layout:
     @property
     def env_file(self) -> Path:
         """The default tenant's client settings (and where the stack is)."""
-        return self.root / "env"
+        return self.root / ENV_FILE
 
     @property
     def identities_file(self) -> Path:
         """Every identity's secret (infra/auth.py); mode 0600, never committed."""
-        return self.root / "identities.json"
+        return self.root / IDENTITIES_FILE
 
     @property
     def auth_file(self) -> Path:
         """The nats-server `authorization` block, included by its configuration."""
-        return self.root / "nats-auth.conf"
-
-    @property
-    def tenants_dir(self) -> Path:
-        """A client settings file per tenant (`runwire tenant add`)."""
-        return self.root / "tenants"
+        return self.root / AUTH_FILE
 
     @property
     def operator_env_file(self) -> Path:
@@ -450,12 +450,7 @@ Follow logs: make logs    Status: make status    Stop everything: make down
 
 
 def _read_env(layout: Layout) -> dict[str, str]:
-    values: dict[str, str] = {}
-    for line in layout.env_file.read_text().splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            values[key.strip()] = value.strip()
-    return values
+    return read_env_file(layout.env_file)
 
 
 def _shell_settings() -> CommonSettings | None:

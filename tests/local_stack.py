@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runwire.client import Client
+from runwire.infra.auth import read_env_file
 
 ROOT = Path(__file__).resolve().parent.parent
 # Longer than `up` itself may wait (for the servers, then for the services).
@@ -54,11 +55,7 @@ class LocalStack:
 
     def env(self, name: str = "env") -> dict[str, str]:
         """What `up` wrote to `.runwire/env` (or another of its settings files)."""
-        values: dict[str, str] = {}
-        for line in (self.root / name).read_text().splitlines():
-            key, _, value = line.partition("=")
-            values[key] = value
-        return values
+        return read_env_file(self.root / name)
 
 
 async def client_of(env: dict[str, str]) -> Client:

@@ -135,7 +135,9 @@ class Client:
     ) -> None:
         self.nc = nc
         self.tenant = tenant
-        self._refusals = refusals or _Refusals()
+        # The broker's refusals, on a connection with an identity (a broker without
+        # authentication refuses nothing: requests are not watched for it).
+        self._refusals = refusals
         self.subjects = Subjects(prefix)
 
     @classmethod
@@ -204,7 +206,9 @@ class Client:
             ) from exc
         finally:
             refused.cancel()
-        return cls(nc, tenant=tenant, prefix=prefix, refusals=refusals)
+        return cls(
+            nc, tenant=tenant, prefix=prefix, refusals=refusals if user is not None else None
+        )
 
     async def health(self, service: str, *, wait: float = HEALTH_WAIT_S) -> list[HealthReply]:
         """The health of every replica of `service` (submitter, executor, relay,
@@ -236,21 +240,16 @@ class Client:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _request(
-        self, name: str, body: BaseModel, reply: type[Any], *, timeout: float = REQUEST_TIMEOUT_S
-    ) -> Any:
-        subject = self.subjects.command(self.tenant, name)
-        # The caller's trace context, when it traces: a submitted run joins its trace.
-        headers: dict[str, str] = {}
-        propagate.inject(headers)
+    async def _send(
+        self, subject: str, data: bytes, headers: dict[str, str] | None, timeout: float
+    ) -> Msg:
+        """A request's reply; on a broker that enforces identities, UNAUTHORIZED as soon
+        as it says it dropped the request."""
+        if self._refusals is None:
+            return await self.nc.request(subject, data, headers=headers, timeout=timeout)
         refused = self._refusals.watch(subject)
-        request: asyncio.Future[Msg] = asyncio.ensure_future(
-            self.nc.request(
-                subject,
-                body.model_dump_json(exclude_unset=True).encode(),
-                headers=headers or None,
-                timeout=timeout,
-            )
+        request = asyncio.ensure_future(
+            self.nc.request(subject, data, headers=headers, timeout=timeout)
         )
         try:
             waiting: list[asyncio.Future[Any]] = [request, refused]
@@ -258,7 +257,20 @@ class Client:
             if refused.done() and not request.done():
                 request.cancel()
                 raise _unauthorized(refused.result())
-            msg = await request
+            return await request
+        finally:
+            self._refusals.forget(subject, refused)
+
+    async def _request(
+        self, name: str, body: BaseModel, reply: type[Any], *, timeout: float = REQUEST_TIMEOUT_S
+    ) -> Any:
+        subject = self.subjects.command(self.tenant, name)
+        # The caller's trace context, when it traces: a submitted run joins its trace.
+        headers: dict[str, str] = {}
+        propagate.inject(headers)
+        data = body.model_dump_json(exclude_unset=True).encode()
+        try:
+            msg = await self._send(subject, data, headers or None, timeout)
         except nats.errors.NoRespondersError as exc:
             raise ClientError(
                 ErrorBody(
@@ -275,8 +287,6 @@ class Client:
                     retryable=True,
                 )
             ) from exc
-        finally:
-            self._refusals.forget(subject, refused)
         try:
             # Frames in a reply come from the relay, which only stores frames whose data
             # was checked when they were made: their data is not checked again.

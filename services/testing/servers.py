@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
+from runwire.infra.auth import SERVICES, service_role
 from runwire.infra.embedded import EmbeddedNats, EmbeddedPostgres
 from runwire.runtime.store import migrate
 
@@ -202,8 +203,8 @@ class Servers:
     async def _service_logins(self) -> None:
         conn = await asyncpg.connect(self.admin_url)
         try:
-            for service in ("submitter", "executor", "relay", "recovery"):
-                await conn.execute(f"ALTER ROLE runwire_{service} LOGIN")
+            for service in SERVICES:
+                await conn.execute(f"ALTER ROLE {service_role(service)} LOGIN")
         finally:
             await conn.close()
 

@@ -12,20 +12,8 @@ import asyncpg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pydantic import BaseModel
 
-from runwire.contracts.commands import (
-    AbortSessionCommand,
-    CancelCommand,
-    GetBudgetCommand,
-    GetCommand,
-    GetPolicyCommand,
-    JoinCommand,
-    ResolveEffectCommand,
-    SetBudgetCommand,
-    SetPolicyCommand,
-    SubmitCommand,
-)
+from runwire.contracts.commands import BODIES
 from runwire.contracts.errors import ErrorCode, ErrorReply
 from runwire.contracts.subjects import COMMANDS
 from tests.services import InProcessStack
@@ -53,18 +41,6 @@ VALID: dict[str, dict[str, Any]] = {
     "get_budget": {"v": 1},
     "set_policy": {"v": 1, "effects": None},
     "get_policy": {"v": 1},
-}
-MODELS: dict[str, type[BaseModel]] = {
-    "submit": SubmitCommand,
-    "get": GetCommand,
-    "cancel": CancelCommand,
-    "join": JoinCommand,
-    "abort_session": AbortSessionCommand,
-    "resolve_effect": ResolveEffectCommand,
-    "set_budget": SetBudgetCommand,
-    "get_budget": GetBudgetCommand,
-    "set_policy": SetPolicyCommand,
-    "get_policy": GetPolicyCommand,
 }
 
 NESTED_LIST: list[Any] = []
@@ -145,7 +121,7 @@ def bodies(draw: st.DrawFn) -> tuple[str, bytes]:
         nasty = draw(NASTY)
         body[where] = draw(st.sampled_from([{"tokens": [nasty]}, {"k": nasty}, {str(nasty): 1}]))
     else:
-        fields = [*MODELS[command].model_fields, "surprise"]
+        fields = [*BODIES[command].model_fields, "surprise"]
         body[draw(st.sampled_from(fields))] = draw(st.one_of(NASTY, NASTY, VALUES))
     return command, json.dumps(body).encode()
 

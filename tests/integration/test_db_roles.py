@@ -10,16 +10,16 @@ import asyncpg
 import pytest
 
 from runwire.contracts.status import RunStatus
-from runwire.infra.auth import database_url_as
+from runwire.infra.auth import SERVICES, database_url_as, service_role
 from runwire.runtime.migrate import main as migrate_main
 from runwire.runtime.store import Store
 from tests.effect_server import EffectServer
 from tests.runners import charge
-from tests.services import InProcessStack, collect
+from tests.services import InProcessStack, collect, eventually
 
 pytestmark = pytest.mark.integration
 
-ROLES = ("runwire_submitter", "runwire_executor", "runwire_relay", "runwire_recovery")
+ROLES = tuple(service_role(service) for service in SERVICES)
 
 
 @pytest.fixture
@@ -122,7 +122,10 @@ async def test_each_role_is_refused_what_its_service_never_does(
 
 
 async def test_a_service_role_waits_for_the_owner_to_migrate(
-    roles: None, infra: Any, capsys: pytest.CaptureFixture[str]
+    roles: None,
+    infra: Any,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     name = f"t_fresh_{uuid.uuid4().hex[:8]}"
     admin = await asyncpg.connect(infra.admin_url)
@@ -135,8 +138,12 @@ async def test_a_service_role_waits_for_the_owner_to_migrate(
     connecting = asyncio.create_task(
         Store.connect(database_url_as(owner_url, "runwire_executor"), pool_size=1, timeout=30)
     )
-    await asyncio.sleep(0.5)
-    assert not connecting.done()
+
+    def waiting() -> bool:
+        assert not connecting.done(), "the role connected (or failed) before the migrations"
+        return any("may not apply them" in r.getMessage() for r in caplog.records)
+
+    await eventually(waiting, timeout=20)
     await asyncio.to_thread(migrate_main, [owner_url])  # as the owner, its own process would
     store = await asyncio.wait_for(connecting, 30)
     await store.ping()

@@ -2,7 +2,9 @@
 refusals fail the run (a real HTTP endpoint that counts charges per idempotency key)."""
 
 import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -29,6 +31,25 @@ def _charge(server: EffectServer, **extra: Any) -> dict[str, Any]:
     }
 
 
+@contextlib.asynccontextmanager
+async def _charging(
+    infra: Any, db_url: str, prefix: str, **options: Any
+) -> AsyncIterator[tuple[EffectServer, InProcessStack]]:
+    """A payment endpoint, and the stack with the `charge` runner (and `options`)."""
+    async with (
+        EffectServer() as server,
+        InProcessStack(
+            infra.nats_url,
+            db_url,
+            prefix,
+            db_roles=infra.service_roles,
+            runners={"charge": charge},
+            **options,
+        ) as stack,
+    ):
+        yield server, stack
+
+
 async def _effects(db_url: str, run_id: str) -> list[asyncpg.Record]:
     conn = await asyncpg.connect(db_url)
     try:
@@ -40,12 +61,7 @@ async def _effects(db_url: str, run_id: str) -> list[asyncpg.Record]:
 async def test_an_effect_is_dispatched_once_and_its_steps_are_frames(
     infra: Any, db_url: str, prefix: str
 ) -> None:
-    async with (
-        EffectServer() as server,
-        InProcessStack(
-            infra.nats_url, db_url, prefix, db_roles=infra.service_roles, runners={"charge": charge}
-        ) as stack,
-    ):
+    async with _charging(infra, db_url, prefix) as (server, stack):
         reply = await stack.client.submit(_charge(server), runner="charge")
         frames, transcript = await collect(stack.client, reply.run.run_id)
         run = await stack.client.get(reply.run.run_id)
@@ -65,12 +81,7 @@ async def test_an_effect_is_dispatched_once_and_its_steps_are_frames(
 async def test_a_retried_attempt_gets_the_stored_receipt_and_charges_nothing(
     infra: Any, db_url: str, prefix: str
 ) -> None:
-    async with (
-        EffectServer() as server,
-        InProcessStack(
-            infra.nats_url, db_url, prefix, db_roles=infra.service_roles, runners={"charge": charge}
-        ) as stack,
-    ):
+    async with _charging(infra, db_url, prefix) as (server, stack):
         script = _charge(server, fail_after_charge_on_attempt=1)
         reply = await stack.client.submit(script, runner="charge")
         frames, transcript = await collect(stack.client, reply.run.run_id)
@@ -87,12 +98,7 @@ async def test_a_retried_attempt_gets_the_stored_receipt_and_charges_nothing(
 async def test_a_refused_effect_fails_the_run_with_effect_failed(
     infra: Any, db_url: str, prefix: str
 ) -> None:
-    async with (
-        EffectServer() as server,
-        InProcessStack(
-            infra.nats_url, db_url, prefix, db_roles=infra.service_roles, runners={"charge": charge}
-        ) as stack,
-    ):
+    async with _charging(infra, db_url, prefix) as (server, stack):
         reply = await stack.client.submit(_charge(server, amount=5000), runner="charge")
         frames, _ = await collect(stack.client, reply.run.run_id)
         run = await stack.client.get(reply.run.run_id)
@@ -109,15 +115,9 @@ async def test_a_refused_effect_fails_the_run_with_effect_failed(
 async def test_a_dispatch_past_its_deadline_fails_the_effect_once(
     infra: Any, db_url: str, prefix: str
 ) -> None:
-    async with (
-        EffectServer() as server,
-        InProcessStack(
-            infra.nats_url,
-            db_url,
-            prefix,
-            runners={"charge": charge},
-            overrides={"effect_claim_ms": 500},
-        ) as stack,
+    async with _charging(infra, db_url, prefix, overrides={"effect_claim_ms": 500}) as (
+        server,
+        stack,
     ):
         server.hold = True
         reply = await stack.client.submit(_charge(server), runner="charge")
@@ -134,12 +134,7 @@ async def test_a_dispatch_past_its_deadline_fails_the_effect_once(
 async def test_an_unknown_effect_shows_in_get_and_an_operator_resolves_it(
     infra: Any, db_url: str, prefix: str
 ) -> None:
-    async with (
-        EffectServer() as server,
-        InProcessStack(
-            infra.nats_url, db_url, prefix, db_roles=infra.service_roles, runners={"charge": charge}
-        ) as stack,
-    ):
+    async with _charging(infra, db_url, prefix) as (server, stack):
         server.fail_with = 503  # the outcome cannot be known, and there is no status URL
         script = {"url": f"{server.url}/charge", "amount": 40}
         reply = await stack.client.submit(script, runner="charge", max_attempts=1)
@@ -165,12 +160,7 @@ async def test_an_unknown_effect_shows_in_get_and_an_operator_resolves_it(
 async def test_a_costly_effect_reserves_its_cost_and_is_refused_before_dispatch(
     infra: Any, db_url: str, prefix: str
 ) -> None:
-    async with (
-        EffectServer() as server,
-        InProcessStack(
-            infra.nats_url, db_url, prefix, db_roles=infra.service_roles, runners={"charge": charge}
-        ) as stack,
-    ):
+    async with _charging(infra, db_url, prefix) as (server, stack):
         await stack.client.set_budget(cost=50)
         paid = await stack.client.submit(_charge(server, cost=30), runner="charge")
         await collect(stack.client, paid.run.run_id)
@@ -201,12 +191,7 @@ async def test_a_claim_after_the_tenants_policy_changed_fails_authorization_stal
     infra: Any, db_url: str, prefix: str
 ) -> None:
     gate = GATES[prefix] = asyncio.Event()
-    async with (
-        EffectServer() as server,
-        InProcessStack(
-            infra.nats_url, db_url, prefix, db_roles=infra.service_roles, runners={"charge": charge}
-        ) as stack,
-    ):
+    async with _charging(infra, db_url, prefix) as (server, stack):
         reply = await stack.client.submit(_charge(server, gate=prefix), runner="charge")
         run_id = reply.run.run_id
         # Its attempt waits at the gate, before the effect.
@@ -243,12 +228,7 @@ async def _running(stack: InProcessStack, run_id: str) -> bool:
 async def test_effects_a_run_or_its_tenant_does_not_permit_are_refused(
     infra: Any, db_url: str, prefix: str
 ) -> None:
-    async with (
-        EffectServer() as server,
-        InProcessStack(
-            infra.nats_url, db_url, prefix, db_roles=infra.service_roles, runners={"charge": charge}
-        ) as stack,
-    ):
+    async with _charging(infra, db_url, prefix) as (server, stack):
         # The run itself may only perform noop effects.
         own = await stack.client.submit(_charge(server), runner="charge", effects=["noop"])
         await collect(stack.client, own.run.run_id)

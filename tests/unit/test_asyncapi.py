@@ -11,25 +11,15 @@ from pydantic import BaseModel
 
 from runwire.asyncapi import HTML_PATH, JSON_PATH, render, services, validate
 from runwire.contracts import (
-    AbortSessionCommand,
     AbortSessionReply,
-    CancelCommand,
     Frame,
-    GetCommand,
-    JoinCommand,
     JoinReply,
-    ResolveEffectCommand,
     RunReply,
     Subjects,
     SubmitCommand,
     SubmitReply,
 )
-from runwire.contracts.commands import (
-    GetBudgetCommand,
-    GetPolicyCommand,
-    SetBudgetCommand,
-    SetPolicyCommand,
-)
+from runwire.contracts.commands import BODIES
 from runwire.contracts.events import RunEvent
 from runwire.contracts.frames import Job, RawFrame
 from runwire.contracts.health import HealthReply
@@ -42,18 +32,6 @@ S = Subjects()
 T, R = "{tenant}", "{run_id}"
 SERVICES = ("submitter", "executor", "relay", "recovery")
 
-REQUESTS: dict[str, type[BaseModel]] = {
-    "submit": SubmitCommand,
-    "cancel": CancelCommand,
-    "get": GetCommand,
-    "abort_session": AbortSessionCommand,
-    "resolve_effect": ResolveEffectCommand,
-    "set_budget": SetBudgetCommand,
-    "get_budget": GetBudgetCommand,
-    "set_policy": SetPolicyCommand,
-    "get_policy": GetPolicyCommand,
-    "join": JoinCommand,
-}
 REPLIES: dict[str, type[BaseModel]] = {
     "submit": SubmitReply,
     "cancel": RunReply,
@@ -119,7 +97,7 @@ def test_the_official_asyncapi_parser_finds_no_error_or_warning() -> None:
 @pytest.mark.parametrize("name", COMMANDS)
 def test_every_command_is_a_request_with_its_reply(doc: dict[str, Any], name: str) -> None:
     assert _operations(doc, S.command(T, name)) == {
-        "receive": ({REQUESTS[name].__name__}, {REPLIES[name].__name__, "ErrorReply"})
+        "receive": ({BODIES[name].__name__}, {REPLIES[name].__name__, "ErrorReply"})
     }
 
 
