@@ -22,9 +22,17 @@ async def _started(stack: ProcessStack, ids: list[str]) -> bool:
     return True
 
 
+async def _sharing(stack: ProcessStack, name: str) -> None:
+    """Wait until relay `name` owns partitions and the first relay gave some up: runs
+    submitted from now on are spread over both."""
+    await eventually(lambda: "took raw-frames partition" in stack.procs[name].logs(), timeout=30)
+    await eventually(lambda: "released raw-frames partition" in stack.procs["relay"].logs())
+
+
 async def test_killed_relay_partitions_move_to_the_survivor(processes: ProcessStack) -> None:
     processes.start("relay-2", kind="relay")
     processes.start("executor")
+    await _sharing(processes, "relay-2")
     scripts = [{"tokens": [f"{i}~{t} " for t in range(50)], "token_delay_ms": 30} for i in range(8)]
     ids = [(await processes.client.submit(s)).run.run_id for s in scripts]
     streams = [asyncio.create_task(collect(processes.client, r, timeout=90)) for r in ids]
@@ -47,6 +55,7 @@ async def test_a_frozen_relay_loses_its_partitions_and_does_nothing_when_it_wake
     # The first relay already runs with the default timeout; this one may be frozen.
     processes.start("relay-2", kind="relay", partition_timeout_ms=3000)
     processes.start("executor")
+    await _sharing(processes, "relay-2")
     scripts = [
         {"tokens": [f"{i}~{t} " for t in range(80)], "token_delay_ms": 40} for i in range(12)
     ]
@@ -56,10 +65,14 @@ async def test_a_frozen_relay_loses_its_partitions_and_does_nothing_when_it_wake
 
     # SIGSTOP: its process and its connections stay up, so Postgres would keep its locks.
     frozen = processes.procs["relay-2"]
+    taken = processes.procs["relay"].logs().count("took raw-frames partition")
     frozen.signal(signal.SIGSTOP)
     try:
         # Every run streams to its end while relay-2 is still frozen: its partitions moved.
         results = await asyncio.wait_for(asyncio.gather(*streams), 60)
+        # And the first relay took partitions over: Postgres ended relay-2's lock session.
+        relay = processes.procs["relay"]
+        await eventually(lambda: relay.logs().count("took raw-frames partition") > taken, 30)
     finally:
         frozen.signal(signal.SIGCONT)
 
