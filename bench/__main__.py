@@ -16,7 +16,17 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bench import latency, overload, peers, recovery, rejoin, report, streaming, throughput
+from bench import (
+    latency,
+    overload,
+    peers,
+    recovery,
+    rejoin,
+    report,
+    streaming,
+    throughput,
+    workflows,
+)
 from bench.results import Results
 from bench.stack import Servers, Stack, progress, servers
 
@@ -37,10 +47,11 @@ class Sizes:
     recovery_runs: int
     overload_runs: int
     overload_queue: int
+    workflow_runs: int
 
 
-QUICK = Sizes("quick", 2_000, (50, 200), 6.0, 5_000, 20_000, 10_000, 8, 300, 50)
-FULL = Sizes("full", 20_000, (50, 200), 20.0, 100_000, 1_000_000, 10_000, 16, 2_000, 200)
+QUICK = Sizes("quick", 2_000, (50, 200), 6.0, 5_000, 20_000, 10_000, 8, 300, 50, 20)
+FULL = Sizes("full", 20_000, (50, 200), 20.0, 100_000, 1_000_000, 10_000, 16, 2_000, 200, 100)
 
 # Every stack: inputs big enough for the streaming scripts, a queue deep enough for
 # the throughput burst; everything else at the services' defaults.
@@ -86,6 +97,11 @@ async def main_stack(srv: Servers, results: Results, sizes: Sizes) -> None:
         )
         await guarded(
             results, "4 re-join", lambda: rejoin.measure(stack, results, sizes.rejoin_frames)
+        )
+        await guarded(
+            results,
+            "8 workflows",
+            lambda: workflows.measure(stack, results, sizes.workflow_runs),
         )
     finally:
         await stack.close()

@@ -10,6 +10,7 @@ from runwire.contracts.commands import (
     GetCommand,
     JoinCommand,
     Multitask,
+    ReleaseCommand,
     ResolveEffectCommand,
     SubmitCommand,
 )
@@ -39,6 +40,7 @@ from runwire.contracts.replies import (
     FrameChannel,
     JoinReply,
     LiveCursor,
+    ReleaseReply,
     RunReply,
     RunSummary,
     SubmitReply,
@@ -46,6 +48,19 @@ from runwire.contracts.replies import (
 from runwire.contracts.scripted import ScriptedFailure, ScriptedInput
 from runwire.contracts.status import TERMINAL_STATUSES, RunStatus
 from runwire.contracts.subjects import DEFAULT_PREFIX, DEFAULT_TENANT, Subjects
+from runwire.contracts.workflows import (
+    Edge,
+    NodeAction,
+    NodeData,
+    NodeRunData,
+    NodeSpec,
+    NodeStatus,
+    OnFailure,
+    ReleaseRef,
+    RetryPolicy,
+    WorkflowDefinition,
+    WorkflowRef,
+)
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -57,6 +72,7 @@ __all__ = [
     "CancelCommand",
     "CheckpointData",
     "DoneData",
+    "Edge",
     "EffectData",
     "EffectState",
     "ErrorBody",
@@ -72,8 +88,18 @@ __all__ = [
     "LiveCursor",
     "MessageData",
     "Multitask",
+    "NodeAction",
+    "NodeData",
+    "NodeRunData",
+    "NodeSpec",
+    "NodeStatus",
+    "OnFailure",
     "RawFrame",
+    "ReleaseCommand",
+    "ReleaseRef",
+    "ReleaseReply",
     "ResolveEffectCommand",
+    "RetryPolicy",
     "RunData",
     "RunEvent",
     "RunEventName",
@@ -90,5 +116,7 @@ __all__ = [
     "ToolResultData",
     "Transcript",
     "UsageData",
+    "WorkflowDefinition",
+    "WorkflowRef",
     "typed_data",
 ]

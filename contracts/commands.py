@@ -11,7 +11,13 @@ from typing import Annotated, Any, Self
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
 from runwire.contracts.base import Versioned
-from runwire.contracts.subjects import RUNNER_NAME_PATTERN
+from runwire.contracts.subjects import EFFECT_KIND_PATTERN, RUNNER_NAME_PATTERN
+from runwire.contracts.workflows import (
+    MAX_VERSION,
+    RELEASE_ID_PATTERN,
+    WorkflowDefinition,
+    WorkflowRef,
+)
 
 MAX_ID_LENGTH = 200
 # The largest integer every JSON client holds exactly (2^53 - 1): the most a budget (tokens
@@ -19,8 +25,6 @@ MAX_ID_LENGTH = 200
 MAX_SAFE_INTEGER = 2**53 - 1
 MAX_BUDGET = MAX_SAFE_INTEGER
 MAX_SEQ = MAX_SAFE_INTEGER
-# An effect kind names an adapter (`http`, `noop`, one in the group `runwire.effects`).
-EFFECT_KIND_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
 EffectKind = Annotated[str, StringConstraints(pattern=EFFECT_KIND_PATTERN)]
 
 
@@ -48,8 +52,11 @@ class SubmitCommand(Command):
     """Start a run. `request_id` is the idempotency key within the tenant."""
 
     request_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
-    input: dict[str, Any]
+    # The runner's input; for a workflow run, `workflow.input` instead.
+    input: dict[str, Any] = Field(default_factory=dict)
     runner: str = Field(default="scripted", pattern=RUNNER_NAME_PATTERN)
+    # Run a release's graph of nodes instead of one runner (see contracts.workflows).
+    workflow: WorkflowRef | None = None
     session_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_LENGTH)
     multitask: Multitask = Multitask.INTERRUPT
     max_attempts: int | None = Field(default=None, ge=1, le=100, strict=True)
@@ -65,6 +72,27 @@ class SubmitCommand(Command):
     # policy allows. Taken into the run's authorization at submit: a claim made after
     # the tenant's policy changed fails with AUTHORIZATION_STALE.
     effects: list[EffectKind] | None = Field(default=None, max_length=64)
+
+    @model_validator(mode="after")
+    def _runner_or_workflow(self) -> Self:
+        if self.workflow is not None and ({"runner", "input"} & self.model_fields_set):
+            raise ValueError(
+                "a workflow run takes its input in workflow.input and its runners from its "
+                "release: give neither runner nor input"
+            )
+        if self.workflow is None and "input" not in self.model_fields_set:
+            raise ValueError("input is required (or workflow, for a workflow run)")
+        return self
+
+
+class ReleaseCommand(Command):
+    """Publish a release: `definition` under `release_id` and `version`, for good.
+    Publishing the same id and version again with the same definition answers with the
+    release (`created: false`); with another definition it is refused."""
+
+    release_id: str = Field(pattern=RELEASE_ID_PATTERN)
+    version: int = Field(ge=1, le=MAX_VERSION, strict=True)
+    definition: WorkflowDefinition
 
 
 class CancelCommand(Command):
@@ -141,6 +169,7 @@ class JoinCommand(Command):
 # The body of each command, by the name in its subject (subjects.COMMANDS).
 BODIES: dict[str, type[Command]] = {
     "submit": SubmitCommand,
+    "release": ReleaseCommand,
     "cancel": CancelCommand,
     "get": GetCommand,
     "abort_session": AbortSessionCommand,

@@ -34,6 +34,12 @@ class ErrorCode(StrEnum):
     # A submit that a quota of the tenant refuses (runs active at once, runs per day):
     # nothing was created. Not retryable.
     QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
+    # A node of a workflow run failed for good and its on_failure (retry, fail_run) ends
+    # the run: the run fails with it. Not retryable.
+    NODE_FAILED = "NODE_FAILED"
+    # A node ran past its deadline_ms (retries included): it timed out, once. Not
+    # retryable.
+    NODE_DEADLINE_EXCEEDED = "NODE_DEADLINE_EXCEEDED"
     CANCELED = "CANCELED"
     SUPERSEDED = "SUPERSEDED"
     INTERRUPTED = "INTERRUPTED"

@@ -26,6 +26,16 @@ class RunEventName(StrEnum):
     BUDGET_SETTLED = "budget_settled"  # a reservation settled with what the call used
     BUDGET_RELEASED = "budget_released"  # a reservation nobody will settle was released
     EFFECT_RESOLVED = "effect_resolved"  # an operator settled an effect (resolve_effect)
+    # A node run of a workflow run changed (`node` names it; numbered by `seq`).
+    NODE_READY = "node_ready"  # created: every node before it ended
+    NODE_STARTED = "node_started"  # an attempt of it started
+    NODE_RETRYING = "node_retrying"  # an attempt failed; another follows after a backoff
+    NODE_WAITING = "node_waiting"  # its executor stopped; it resumes elsewhere
+    NODE_COMPLETED = "node_completed"
+    NODE_FAILED = "node_failed"
+    NODE_FELL_BACK = "node_fell_back"  # failed; its fallback node runs in its place
+    NODE_SKIPPED = "node_skipped"  # failed; the nodes after it run without its output
+    NODE_TIMED_OUT = "node_timed_out"  # its deadline passed
 
 
 class RunEvent(Versioned):
@@ -38,3 +48,7 @@ class RunEvent(Versioned):
     attempt: int
     code: str | None = None
     at: AwareDatetime
+    # Node events of a workflow run: the node, and the event's number within the run
+    # (1, 2, ... in the order they happened; their `at` never goes backwards).
+    node: str | None = None
+    seq: int | None = None

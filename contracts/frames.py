@@ -9,6 +9,7 @@ from runwire.contracts.base import Versioned, WireModel
 from runwire.contracts.errors import ErrorBody, ErrorCode
 from runwire.contracts.status import RunStatus
 from runwire.contracts.subjects import RUNNER_NAME_PATTERN
+from runwire.contracts.workflows import NodeData
 
 
 class FrameType(StrEnum):
@@ -22,6 +23,7 @@ class FrameType(StrEnum):
     EFFECT = "effect"
     CHECKPOINT = "checkpoint"
     STATUS = "status"
+    NODE = "node"
     ERROR = "error"
     DONE = "done"
 
@@ -33,6 +35,7 @@ URGENT_FRAME_TYPES = frozenset(
         FrameType.TOOL_CALL,
         FrameType.TOOL_RESULT,
         FrameType.EFFECT,
+        FrameType.NODE,
         FrameType.ERROR,
         FrameType.DONE,
     }
@@ -139,6 +142,7 @@ FRAME_DATA: dict[FrameType, type[WireModel]] = {
     FrameType.EFFECT: EffectData,
     FrameType.CHECKPOINT: CheckpointData,
     FrameType.STATUS: StatusData,
+    FrameType.NODE: NodeData,
     FrameType.ERROR: ErrorBody,
     FrameType.DONE: DoneData,
 }

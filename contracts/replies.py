@@ -8,6 +8,7 @@ from runwire.contracts.base import Versioned, WireModel
 from runwire.contracts.errors import ErrorBody
 from runwire.contracts.frames import EffectData, Frame
 from runwire.contracts.status import RunStatus
+from runwire.contracts.workflows import NodeRunData, ReleaseRef
 
 
 class RunSummary(WireModel):
@@ -35,6 +36,12 @@ class RunSummary(WireModel):
     # The run's side effects and where each stands (in `get` and `resolve_effect`
     # replies; empty elsewhere).
     effects: list[EffectData] = Field(default_factory=list)
+    # A workflow run: its release, and (in `get` replies) its node runs.
+    workflow: ReleaseRef | None = None
+    nodes: list[NodeRunData] = Field(default_factory=list)
+    # A node run: its workflow run, and the node it runs.
+    parent_run_id: str | None = None
+    node_id: str | None = None
 
 
 class FrameChannel(WireModel):
@@ -118,3 +125,14 @@ class PolicyReply(Versioned):
     tenant: str
     effects: list[str] | None
     version: int
+
+
+class ReleaseReply(Versioned):
+    """A release as stored; `digest` identifies its definition."""
+
+    ok: Literal[True] = True
+    release_id: str
+    version: int
+    digest: str
+    nodes: int
+    created: bool

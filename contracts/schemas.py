@@ -13,6 +13,7 @@ from runwire.contracts.commands import (
     GetCommand,
     GetPolicyCommand,
     JoinCommand,
+    ReleaseCommand,
     ResolveEffectCommand,
     SetBudgetCommand,
     SetPolicyCommand,
@@ -27,16 +28,19 @@ from runwire.contracts.replies import (
     BudgetReply,
     JoinReply,
     PolicyReply,
+    ReleaseReply,
     RunReply,
     RunSummary,
     SubmitReply,
 )
 from runwire.contracts.scripted import ScriptedInput
+from runwire.contracts.workflows import WorkflowDefinition
 
 SCHEMA_DIR = Path(__file__).parent / "schema"
 
 EXPORTED: tuple[type[BaseModel], ...] = (
     SubmitCommand,
+    ReleaseCommand,
     CancelCommand,
     GetCommand,
     AbortSessionCommand,
@@ -47,6 +51,7 @@ EXPORTED: tuple[type[BaseModel], ...] = (
     GetPolicyCommand,
     JoinCommand,
     SubmitReply,
+    ReleaseReply,
     BudgetReply,
     PolicyReply,
     RunReply,
@@ -60,6 +65,7 @@ EXPORTED: tuple[type[BaseModel], ...] = (
     RunEvent,
     HealthReply,
     ScriptedInput,
+    WorkflowDefinition,
     # The `data` of each frame type (ErrorBody for `error`).
     *FRAME_DATA.values(),
 )

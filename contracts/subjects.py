@@ -12,8 +12,11 @@ TENANT_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 PREFIX_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 # A runner's name is one subject token (its jobs' subjects carry it) and a consumer name.
 RUNNER_NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
+# An effect kind names an adapter (`http`, `noop`, one in the group `runwire.effects`).
+EFFECT_KIND_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
 COMMANDS = (
     "submit",
+    "release",
     "cancel",
     "get",
     "abort_session",

@@ -16,6 +16,8 @@ from runwire.client.sdk import Client, ClientError, Transcript
 from runwire.client.settings import ENV_FILE_VARIABLE, find_env_file, load_settings
 from runwire.client.top import run_top
 from runwire.contracts.frames import Frame, FrameType
+from runwire.contracts.replies import RunSummary
+from runwire.contracts.workflows import NodeRunData
 from runwire.infra.auth import IDENTITIES_FILE, Identities, add_tenant, remove_tenant
 
 EXIT_FAILED = 1
@@ -44,7 +46,14 @@ def _parser() -> argparse.ArgumentParser:
     submit.add_argument("--multitask", choices=["interrupt", "enqueue", "reject"])
     submit.add_argument("--max-attempts", type=int)
     submit.add_argument("--attempt-timeout-ms", type=int)
+    submit.add_argument("--workflow", metavar="RELEASE_ID", help="run this release's workflow")
+    submit.add_argument("--version", type=int, help="the release's version (default: highest)")
     submit.add_argument("--watch", action="store_true", help="stream the run's text")
+
+    release = sub.add_parser("release", help="publish a workflow release from a JSON file")
+    release.add_argument("release_id")
+    release.add_argument("version", type=int)
+    release.add_argument("file", type=Path, help="the definition: {nodes: [...], edges: [...]}")
 
     watch = sub.add_parser("watch", help="stream a run's frames from a cursor")
     watch.add_argument("run_id")
@@ -53,6 +62,10 @@ def _parser() -> argparse.ArgumentParser:
 
     get = sub.add_parser("get", help="print a run's summary")
     get.add_argument("run_id")
+    get.add_argument("--nodes", action="store_true", help="a workflow run's nodes, as a tree")
+    get.add_argument(
+        "--watch", action="store_true", help="with --nodes: print the tree at each node change"
+    )
 
     cancel = sub.add_parser("cancel", help="cancel a run")
     cancel.add_argument("run_id")
@@ -97,6 +110,41 @@ def _submit_input(args: argparse.Namespace) -> dict[str, Any]:
     if not args.tokens:
         raise ValueError("give --tokens or --input")
     return {"tokens": args.tokens, "token_delay_ms": args.token_delay_ms}
+
+
+def _node_tree(run: RunSummary) -> str:
+    """A workflow run and its node runs: each fallback under the node it stands in for."""
+    release = (
+        f" (release {run.workflow.release_id} v{run.workflow.version})" if run.workflow else ""
+    )
+    lines = [f"run {run.run_id} {run.status}{release}"]
+    by_slot: dict[str, list[NodeRunData]] = {}
+    for node in run.nodes:
+        by_slot.setdefault(node.slot, []).append(node)
+    for slot, chain in by_slot.items():
+        for depth, node in enumerate(chain):
+            code = f"  {node.error['code']}" if node.error and "code" in node.error else ""
+            stands_in = f"  (in place of {slot})" if node.node_id != slot else ""
+            lines.append(
+                f"{'  ' * (depth + 1)}{'└─ ' if depth else ''}{node.node_id:<20} "
+                f"{node.status:<10} attempt {node.attempt}{code}{stands_in}"
+            )
+    if run.workflow is not None and not run.nodes:
+        lines.append("  (no node has started)")
+    return "\n".join(lines)
+
+
+async def _watch_nodes(client: Client, run_id: str) -> int:
+    """Print the node tree now and after every `node` frame, until the run ends."""
+    print(_node_tree(await client.get(run_id)), flush=True)
+    status = "unknown"
+    async for frame in client.stream(run_id):
+        if frame.type == FrameType.NODE:
+            print(_node_tree(await client.get(run_id)), flush=True)
+        elif frame.type == FrameType.DONE:
+            status = str(frame.data.get("status"))
+    print(_node_tree(await client.get(run_id)), flush=True)
+    return 0 if status == "finished" else EXIT_FAILED
 
 
 async def _watch(client: Client, run_id: str, after: int, frames: bool) -> int:
@@ -154,7 +202,22 @@ async def _main(args: argparse.Namespace) -> int:
                 for k in ("runner", "session_id", "multitask", "max_attempts", "attempt_timeout_ms")
                 if (v := getattr(args, k)) is not None
             }
-            reply = await client.submit(_submit_input(args), request_id=args.request_id, **options)
+            if args.workflow is not None:
+                options.pop("runner", None)
+                wf_input = json.loads(args.input) if args.input else {}
+                if not isinstance(wf_input, dict):
+                    raise ValueError("--input must be a JSON object")
+                reply = await client.submit_workflow(
+                    args.workflow,
+                    wf_input,
+                    version=args.version,
+                    request_id=args.request_id,
+                    **options,
+                )
+            else:
+                reply = await client.submit(
+                    _submit_input(args), request_id=args.request_id, **options
+                )
             note = " (duplicate request: the first run)" if reply.duplicate else ""
             print(f"run {reply.run.run_id} {reply.run.status}{note}", flush=True)
             if args.watch:
@@ -163,7 +226,19 @@ async def _main(args: argparse.Namespace) -> int:
         if args.command == "watch":
             return await _watch(client, args.run_id, args.after, args.frames)
         if args.command == "get":
-            print((await client.get(args.run_id)).model_dump_json(indent=2))
+            if args.nodes and args.watch:
+                return await _watch_nodes(client, args.run_id)
+            run = await client.get(args.run_id)
+            print(_node_tree(run) if args.nodes else run.model_dump_json(indent=2))
+            return 0
+        if args.command == "release":
+            definition = json.loads(args.file.read_text())
+            published = await client.release(args.release_id, args.version, definition)
+            state = "published" if published.created else "already published, unchanged"
+            print(
+                f"release {published.release_id} v{published.version}: {state} "
+                f"({published.nodes} nodes, digest {published.digest[:12]})"
+            )
             return 0
         if args.command == "events":
             async for event in await client.events(args.run_id):

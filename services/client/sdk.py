@@ -30,6 +30,7 @@ from runwire.contracts.commands import (
     GetCommand,
     GetPolicyCommand,
     JoinCommand,
+    ReleaseCommand,
     ResolveEffectCommand,
     SetBudgetCommand,
     SetPolicyCommand,
@@ -44,11 +45,13 @@ from runwire.contracts.replies import (
     BudgetReply,
     JoinReply,
     PolicyReply,
+    ReleaseReply,
     RunReply,
     RunSummary,
     SubmitReply,
 )
 from runwire.contracts.subjects import Subjects, inbox_prefix
+from runwire.contracts.workflows import WorkflowDefinition, WorkflowRef
 
 __all__ = ["Client", "ClientError", "Transcript"]
 
@@ -300,6 +303,36 @@ class Client:
         """Submit a run; `options` are the optional fields of the submit command."""
         cmd = SubmitCommand(request_id=request_id or str(uuid.uuid4()), input=input, **options)
         reply: SubmitReply = await self._request("submit", cmd, SubmitReply)
+        return reply
+
+    async def submit_workflow(
+        self,
+        release_id: str,
+        input: dict[str, Any],
+        *,
+        version: int | None = None,
+        request_id: str | None = None,
+        **options: Any,
+    ) -> SubmitReply:
+        """Submit a workflow run of release `release_id` (its highest version unless
+        `version`) on `input`; `options` are the other optional fields of submit."""
+        cmd = SubmitCommand(
+            request_id=request_id or str(uuid.uuid4()),
+            workflow=WorkflowRef(release_id=release_id, version=version, input=input),
+            **options,
+        )
+        reply: SubmitReply = await self._request("submit", cmd, SubmitReply)
+        return reply
+
+    async def release(
+        self, release_id: str, version: int, definition: WorkflowDefinition | dict[str, Any]
+    ) -> ReleaseReply:
+        """Publish a workflow release (nodes and edges) under an id and a version, for
+        good; the same again answers `created: false`, another definition is refused."""
+        if not isinstance(definition, WorkflowDefinition):
+            definition = WorkflowDefinition.model_validate(definition)
+        cmd = ReleaseCommand(release_id=release_id, version=version, definition=definition)
+        reply: ReleaseReply = await self._request("release", cmd, ReleaseReply)
         return reply
 
     async def get(self, run_id: str) -> RunSummary:

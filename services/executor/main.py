@@ -36,7 +36,7 @@ from runwire.runners.base import RunnerError, RunnerSpec
 from runwire.runners.effects import EffectAdapter, load_effects
 from runwire.runners.registry import RunnerConfigError, input_schema, load_runners
 from runwire.runners.tools import ToolSpec, load_tools
-from runwire.runtime import publications, tracing
+from runwire.runtime import faults, publications, tracing
 from runwire.runtime.app import Service
 from runwire.runtime.broker import EXECUTOR_CONSUMER, Broker, StreamLimits
 from runwire.runtime.commands import describe
@@ -237,6 +237,8 @@ class Executor:
         if run is None:
             await self._not_claimed(job, msg)
             return
+        if run.parent_run_id is not None:
+            await faults.point(faults.NODE_CLAIMED)
         with tracing.span(
             "attempt",
             parent or tracing.context_of(run.trace_parent),

@@ -23,7 +23,7 @@ from nats.aio.msg import Msg
 from runwire.contracts.errors import ErrorBody, ErrorCode
 from runwire.contracts.status import RunStatus
 from runwire.executor.attempt import AbortReason, Attempt, Outcome
-from runwire.runtime import tracing
+from runwire.runtime import faults, tracing
 from runwire.runtime.errors import CANCELED_ERROR, LostRace
 from runwire.runtime.logs import fields
 from runwire.runtime.metrics import ATTEMPT_OUTCOMES, RETRIES
@@ -77,6 +77,8 @@ class Settler:
             current.set_attribute("decision", decision)
             if outcome.error is not None:
                 current.set_attribute("code", outcome.error.code.value)
+            if run.parent_run_id is not None and ended is not None:
+                await faults.point(faults.NODE_SETTLED)
             await self.outbox.dispatch(ended)
         if decision == "failed":
             await msg.term()
@@ -122,9 +124,9 @@ class Settler:
             return ended, "released"
         error = outcome.error or timeout_error(run.attempt_timeout_ms)
         if error.retryable and run.attempts < run.max_attempts:
-            delay = backoff_ms(
-                run.attempts, self.settings.retry_base_ms, self.settings.retry_max_ms, self.rng
-            )
+            # A workflow node's own backoff, or the executor's.
+            base = self.settings.retry_base_ms if run.retry_base_ms is None else run.retry_base_ms
+            delay = backoff_ms(run.attempts, base, max(base, self.settings.retry_max_ms), self.rng)
             if outcome.retry_after_ms is not None:
                 delay = max(delay, outcome.retry_after_ms)
             ended = await self.store.requeue(

@@ -20,6 +20,7 @@ from runwire.recovery.lost_jobs import LostJobs
 from runwire.recovery.queue_timeouts import QueueTimeouts
 from runwire.recovery.retention import Retention
 from runwire.recovery.sessions import SessionTurns
+from runwire.recovery.workflows import WorkflowDeadlines
 from runwire.runtime import publications
 from runwire.runtime.app import Service
 from runwire.runtime.broker import Broker, StreamLimits
@@ -51,6 +52,7 @@ def duties(settings: RecoverySettings, store: Store, broker: Broker, outbox: Out
         ExpiredLeases(settings, store, broker, outbox),
         QueueTimeouts(settings, store, outbox),
         SessionTurns(settings, store),
+        WorkflowDeadlines(settings, store, outbox),
         LostJobs(settings, store, broker, outbox),
         Retention(settings, store, broker),
         OrphanedReservations(store),

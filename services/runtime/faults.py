@@ -33,8 +33,19 @@ EFFECT_COMMITTED = "effect.committed"
 # A costly call was made and its budget reservation is not settled yet.
 BUDGET_UNSETTLED = "budget.unsettled"
 
+# A workflow's node run: its attempt claimed (the node running in Postgres) before its
+# runner starts; its outcome committed (with what it implies for the workflow: the next
+# nodes and their jobs, a fallback, the node frame, the workflow's end) before that is
+# published; a node's timeout committed by recovery, before it published what follows.
+NODE_CLAIMED = "node.claimed"
+NODE_SETTLED = "node.settled"
+NODE_TIMED_OUT = "node.timed_out"
+
 KNOWN = frozenset(
     {
+        NODE_CLAIMED,
+        NODE_SETTLED,
+        NODE_TIMED_OUT,
         OUTBOX_COMMITTED,
         OUTBOX_SWEPT,
         RELAY_UNWRITTEN,

@@ -7,9 +7,11 @@ transaction that ends the run before it. Whatever a write implies (the job, clos
 frames, run events) leaves through the outbox.
 """
 
+import hashlib
 import json
 import logging
 import uuid
+from typing import Any
 
 from opentelemetry import trace
 
@@ -20,6 +22,7 @@ from runwire.contracts.commands import (
     GetCommand,
     GetPolicyCommand,
     Multitask,
+    ReleaseCommand,
     ResolveEffectCommand,
     SetBudgetCommand,
     SetPolicyCommand,
@@ -32,10 +35,12 @@ from runwire.contracts.replies import (
     BudgetReply,
     FrameChannel,
     PolicyReply,
+    ReleaseReply,
     RunReply,
     SubmitReply,
 )
 from runwire.contracts.status import RunStatus
+from runwire.contracts.workflows import NodeRunData, NodeStatus
 from runwire.runtime import tracing
 from runwire.runtime.broker import Broker
 from runwire.runtime.errors import (
@@ -61,6 +66,8 @@ ACTOR = "submitter"
 CANCELED = CANCELED_ERROR
 SUPERSEDED = SUPERSEDED_ERROR
 QUEUE_FULL = QUEUE_FULL_ERROR
+# The runner name of a workflow run (no executor claims one: Postgres drives it).
+WORKFLOW_RUNNER = "workflow"
 
 
 class SessionBusy(RunwireError):
@@ -93,7 +100,64 @@ class Submitter:
         self.outbox = outbox
         self.runners = runners
 
+    async def release(self, tenant: str, cmd: ReleaseCommand) -> ReleaseReply:
+        """Store a release for good, after checking that the deployment has every runner
+        it names (its graph was checked with the command's body)."""
+        for node in cmd.definition.nodes:
+            await self.runners.require(node.runs_with, f"node {node.id!r}: ")
+        definition = cmd.definition.model_dump(mode="json", by_alias=True)
+        digest = hashlib.sha256(
+            json.dumps(definition, sort_keys=True, separators=(",", ":")).encode()
+        ).hexdigest()
+        stored = await self.store.insert_release(
+            tenant, cmd.release_id, cmd.version, definition, digest
+        )
+        if stored is None:  # another submitter stored it meanwhile
+            existing = await self.store.get_release(tenant, cmd.release_id, cmd.version)
+            if existing is None:
+                raise Unavailable("release vanished after a conflicting insert")
+            stored = (existing["digest"], False)
+        stored_digest, created = stored
+        if stored_digest != digest:
+            raise InvalidRequest(
+                f"release {cmd.release_id!r} version {cmd.version} exists with another "
+                "definition; a release never changes: publish it as a new version"
+            )
+        if created:
+            log.info(
+                "release published",
+                extra=fields(
+                    tenant=tenant, release_id=cmd.release_id, version=cmd.version, digest=digest
+                ),
+            )
+        return ReleaseReply(
+            release_id=cmd.release_id,
+            version=cmd.version,
+            digest=digest,
+            nodes=len(cmd.definition.nodes),
+            created=created,
+        )
+
+    async def _workflow(self, tenant: str, cmd: SubmitCommand) -> dict[str, Any] | None:
+        """The release a workflow submit runs ({release_id, version}), or None for a run
+        of one runner."""
+        if cmd.workflow is None:
+            return None
+        ref = cmd.workflow
+        found = await self.store.get_release(tenant, ref.release_id, ref.version)
+        if found is None:
+            version = f" version {ref.version}" if ref.version is not None else ""
+            raise NotFound(f"no release {ref.release_id!r}{version}; publish it with release")
+        return {"release_id": found["release_id"], "version": found["version"]}
+
     async def _check_input(self, cmd: SubmitCommand) -> None:
+        if cmd.workflow is not None:
+            size = len(json.dumps(cmd.workflow.input).encode())
+            if size > self.settings.max_input_bytes:
+                raise PayloadTooLarge(
+                    f"workflow input of {size} bytes is over the limit of "
+                    f"{self.settings.max_input_bytes}"
+                )
         size = len(json.dumps(cmd.input).encode())
         if size > self.settings.max_input_bytes:
             raise PayloadTooLarge(
@@ -106,20 +170,22 @@ class Submitter:
                     f"metadata of {size} bytes is over the limit of "
                     f"{self.settings.max_metadata_bytes}"
                 )
-        await self.runners.check(cmd.runner, cmd.input)
+        if cmd.workflow is None:
+            await self.runners.check(cmd.runner, cmd.input)
 
     async def submit(self, tenant: str, cmd: SubmitCommand) -> SubmitReply:
         await self._check_input(cmd)
+        workflow = await self._workflow(tenant, cmd)
         # A request_id used before is found by the insert (ON CONFLICT), or for a session
         # by `_make_room` under the session's lock, before it changes anything.
         canceled: list[Run] = []
         try:
             if cmd.session_id is None:
-                run = await self._insert(self.store, tenant, cmd)
+                run = await self._insert(self.store, tenant, cmd, workflow)
             else:
                 async with self.store.session_lock(tenant, cmd.session_id) as tx:
                     canceled = await self._make_room(tx, tenant, cmd.session_id, cmd)
-                    run = await self._insert(tx, tenant, cmd)
+                    run = await self._insert(tx, tenant, cmd, workflow)
         except _Duplicate:  # the request_id was used before: answer with the first run
             first = await self.store.run_by_request(tenant, cmd.request_id)
             if first is None:
@@ -173,15 +239,17 @@ class Submitter:
                 )
         return []
 
-    async def _insert(self, store: Store, tenant: str, cmd: SubmitCommand) -> Run:
+    async def _insert(
+        self, store: Store, tenant: str, cmd: SubmitCommand, workflow: dict[str, Any] | None
+    ) -> Run:
         run = await store.insert_run(
             run_id=str(uuid.uuid4()),
             tenant=tenant,
             request_id=cmd.request_id,
             session_id=cmd.session_id,
             multitask=cmd.multitask.value,
-            runner=cmd.runner,
-            input=cmd.input,
+            runner=cmd.runner if cmd.workflow is None else WORKFLOW_RUNNER,
+            input=cmd.input if cmd.workflow is None else cmd.workflow.input,
             metadata=cmd.metadata,
             max_attempts=cmd.max_attempts or self.settings.default_max_attempts,
             attempt_timeout_ms=cmd.attempt_timeout_ms or self.settings.default_attempt_timeout_ms,
@@ -189,10 +257,11 @@ class Submitter:
             actor=ACTOR,
             # The submit command's span: every later span of the run descends from it.
             trace_parent=tracing.current_traceparent(),
-            config_pin=self.runners.pin(cmd.runner, cmd.input),
+            config_pin=self.runners.pin(cmd.runner, cmd.input) if workflow is None else None,
             budget_tokens=cmd.budget_tokens,
             budget_cost=cmd.budget_cost,
             effects=cmd.effects,
+            workflow=workflow,
         )
         if run is None:
             raise _Duplicate("request_id already used")
@@ -224,7 +293,24 @@ class Submitter:
             )
             for e in await self.store.run_effects(run.run_id)
         ]
-        return RunReply(run=run.summary().model_copy(update={"effects": effects}))
+        nodes = (
+            [
+                NodeRunData(
+                    node_id=n["node_id"],
+                    slot=n["slot"],
+                    node_run_id=str(n["node_run_id"]),
+                    status=NodeStatus(n["status"]),
+                    attempt=n["attempt"],
+                    version=n["version"],
+                    output=n["output"],
+                    error=n["error"],
+                )
+                for n in await self.store.node_runs(run.run_id)
+            ]
+            if run.workflow is not None
+            else []
+        )
+        return RunReply(run=run.summary().model_copy(update={"effects": effects, "nodes": nodes}))
 
     async def set_budget(self, tenant: str, cmd: SetBudgetCommand) -> BudgetReply:
         limits = {name: getattr(cmd, name) for name in cmd.model_fields_set if name != "v"}
@@ -308,6 +394,9 @@ class Submitter:
             with bind(run_id=run.run_id, tenant=run.tenant):
                 if run.status != RunStatus.CANCELED:
                     await self.broker.notify(self.broker.subjects.cancel_notice(run.run_id))
+                if run.workflow is not None:  # its node runs that an executor runs now
+                    for node_run in await self.store.active_node_runs(run.run_id):
+                        await self.broker.notify(self.broker.subjects.cancel_notice(node_run))
                 code = run.cancel_error.code if run.cancel_error else None
                 log.info("cancel requested", extra=fields(code=code))
 

@@ -10,6 +10,7 @@ from runwire.contracts.commands import (
     GetBudgetCommand,
     GetCommand,
     GetPolicyCommand,
+    ReleaseCommand,
     ResolveEffectCommand,
     SetBudgetCommand,
     SetPolicyCommand,
@@ -19,6 +20,7 @@ from runwire.contracts.replies import (
     AbortSessionReply,
     BudgetReply,
     PolicyReply,
+    ReleaseReply,
     RunReply,
     SubmitReply,
 )
@@ -60,6 +62,12 @@ class SubmitterService(Service[SubmitterSettings]):
             """Submit a run. Submitting the same `request_id` again answers with the first
             run and `duplicate: true`."""
             return await self.submitter.submit(tenant(), body)
+
+        @command("release", max_bytes=settings.max_input_bytes)
+        async def release(body: ReleaseCommand) -> ReleaseReply:
+            """Publish a workflow release: a graph of nodes under an id and a version, for
+            good (the same id and version with another definition is refused)."""
+            return await self.submitter.release(tenant(), body)
 
         @command("get", max_bytes=settings.max_input_bytes)
         async def get(body: GetCommand) -> RunReply:

@@ -86,6 +86,17 @@ class RunnerCatalog:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), REFRESH_S)
 
+    async def require(self, runner: str, where: str = "") -> None:
+        """Raise InvalidRequest unless `runner` is known (`where` starts the message)."""
+        if runner in self.local:
+            return
+        age = time.monotonic() - self._loaded_at
+        if age >= REFRESH_S or (runner not in self._remote and age >= MISS_REFRESH_S):
+            await self._load(MISS_REFRESH_S if runner not in self._remote else REFRESH_S)
+        if runner not in self._remote:
+            known = ", ".join(self.names()) or "none"
+            raise InvalidRequest(f"{where}unknown runner {runner!r}; known runners: {known}")
+
     async def check(self, runner: str, value: dict[str, Any]) -> None:
         """Raise InvalidRequest unless `runner` is known and `value` fits its input."""
         spec = self.local.get(runner)
@@ -96,12 +107,7 @@ class RunnerCatalog:
                 except ValidationError as exc:
                     raise InvalidRequest(f"input for runner {runner!r}: {describe(exc)}") from exc
             return
-        age = time.monotonic() - self._loaded_at
-        if age >= REFRESH_S or (runner not in self._remote and age >= MISS_REFRESH_S):
-            await self._load(MISS_REFRESH_S if runner not in self._remote else REFRESH_S)
-        if runner not in self._remote:
-            known = ", ".join(self.names()) or "none"
-            raise InvalidRequest(f"unknown runner {runner!r}; known runners: {known}")
+        await self.require(runner)
         validator = self._remote[runner]
         if validator is None:
             return

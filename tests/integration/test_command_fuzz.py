@@ -41,6 +41,12 @@ VALID: dict[str, dict[str, Any]] = {
     "get_budget": {"v": 1},
     "set_policy": {"v": 1, "effects": None},
     "get_policy": {"v": 1},
+    "release": {
+        "v": 1,
+        "release_id": "fuzzed",
+        "version": 1,
+        "definition": {"nodes": [{"id": "a", "runner": "scripted", "input": {"tokens": ["ok"]}}]},
+    },
 }
 
 NESTED_LIST: list[Any] = []

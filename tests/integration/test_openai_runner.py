@@ -10,6 +10,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -389,3 +390,42 @@ async def test_a_model_that_keeps_calling_tools_fails_at_max_steps(
     assert run.error is not None
     assert run.error.code == ErrorCode.RUNNER_FATAL
     assert "max_steps" in run.error.message
+
+
+EXAMPLE_WORKFLOW = Path(__file__).parents[2] / "examples" / "workflows" / "support_reply.json"
+
+
+async def test_the_example_workflow_falls_back_to_the_cheaper_model(
+    infra: Servers, db_url: str, prefix: str
+) -> None:
+    async with OpenAIServer() as server, openai_stack(infra, db_url, prefix, server) as stack:
+        server.queue(
+            Status(400, "model gpt-4o is not available to you"),  # `answer`: fatal
+            Stream(text_answer("Tyres ", "are 20% off.")),  # `answer_mini`, in its place
+            Stream(text_answer("Good news: tyres are 20% off!")),  # `review`
+        )
+        definition = json.loads(EXAMPLE_WORKFLOW.read_text())
+        await stack.client.release("support-reply", 1, definition)
+        reply = await stack.client.submit_workflow(
+            "support-reply", {"question": "Any deals on tyres?"}
+        )
+        frames, _ = await collect(stack.client, reply.run.run_id, timeout=60)
+        run = await stack.client.get(reply.run.run_id)
+
+    assert run.status == RunStatus.FINISHED
+    assert {n.node_id: n.status.value for n in run.nodes} == {
+        "answer": "failed",
+        "answer_mini": "completed",
+        "review": "completed",
+    }
+    nodes = [(f.data["node_id"], f.data["action"]) for f in frames if f.type == FrameType.NODE]
+    assert ("answer", "fell_back") in nodes
+    # Each model got what the release maps into it: the question, then the answer.
+    asked = [(r.body["model"], r.body["messages"][-1]["content"]) for r in server.requests]
+    assert asked == [
+        ("gpt-4o", "Any deals on tyres?"),
+        ("gpt-4o-mini", "Any deals on tyres?"),
+        ("gpt-4o-mini", "Tyres are 20% off."),
+    ]
+    assert run.result is not None
+    assert run.result["outputs"]["review"]["text"] == "Good news: tyres are 20% off!"

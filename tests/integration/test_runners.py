@@ -136,8 +136,11 @@ async def test_executors_and_the_submitter_report_their_runners(
         await stack.client.submit({"ms": 1}, runner="slow")
         (submitter,) = await stack.client.health("submitter")
 
-    assert executors == [["echo", "openai", "scripted"], ["openai", "scripted", "slow"]]
-    assert submitter.runners == ["echo", "openai", "scripted", "slow"]
+    assert executors == [
+        ["echo", "effect", "openai", "scripted"],
+        ["effect", "openai", "scripted", "slow"],
+    ]
+    assert submitter.runners == ["echo", "effect", "openai", "scripted", "slow"]
 
 
 async def test_a_runner_named_in_the_setting_is_registered(

@@ -23,7 +23,7 @@ from runwire.contracts.commands import BODIES
 from runwire.contracts.events import RunEvent
 from runwire.contracts.frames import Job, RawFrame
 from runwire.contracts.health import HealthReply
-from runwire.contracts.replies import BudgetReply, PolicyReply
+from runwire.contracts.replies import BudgetReply, PolicyReply, ReleaseReply
 from runwire.contracts.subjects import COMMANDS
 
 pytestmark = pytest.mark.unit
@@ -34,6 +34,7 @@ SERVICES = ("submitter", "executor", "relay", "recovery")
 
 REPLIES: dict[str, type[BaseModel]] = {
     "submit": SubmitReply,
+    "release": ReleaseReply,
     "cancel": RunReply,
     "get": RunReply,
     "abort_session": AbortSessionReply,

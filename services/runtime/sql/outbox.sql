@@ -34,9 +34,11 @@ SELECT id, kind, tenant, run_id, msg_id, body::text AS body, trace_parent,
 -- outbox_lock; the row locks keep an older version's publisher off them too), each as
 -- its message: `event:<run_id>:<row id>`, the RunEvent body.
 SELECT e.id, 'event' AS kind, r.tenant, e.run_id, 'event:' || e.run_id || ':' || e.id AS msg_id,
-       jsonb_build_object('v', 1, 'run_id', e.run_id, 'session_id', r.session_id,
+       (jsonb_build_object('v', 1, 'run_id', e.run_id, 'session_id', r.session_id,
                           'event', e.event, 'status', e.status, 'attempt', e.attempt,
-                          'code', e.code, 'at', rfc3339(e.at))::text AS body,
+                          'code', e.code, 'at', rfc3339(e.at))
+       || CASE WHEN e.seq IS NULL THEN '{}'::jsonb
+               ELSE jsonb_build_object('node', e.node_id, 'seq', e.seq) END)::text AS body,
        r.trace_parent
   FROM run_events e JOIN runs r USING (run_id)
  WHERE e.published_at IS NULL

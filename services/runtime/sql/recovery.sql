@@ -155,3 +155,10 @@ WITH upd AS (
       FROM upd
 )
 SELECT run_id FROM upd;
+
+-- name: workflow_sweep
+-- Node runs past their deadline time out (and their on_failure applies); runs of node
+-- runs whose workflow run ended are stopped. What that implies waits in the outbox under
+-- `xact`.
+SELECT timed_out, stopped, pg_current_xact_id_if_assigned()::text AS xact
+  FROM workflow_sweep($1);

@@ -14,6 +14,11 @@ SELECT 1 AS ok;
 -- Every recorded transition, oldest first (for audits and tests).
 SELECT run_id, event, status, attempt, actor, code, reason, at FROM run_events ORDER BY at, id;
 
+-- name: run_events
+-- One run's recorded transitions, in the order they were written (for audits and tests).
+SELECT event, status, attempt, actor, code, reason, at, node_id, seq, idempotency_key
+  FROM run_events WHERE run_id = $1 ORDER BY id;
+
 -- name: run_status_values
 SELECT enumlabel FROM pg_enum e JOIN pg_type t ON t.oid = e.enumtypid
  WHERE t.typname = 'run_status' ORDER BY e.enumsortorder;

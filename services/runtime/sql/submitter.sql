@@ -14,11 +14,11 @@ WITH quota AS (
     INSERT INTO runs (run_id, tenant, request_id, session_id, multitask, runner, input,
                       metadata, max_attempts, attempt_timeout_ms, queue_timeout_ms,
                       job_published_at, created_at, updated_at, trace_parent, config_pin,
-                      budget_tokens, budget_cost, effects, auth_fence)
+                      budget_tokens, budget_cost, effects, auth_fence, workflow)
     SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,
            CASE WHEN session_blocked($2, $4, NULL) THEN NULL ELSE now() END,
            clock_timestamp(), clock_timestamp(), $13, $14, $15, $16, $17,
-           run_authorization($2, $17)
+           run_authorization($2, $17), $18
       FROM quota WHERE quota.ok
     ON CONFLICT (tenant, request_id) DO NOTHING
     RETURNING *
@@ -178,3 +178,31 @@ RETURNING effects, version;
 -- name: tenant_policy
 SELECT p.effects, coalesce(p.version, 0) AS version
   FROM (SELECT $1::text AS tenant) t LEFT JOIN tenant_policies p ON p.tenant = t.tenant;
+
+-- name: insert_release
+-- A release, once: the stored one when its id and version exist (compare its digest).
+WITH ins AS (
+    INSERT INTO releases (tenant, release_id, version, definition, digest)
+    VALUES ($1, $2, $3, $4, $5)
+    ON CONFLICT (tenant, release_id, version) DO NOTHING
+    RETURNING digest, definition, true AS created
+)
+SELECT * FROM ins
+UNION ALL
+SELECT digest, definition, false FROM releases
+ WHERE tenant = $1 AND release_id = $2 AND version = $3 AND NOT EXISTS (SELECT 1 FROM ins);
+
+-- name: get_release
+-- A release by id and version ($3 NULL: its highest version).
+SELECT release_id, version, definition, digest FROM releases
+ WHERE tenant = $1 AND release_id = $2 AND ($3::integer IS NULL OR version = $3)
+ ORDER BY version DESC LIMIT 1;
+
+-- name: node_runs
+-- A workflow run's node runs, in the order they were created.
+SELECT node_id, slot, node_run_id, status::text AS status, attempt, version, output, error
+  FROM node_runs WHERE run_id = $1 ORDER BY created_at, node_id;
+
+-- name: active_node_runs
+-- The node runs' runs of a workflow run that an executor may still be running.
+SELECT run_id FROM runs WHERE parent_run_id = $1 AND status = 'running';

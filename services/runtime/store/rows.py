@@ -11,6 +11,7 @@ import asyncpg
 from runwire.contracts.errors import ErrorBody
 from runwire.contracts.replies import RunSummary
 from runwire.contracts.status import RunStatus
+from runwire.contracts.workflows import ReleaseRef
 
 
 def parse_run_id(run_id: str) -> uuid.UUID | None:
@@ -76,6 +77,12 @@ class Run:
     # The run's secret, which signs its attempts' raw frames (runwire.runtime.tokens); None
     # for a run created before runwire had one. Services only: never in a reply or a log.
     frame_secret: str | None = field(default=None, repr=False)
+    # A workflow run: its release ({release_id, version}).
+    workflow: dict[str, Any] | None = None
+    # A node run: its workflow run, its node, its node's backoff (None: the executor's).
+    parent_run_id: str | None = None
+    node_id: str | None = None
+    retry_base_ms: int | None = None
     # The transaction of the transition that returned this row: what it implies waits in
     # the outbox under this id, for the service to publish (None for a plain read).
     xact: str | None = None
@@ -121,6 +128,10 @@ class Run:
             job_checked_at=rec["job_checked_at"],
             config_pin=rec.get("config_pin"),
             frame_secret=rec.get("frame_secret"),
+            workflow=rec.get("workflow"),
+            parent_run_id=str(rec["parent_run_id"]) if rec.get("parent_run_id") else None,
+            node_id=rec.get("node_id"),
+            retry_base_ms=rec.get("retry_base_ms"),
             xact=rec.get("xact"),
         )
 
@@ -142,6 +153,9 @@ class Run:
             frames_complete=self.frames_closed,
             result=self.result,
             error=self.error,
+            workflow=ReleaseRef.model_validate(self.workflow) if self.workflow else None,
+            parent_run_id=self.parent_run_id,
+            node_id=self.node_id,
         )
 
 

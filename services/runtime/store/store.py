@@ -12,6 +12,7 @@ segments, outbox) over one pool.
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -113,6 +114,11 @@ class Store(SubmitterQueries, ExecutorQueries, RecoveryQueries, RelayQueries, Ou
         """Every recorded transition of every run, oldest first."""
         rows = await self._fetch("events_timeline")
         return [{**dict(r), "run_id": str(r["run_id"])} for r in rows]
+
+    async def run_events(self, run_id: str) -> list[dict[str, Any]]:
+        """One run's transitions (node events with their node, number and key), oldest
+        first."""
+        return [dict(r) for r in await self._fetch("run_events", uuid.UUID(run_id))]
 
     async def run_status_values(self) -> list[str]:
         return [r["enumlabel"] for r in await self._fetch("run_status_values")]

@@ -89,6 +89,7 @@ class SubmitterQueries(Queries):
         budget_tokens: int | None = None,
         budget_cost: int | None = None,
         effects: list[str] | None = None,
+        workflow: dict[str, Any] | None = None,
     ) -> Run | None:
         """Create a queued run; None when the tenant already has this request_id.
         `config_pin`: the fingerprint of the configuration its attempts must run with."""
@@ -111,7 +112,34 @@ class SubmitterQueries(Queries):
             budget_tokens,
             budget_cost,
             effects,
+            workflow,
         )
+
+    async def insert_release(
+        self, tenant: str, release_id: str, version: int, definition: dict[str, Any], digest: str
+    ) -> tuple[str, bool] | None:
+        """Store a release once: the stored digest and whether this call created it (None
+        when another submitter stored it meanwhile: read it with `get_release`)."""
+        rec = await self._fetchrow(
+            "insert_release", tenant, release_id, version, definition, digest
+        )
+        return (rec["digest"], rec["created"]) if rec else None
+
+    async def get_release(
+        self, tenant: str, release_id: str, version: int | None
+    ) -> dict[str, Any] | None:
+        """A release (release_id, version, definition, digest); its highest version when
+        `version` is None."""
+        rec = await self._fetchrow("get_release", tenant, release_id, version)
+        return dict(rec) if rec else None
+
+    async def node_runs(self, run_id: str) -> list[dict[str, Any]]:
+        """A workflow run's node runs, oldest first."""
+        return [dict(r) for r in await self._fetch("node_runs", uuid.UUID(run_id))]
+
+    async def active_node_runs(self, run_id: str) -> list[str]:
+        """The runs of a workflow run's nodes that are running now."""
+        return [str(r["run_id"]) for r in await self._fetch("active_node_runs", uuid.UUID(run_id))]
 
     async def request_cancel(
         self,

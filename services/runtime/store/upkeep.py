@@ -41,6 +41,14 @@ class RecoveryQueries(Queries):
         rec = await self._fetchrow("release_sessions", limit, actor)
         return int(rec["released"]) if rec else 0
 
+    async def workflow_sweep(self, limit: int) -> tuple[int, int, str | None]:
+        """Time out node runs past their deadline and stop the runs of node runs whose
+        workflow run ended: how many of each, and the transaction whose outbox rows
+        carry what that implies."""
+        rec = await self._fetchrow("workflow_sweep", limit)
+        assert rec is not None
+        return int(rec["timed_out"]), int(rec["stopped"]), rec["xact"]
+
     async def release_orphaned_reservations(self) -> int:
         """Release the budget reservations nobody will settle; how many."""
         return len(await self._fetch("release_orphaned_reservations"))
