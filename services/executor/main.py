@@ -238,7 +238,9 @@ class Executor:
             await self._not_claimed(job, msg)
             return
         if run.parent_run_id is not None:
+            # A node run's claim started its node: the `node` frame waits in the outbox.
             await faults.point(faults.NODE_CLAIMED)
+            await self.outbox.dispatch(run)
         with tracing.span(
             "attempt",
             parent or tracing.context_of(run.trace_parent),

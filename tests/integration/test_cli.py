@@ -151,3 +151,63 @@ async def test_policy_sets_and_shows_the_effect_kinds_a_tenant_may_perform(
     )
     assert code != 0
     assert "effect kind" in err or "pattern" in err
+
+
+async def test_release_submit_and_the_node_tree_of_a_workflow(
+    stack: InProcessStack, stack_dir: Path
+) -> None:
+    env = _clean_env()
+    definition = {
+        "nodes": [
+            {
+                "id": "draft",
+                "runner": "scripted",
+                "input": {
+                    "tokens": ["x"],
+                    "fail": [{"attempt": 1, "after_tokens": 0, "kind": "fatal"}],
+                },
+                "on_failure": "fallback",
+                "fallback": "backup",
+            },
+            {"id": "backup", "runner": "scripted", "input": {"tokens": ["b"]}},
+            {"id": "send", "runner": "scripted", "input": {"tokens": [{"$ref": "input.to"}]}},
+        ],
+        "edges": [{"from": "draft", "to": "send"}],
+    }
+    (stack_dir / "flow.json").write_text(json.dumps(definition))
+    code, out, err = await _runwire("release", "flow", "1", "flow.json", cwd=stack_dir, env=env)
+    assert code == 0, err
+    assert out.startswith("release flow v1: published (3 nodes, digest ")
+    code, out, err = await _runwire("release", "flow", "1", "flow.json", cwd=stack_dir, env=env)
+    assert "already published, unchanged" in out
+
+    code, out, err = await _runwire(
+        "submit", "--workflow", "flow", "--input", '{"to": "ada"}', cwd=stack_dir, env=env
+    )
+    assert code == 0, err
+    run_id = out.split()[1]
+    code, out, err = await _runwire("get", run_id, "--nodes", "--watch", cwd=stack_dir, env=env)
+    assert code == 0, err
+    # The last tree: the fallback under the node it stands in for.
+    last = out.strip().split("\n")[-4:]
+    assert last[0] == f"run {run_id} finished (release flow v1)"
+    assert last[1].split() == ["draft", "failed", "attempt", "1", "RUNNER_FATAL"]
+    assert last[2].split() == [
+        "└─",
+        "backup",
+        "completed",
+        "attempt",
+        "1",
+        "(in",
+        "place",
+        "of",
+        "draft)",
+    ]
+    assert last[3].split() == ["send", "completed", "attempt", "1"]
+
+    (stack_dir / "cyclic.json").write_text(
+        json.dumps({"nodes": definition["nodes"][:1], "edges": [{"from": "draft", "to": "draft"}]})
+    )
+    code, _, err = await _runwire("release", "loop", "1", "cyclic.json", cwd=stack_dir, env=env)
+    assert code == 2
+    assert "cycle" in err

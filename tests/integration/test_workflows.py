@@ -306,18 +306,24 @@ async def test_node_events_are_numbered_once_each_with_times_in_order(
     ]
 
 
-async def test_cancel_stops_every_running_node(stack: InProcessStack) -> None:
+@pytest.mark.parametrize("stop", ["cancel", "abort_session"])
+async def test_cancel_and_abort_session_stop_every_running_node(
+    stop: str, stack: InProcessStack
+) -> None:
     definition = {"nodes": [node(f"long-{i}", ["t"] * 1000, token_delay_ms=20) for i in range(3)]}
     await stack.client.release("long", 1, definition)
-    reply = await stack.client.submit_workflow("long", {})
+    reply = await stack.client.submit_workflow("long", {}, session_id="chat-1")
 
     async def all_running() -> bool:
         run = await stack.client.get(reply.run.run_id)
         return len(run.nodes) == 3 and all(n.status == NodeStatus.RUNNING for n in run.nodes)
 
     await eventually(all_running, timeout=20)
-    canceled = await stack.client.cancel(reply.run.run_id)
-    assert canceled.status == RunStatus.CANCELED
+    if stop == "cancel":
+        canceled = await stack.client.cancel(reply.run.run_id)
+        assert canceled.status == RunStatus.CANCELED
+    else:
+        assert await stack.client.abort_session("chat-1") == [reply.run.run_id]
     frames, _ = await collect(stack.client, reply.run.run_id)
     assert frames[-1].data == {"status": "canceled", "code": "CANCELED"}
     assert [a for _, a in node_frames(frames)][-3:] == ["failed"] * 3

@@ -22,7 +22,8 @@ WITH upd AS (
     INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
     SELECT run_id, 'claimed', status, attempts, $3, 'attempt started' FROM upd
 )
-SELECT * FROM upd;
+-- A node run's claim implies its `node` frame: the executor publishes it (`xact`).
+SELECT *, pg_current_xact_id()::text AS xact FROM upd;
 
 -- name: heartbeat
 UPDATE runs
