@@ -74,18 +74,32 @@ async def test_every_service_works_as_its_own_role(
     assert denied == []
 
 
+# What triggers write with the owner's rights, which no service may call itself: a
+# workflow's changes, the outbox, a frame signed with a run's secret.
+OWNER_ONLY = [
+    "SELECT workflow_fail(r, '{}', 'x') FROM runs r",
+    "SELECT workflow_node_create(r, '{}', 'a', 'a', 'x') FROM runs r",
+    "SELECT workflow_cancel_runs(gen_random_uuid(), NULL, '{}', 'x', 'y')",
+    "SELECT outbox_put('job', 't', gen_random_uuid(), NULL, '{}', NULL, now())",
+    "SELECT outbox_frame(r, 1, 1, 'done', '{}') FROM runs r",
+]
+
 DENIED = {
     "runwire_submitter": [
         "DELETE FROM runs",
         "DELETE FROM frame_segments",
         "INSERT INTO runners (name, registered_by) VALUES ('x', 'y')",
         "UPDATE budget_reservations SET state = 'released'",
+        "SELECT workflow_sweep(10)",
+        *OWNER_ONLY,
     ],
     "runwire_executor": [
         "DELETE FROM runs",
         "UPDATE tenant_budgets SET tokens = 1",
         "INSERT INTO tenant_policies (tenant) VALUES ('x')",
         "DELETE FROM frame_segments",
+        "SELECT workflow_sweep(10)",
+        *OWNER_ONLY,
     ],
     "runwire_relay": [
         "DELETE FROM runs",
@@ -93,6 +107,7 @@ DENIED = {
         "SELECT * FROM tenant_budgets",
         "INSERT INTO run_events (run_id, event, status, attempt, actor) "
         "VALUES (gen_random_uuid(), 'failed', 'failed', 1, 'x')",
+        *OWNER_ONLY,
     ],
     "runwire_recovery": [
         "DELETE FROM runs",
@@ -100,6 +115,7 @@ DENIED = {
         "INSERT INTO effects (run_id, key, kind, idempotency_key, request, request_digest) "
         "VALUES (gen_random_uuid(), 'k', 'http', 'i', '{}', 'd')",
         "DROP TABLE runs",
+        *OWNER_ONLY,
     ],
 }
 

@@ -1,5 +1,6 @@
 """The Postgres schema: statuses agree with the contract; migrations are safe to re-run."""
 
+import asyncio
 import json
 import re
 import uuid
@@ -11,10 +12,11 @@ import pytest
 import runwire.runtime
 from runwire.contracts.events import RunEventName
 from runwire.contracts.status import RunStatus
-from runwire.runtime.errors import MigrationFailed
+from runwire.runtime.errors import CANCELED_ERROR, MigrationFailed
 from runwire.runtime.store import OutboxKind, Store, migrate
 from runwire.runtime.store.schema import QUERIES
 from runwire.testing.servers import Servers
+from runwire.testing.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -207,3 +209,63 @@ async def test_one_replica_at_a_time_sweeps_the_outbox(db_url: str) -> None:
                 assert ids[0] > earlier
     finally:
         await store.close()
+
+
+async def test_a_statement_rolled_back_to_break_a_deadlock_runs_again(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = await Store.connect(db_url, pool_size=2)
+    other = await asyncpg.connect(db_url)
+    try:
+        runs = []
+        for i in range(2):
+            run = await store.insert_run(
+                run_id=str(uuid.uuid4()),
+                tenant="default",
+                request_id=f"d-{i}",
+                session_id="s",
+                multitask="enqueue",
+                runner="scripted",
+                input={"tokens": ["x"]},
+                metadata={},
+                max_attempts=3,
+                attempt_timeout_ms=1000,
+                queue_timeout_ms=None,
+                actor="test",
+            )
+            assert run is not None
+            runs.append(uuid.UUID(run.run_id))
+        first, second = runs
+        # Another transaction holds the second run; the store's statement (both runs of
+        # the session, in their order) takes the first and waits for the second.
+        await other.execute("SET deadlock_timeout = '10s'")  # the store's side gives way
+        tx = other.transaction()
+        await tx.start()
+        await other.execute("UPDATE runs SET updated_at = now() WHERE run_id = $1", second)
+        cancel = asyncio.create_task(
+            store.cancel_session("default", "s", CANCELED_ERROR, "test", grace_ms=0)
+        )
+
+        async def waiting() -> bool:
+            return bool(
+                await other.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND query LIKE '%cancel_requested%'"
+                )
+            )
+
+        await eventually(waiting, timeout=10)
+        # Now the other transaction wants the first run: a deadlock, which Postgres breaks
+        # by rolling the store's statement back; the store runs it again.
+        taken = asyncio.create_task(
+            other.execute("UPDATE runs SET updated_at = now() WHERE run_id = $1", first)
+        )
+        await asyncio.wait_for(taken, 15)
+        await tx.commit()
+        canceled = await asyncio.wait_for(cancel, 15)
+    finally:
+        await other.close()
+        await store.close()
+    assert sorted(uuid.UUID(r.run_id) for r in canceled) == sorted(runs)
+    assert {r.status for r in canceled} == {RunStatus.CANCELED}
+    assert any("met a deadlock" in r.getMessage() for r in caplog.records)

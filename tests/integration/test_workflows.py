@@ -15,8 +15,10 @@ from runwire.contracts.frames import Frame, FrameType
 from runwire.contracts.replies import RunSummary
 from runwire.contracts.status import RunStatus
 from runwire.contracts.workflows import NodeStatus
+from runwire.testing.servers import Servers
 from runwire.testing.waiting import eventually
 from tests.effect_server import EffectServer
+from tests.runners import spend
 from tests.services import InProcessStack, assert_well_formed, collect
 
 pytestmark = pytest.mark.integration
@@ -439,3 +441,31 @@ async def test_an_effect_node_sends_what_the_node_before_it_wrote_once(
     email = next(n for n in run.nodes if n.node_id == "email")
     node_run = await stack.client.get(email.node_run_id)
     assert [(e.key, e.state.value) for e in node_run.effects] == [("node", "committed")]
+
+
+async def test_the_node_runs_share_the_workflow_runs_budget(
+    infra: Servers, db_url: str, prefix: str
+) -> None:
+    spend_60 = {"reserve": 60, "use": 60, "hold_ms": 0}
+    definition = {
+        "nodes": [
+            {"id": "first", "runner": "spend", "input": spend_60},
+            {"id": "second", "runner": "spend", "input": spend_60, "on_failure": "skip"},
+        ],
+        "edges": edges("first>second"),
+    }
+    async with InProcessStack(
+        infra.nats_url, db_url, prefix, runners={"spend": spend}, db_roles=infra.service_roles
+    ) as stack:
+        await stack.client.release("costly", 1, definition)
+        reply = await stack.client.submit_workflow("costly", {}, budget_tokens=100)
+        await collect(stack.client, reply.run.run_id, timeout=60)
+        run = await stack.client.get(reply.run.run_id)
+
+    assert run.status == RunStatus.FINISHED
+    assert statuses(run) == {"first": NodeStatus.COMPLETED, "second": NodeStatus.SKIPPED}
+    second = next(n for n in run.nodes if n.node_id == "second")
+    # 60 of the workflow run's 100 tokens were spent by the first node: 40 are left.
+    assert second.error is not None
+    assert second.error["code"] == "BUDGET_EXCEEDED"
+    assert "40" in second.error["message"]

@@ -15,7 +15,10 @@
 --
 -- Lock order, everywhere: a node's run, then its workflow run, then `node_runs` rows;
 -- a workflow run never waits for a node's run (it stops them with SKIP LOCKED, and the
--- sweep of `workflow_sweep` stops the ones it skipped).
+-- sweep of `workflow_sweep` stops the ones it skipped), and the sweep never waits at
+-- all. Statements that change many runs at once (a relay's flush, a batch of expired
+-- leases) may still meet another in a deadlock: Postgres rolls one back, and the store
+-- runs a statement of its own again (runtime/store/queries.py).
 
 CREATE TABLE releases (
     tenant      text NOT NULL,
@@ -31,8 +34,7 @@ ALTER TABLE runs ADD COLUMN workflow jsonb;        -- {release_id, version}: a w
 ALTER TABLE runs ADD COLUMN parent_run_id uuid REFERENCES runs (run_id) ON DELETE CASCADE;
 ALTER TABLE runs ADD COLUMN node_id text;          -- a node run: the node it runs
 ALTER TABLE runs ADD COLUMN retry_base_ms integer; -- a node's backoff (NULL: the executor's)
-CREATE INDEX runs_active_nodes ON runs (parent_run_id)
-    WHERE parent_run_id IS NOT NULL AND status IN ('queued', 'running', 'recovering');
+CREATE INDEX runs_by_parent ON runs (parent_run_id) WHERE parent_run_id IS NOT NULL;
 
 -- What Postgres keeps while it drives a workflow run: its release's definition, the
 -- last seq of the `node` frames it wrote (generation 1), and the number and time of its
@@ -123,6 +125,71 @@ BEGIN
 END
 $$;
 
+-- A workflow run's budgets (`budget_tokens`, `budget_cost`) are shared by its node runs:
+-- a reservation of a node run must fit what the workflow run and all its node runs have
+-- reserved and spent (under the tenant's lock, as before), not a budget of its own.
+CREATE OR REPLACE FUNCTION budget_reserve(p_run uuid, p_key text, p_tokens bigint,
+                                          p_cost bigint, p_generation integer)
+RETURNS TABLE (granted boolean, tenant_left bigint, run_left bigint,
+               tenant_cost_left bigint, run_cost_left bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_run runs;
+    v_owner runs;
+    v_limit tenant_budgets;
+    v_spent tenant_spend;
+    v_run_tokens bigint;
+    v_run_cost bigint;
+BEGIN
+    SELECT * INTO v_run FROM runs WHERE run_id = p_run;
+    IF NOT FOUND OR v_run.generation <> p_generation OR v_run.status <> 'running' THEN
+        RETURN;  -- no row: the attempt no longer holds the run
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtext('runwire.budget'), hashtext(v_run.tenant));
+    IF EXISTS (SELECT 1 FROM budget_reservations WHERE run_id = p_run AND key = p_key) THEN
+        RETURN QUERY SELECT true, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint;
+        RETURN;
+    END IF;
+    v_owner := v_run;
+    IF v_run.parent_run_id IS NOT NULL THEN
+        SELECT * INTO v_owner FROM runs WHERE run_id = v_run.parent_run_id;
+    END IF;
+    SELECT * INTO v_limit FROM tenant_budgets WHERE tenant = v_run.tenant;
+    SELECT * INTO v_spent FROM tenant_spend WHERE tenant = v_run.tenant;
+    SELECT coalesce(sum(budget_charge(state, tokens, used)), 0),
+           coalesce(sum(budget_charge(state, cost, cost_used)), 0)
+      INTO v_run_tokens, v_run_cost
+      FROM budget_reservations
+     WHERE run_id = v_owner.run_id
+        OR (v_owner.workflow IS NOT NULL
+            AND run_id IN (SELECT run_id FROM runs WHERE parent_run_id = v_owner.run_id));
+    tenant_left := v_limit.tokens - coalesce(v_spent.tokens, 0);
+    run_left := v_owner.budget_tokens - v_run_tokens;
+    tenant_cost_left := v_limit.cost - coalesce(v_spent.cost, 0);
+    run_cost_left := v_owner.budget_cost - v_run_cost;
+    IF p_tokens > coalesce(tenant_left, p_tokens) OR p_tokens > coalesce(run_left, p_tokens)
+       OR p_cost > coalesce(tenant_cost_left, p_cost) OR p_cost > coalesce(run_cost_left, p_cost)
+    THEN
+        granted := false;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    INSERT INTO budget_reservations (run_id, key, tenant, generation, tokens, cost)
+    VALUES (p_run, p_key, v_run.tenant, p_generation, p_tokens, p_cost);
+    INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
+    VALUES (p_run, 'budget_reserved', v_run.status, v_run.attempts,
+            coalesce(v_run.lease_owner, 'executor'),
+            p_key || ': ' || p_tokens || ' tokens'
+                  || CASE WHEN p_cost > 0 THEN ', ' || p_cost || ' cost units' ELSE '' END);
+    granted := true;
+    tenant_left := tenant_left - p_tokens;
+    run_left := run_left - p_tokens;
+    tenant_cost_left := tenant_cost_left - p_cost;
+    run_cost_left := run_cost_left - p_cost;
+    RETURN NEXT;
+END
+$$;
+
 -- A node's input template with every {"$ref": "a.b.c"} replaced by that path of `p_ctx`
 -- ({"input": ..., "nodes": {slot: output}}), or null where the path has no value.
 CREATE FUNCTION workflow_resolve(p_template jsonb, p_ctx jsonb) RETURNS jsonb
@@ -210,6 +277,7 @@ RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
     v_node node_runs;
     v_data jsonb;
+    v_generation integer;
 BEGIN
     UPDATE node_runs
        SET status = p_status, version = version + 1, attempt = greatest(attempt, p_attempt),
@@ -222,9 +290,13 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    -- A key used before (never, while changes are fenced by version) keeps its event.
+    -- The key names the attempt by its generation, which only grows (an attempt handed
+    -- back at shutdown does not count, so `attempt` may repeat). A key used before keeps
+    -- its event.
+    SELECT generation INTO v_generation FROM runs WHERE run_id = v_node.node_run_id;
     PERFORM workflow_event(p_run, v_node, 'node_' || p_action,
-                           p_action || ':' || v_node.node_run_id || ':' || v_node.attempt,
+                           p_action || ':' || v_node.node_run_id || ':'
+                               || coalesce(v_generation, 0),
                            p_error->>'code', p_reason, p_actor);
     IF NOT p_quiet THEN
         v_data := jsonb_build_object('node_id', v_node.node_id, 'slot', v_node.slot,
@@ -282,7 +354,8 @@ BEGIN
                       max_attempts, attempt_timeout_ms, job_published_at, created_at,
                       updated_at, trace_parent, budget_tokens, budget_cost, effects,
                       auth_fence, parent_run_id, node_id, retry_base_ms)
-    VALUES (v_id, p_run.tenant, p_run.run_id || ':' || p_node, 'enqueue',
+    -- Its request_id comes from its random id: no client's submit can take it first.
+    VALUES (v_id, p_run.tenant, 'node:' || v_id, 'enqueue',
             coalesce(v_spec->>'runner', 'effect'), v_input,
             jsonb_build_object('workflow_run', p_run.run_id, 'node', p_node),
             CASE WHEN v_spec->>'on_failure' = 'fail_run' THEN 1  -- fails the run at once
@@ -580,7 +653,9 @@ $$;
 
 CREATE TRIGGER workflow_run_before BEFORE INSERT OR UPDATE ON runs
     FOR EACH ROW WHEN (NEW.workflow IS NOT NULL) EXECUTE FUNCTION workflow_run_before();
-CREATE TRIGGER workflow_run_after AFTER INSERT OR UPDATE ON runs
+-- Named to fire before `runs_publish_update` (triggers fire in name order): a cancel's
+-- node frames are written before the closing frames that follow them.
+CREATE TRIGGER runs_advance_workflow AFTER INSERT OR UPDATE ON runs
     FOR EACH ROW WHEN (NEW.workflow IS NOT NULL) EXECUTE FUNCTION workflow_run_after();
 CREATE TRIGGER workflow_node_run_changed AFTER UPDATE OF status ON runs
     FOR EACH ROW WHEN (NEW.parent_run_id IS NOT NULL AND OLD.status IS DISTINCT FROM NEW.status)
@@ -607,7 +682,10 @@ BEGIN
         -- The lock order: the node's run, then its workflow run.
         PERFORM 1 FROM runs WHERE run_id = v_due.node_run_id FOR UPDATE SKIP LOCKED;
         CONTINUE WHEN NOT FOUND;
-        SELECT * INTO v_run FROM runs WHERE run_id = v_due.run_id FOR UPDATE;
+        -- Never waits while holding what it took before: a busy workflow run is taken
+        -- on a later tick.
+        SELECT * INTO v_run FROM runs WHERE run_id = v_due.run_id FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
         SELECT * INTO v_node FROM node_runs WHERE node_run_id = v_due.node_run_id;
         CONTINUE WHEN v_node.status NOT IN ('ready', 'running', 'waiting')
                    OR v_node.deadline_at > now() OR run_terminal(v_run.status);
@@ -629,6 +707,10 @@ BEGIN
                     AND NOT c.cancel_requested AND run_terminal(p.status)
                   LIMIT p_limit
     LOOP
+        -- Their triggers take the ended workflow run: take it first, without waiting (no
+        -- one waits for a node's run while holding its workflow run: SKIP LOCKED).
+        PERFORM 1 FROM runs WHERE run_id = v_due.run_id FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
         stopped := stopped + workflow_cancel_runs(
             v_due.run_id, NULL,
             jsonb_build_object('code', 'CANCELED', 'retryable', false,
@@ -638,7 +720,11 @@ BEGIN
 END
 $$;
 
--- What a transition implies is written with the rights of the owner (as in 0015).
+-- What a transition implies is written with the rights of the owner (as in 0015), with a
+-- search path that ends in pg_temp (a session's temporary tables never stand in for
+-- ours). Only triggers and recovery call these: no role may call them directly (a
+-- trigger's function needs no EXECUTE right of whoever fires it). 0015's helpers get the
+-- same treatment; the services call only `release_session_turn` (recovery) directly.
 DO $$
 DECLARE
     v_function regprocedure;
@@ -646,13 +732,21 @@ BEGIN
     FOR v_function IN
         SELECT p.oid::regprocedure FROM pg_proc p
           JOIN pg_namespace n ON n.oid = p.pronamespace
-         WHERE n.nspname = current_schema() AND p.proname LIKE 'workflow\_%'
+         WHERE n.nspname = current_schema()
+           AND ((p.proname LIKE 'workflow\_%'
+                 AND p.proname NOT IN ('workflow_resolve', 'workflow_node'))  -- pure
+                OR p.proname IN ('run_messages', 'outbox_put', 'outbox_frame',
+                                 'release_session_turn', 'budget_spend_track',
+                                 'effect_budget_close'))
     LOOP
-        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path FROM CURRENT',
-                       v_function);
+        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = %I, pg_temp',
+                       v_function, current_schema());
+        EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', v_function);
     END LOOP;
 END
 $$;
+GRANT EXECUTE ON FUNCTION workflow_sweep(integer) TO runwire_recovery;
+GRANT EXECUTE ON FUNCTION release_session_turn(text, text, text) TO runwire_recovery;
 
 -- The submitter publishes releases and reads them, and the node runs of the runs it shows.
 GRANT SELECT, INSERT ON releases TO runwire_submitter;

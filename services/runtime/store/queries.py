@@ -1,7 +1,10 @@
 """The store's plumbing: running a named query on a pool (or on one connection inside a
 transaction) and translating driver errors at this boundary."""
 
+import asyncio
 import contextlib
+import logging
+import random
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,6 +17,12 @@ from runwire.runtime.store.schema import QUERIES
 
 # What a statement raises when a quota of the tenant refuses a submit (submit_quota_check).
 QUOTA_SQLSTATE = "RWQ01"
+# What Postgres rolls back to break a deadlock (or a serialization conflict), and how
+# many times a statement of its own is tried.
+CONFLICTS = (asyncpg.DeadlockDetectedError, asyncpg.SerializationError)
+CONFLICT_ATTEMPTS = 5
+
+log = logging.getLogger(__name__)
 
 
 def _failed(name: str, exc: asyncpg.PostgresError) -> Exception:
@@ -30,20 +39,25 @@ class Queries:
         self._pool = pool
 
     async def _fetchrow(self, name: str, *args: Any) -> asyncpg.Record | None:
-        try:
-            return await self._pool.fetchrow(QUERIES[name], *args)
-        except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
-            raise Unavailable(f"Postgres unavailable during {name}: {exc}") from exc
-        except asyncpg.PostgresError as exc:
-            raise _failed(name, exc) from exc
+        rows = await self._fetch(name, *args)
+        return rows[0] if rows else None
 
     async def _fetch(self, name: str, *args: Any) -> list[asyncpg.Record]:
-        try:
-            return list(await self._pool.fetch(QUERIES[name], *args))
-        except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
-            raise Unavailable(f"Postgres unavailable during {name}: {exc}") from exc
-        except asyncpg.PostgresError as exc:
-            raise _failed(name, exc) from exc
+        for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+            try:
+                return list(await self._pool.fetch(QUERIES[name], *args))
+            except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
+                raise Unavailable(f"Postgres unavailable during {name}: {exc}") from exc
+            except CONFLICTS as exc:
+                # A statement of its own (not inside a session's transaction) that Postgres
+                # rolled back to break a deadlock changed nothing: run it again.
+                if not isinstance(self._pool, asyncpg.Pool) or attempt == CONFLICT_ATTEMPTS:
+                    raise _failed(name, exc) from exc
+                log.warning("query %s met a deadlock (try %d); running it again", name, attempt)
+                await asyncio.sleep(random.uniform(0.005, 0.05) * attempt)
+            except asyncpg.PostgresError as exc:
+                raise _failed(name, exc) from exc
+        raise AssertionError("unreachable")
 
     @contextlib.asynccontextmanager
     async def _transaction(
