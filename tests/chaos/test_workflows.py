@@ -9,6 +9,7 @@ import pytest
 from runwire.contracts.status import RunStatus
 from runwire.runtime import faults
 from runwire.testing.waiting import eventually
+from tests.effect_server import EffectServer
 from tests.services import ProcessStack, ServiceProcess, assert_well_formed, collect
 
 pytestmark = pytest.mark.chaos
@@ -149,3 +150,39 @@ async def test_recovery_killed_as_a_node_times_out_times_it_out_once(
         assert run.result["outputs"]["write"]["text"] == "quick!"
     finally:
         await stack.close()
+
+
+@pytest.mark.parametrize("crash", [faults.EFFECT_DISPATCHED, faults.EFFECT_COMMITTED])
+async def test_an_effect_node_whose_executor_died_completes_from_its_receipt(
+    crash: str, service_env: dict[str, str], tmp_path: Path
+) -> None:
+    async with EffectServer() as server:
+        definition = {
+            "nodes": [
+                _node("draft", ["Shipped."]),
+                {
+                    "id": "email",
+                    "effect": "http",
+                    "input": {
+                        "url": f"{server.url}/email",
+                        "status_url": f"{server.url}/charges/{{idempotency_key}}",
+                        "body": {"text": {"$ref": "nodes.draft.text"}},
+                    },
+                },
+            ],
+            "edges": _edges("draft>email"),
+        }
+        stack = await _stack(service_env, tmp_path)
+        try:
+            victim = stack.start("executor-a", fault_points=f"{crash}=kill")
+            run_id = await _run(stack, "mail", definition)
+            await eventually(lambda: _dead(victim), timeout=30)
+            stack.start("executor-b")
+            run = await _check_once(stack, run_id, {"draft": "completed", "email": "completed"})
+        finally:
+            await stack.close()
+
+    # Sent once, and the node's output is the receipt of that one send.
+    assert list(server.emails.values()) == [1]
+    assert run.result is not None
+    assert run.result["outputs"]["email"]["receipt"] == {"id": "em_1"}
