@@ -7,7 +7,7 @@ PYTEST_WORKERS ?= 2
 START_TIMEOUT ?=
 STACK_OPTIONS := $(if $(START_TIMEOUT),--start-timeout $(START_TIMEOUT))
 
-.PHONY: install run up down logs status test test-soak fuzz lint typecheck unit integration chaos schemas docs bench clean
+.PHONY: install run up down logs status browser test test-soak fuzz lint typecheck unit integration chaos schemas docs bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,8 +49,15 @@ typecheck: $(STAMP)
 	@ln -s ../../contracts ../../infra .typecheck/runwire/
 	$(BIN)/mypy
 
+## Chromium for the console's browser tests: Debian's package, installed when missing.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+		echo "Installing Chromium (Debian's chromium) for the browser tests ..."; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
+		|| { echo "cannot install Chromium: install Debian's chromium package, then make test again"; exit 1; }; }
+
 ## Lint, types, then every test (unit, integration, chaos) in parallel.
-test: lint typecheck
+test: lint typecheck browser
 	$(BIN)/pytest -n $(PYTEST_WORKERS) -q -p no:cacheprovider
 
 unit: $(STAMP)

@@ -23,6 +23,7 @@ from bench import (
     recovery,
     rejoin,
     report,
+    sse,
     streaming,
     throughput,
     workflows,
@@ -102,6 +103,11 @@ async def main_stack(srv: Servers, results: Results, sizes: Sizes) -> None:
             results,
             "8 workflows",
             lambda: workflows.measure(stack, results, sizes.workflow_runs),
+        )
+        await guarded(
+            results,
+            "9 SSE through the gateway",
+            lambda: sse.measure(stack, results, srv.folder),
         )
     finally:
         await stack.close()

@@ -36,6 +36,7 @@ MODULES = {
     "executor": "runwire.executor",
     "relay": "runwire.relay",
     "recovery": "runwire.recovery",
+    "gateway": "runwire.gateway",
 }
 READY_TIMEOUT_S = 60.0
 

@@ -56,6 +56,11 @@ class Subjects:
     def events_stream(self) -> str:
         return f"{self.prefix.upper()}_EVENTS"
 
+    @property
+    def threads_bucket(self) -> str:
+        """The gateway's own key-value bucket of LangGraph threads (not a wire subject)."""
+        return f"{self.prefix.upper()}_THREADS"
+
     # -- subjects ------------------------------------------------------------
     def command(self, tenant: str, name: str) -> str:
         """`<prefix>.<tenant>.cmd.<name>`: a command, request/reply."""
@@ -133,6 +138,11 @@ class Subjects:
     @property
     def cancel_notice_wildcard(self) -> str:
         return f"{self.prefix}.ctl.cancel.*"
+
+
+# The inbox prefix of the gateway's own connection (for its bucket of threads); no
+# tenant's (`_INBOX_<tenant>`) can be it.
+GATEWAY_INBOX = "_GATEWAY_INBOX"
 
 
 def inbox_prefix(tenant: str) -> str:

@@ -14,6 +14,9 @@ exactly the subjects it needs, written as a nats-server `authorization` block.
   `.events.>`, and JetStream consumers whose filter is under them (the filtered form of
   the consumer-create API, `$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`). Nothing
   else: no stream management, no jobs, no control subjects, no other tenant's subjects.
+- **The gateway** (`svc-gateway`): what every tenant's clients may do, for the tenants
+  there are (it acts for the tenant a request's API key names; the keys' hashes are in
+  `.runwire/api-keys.json`, each tenant's key in its settings file).
 - **The operator** (`operator`): every tenant's commands, the admin ones among them.
 
 Secrets are made here (`secrets.token_urlsafe`), kept in `.runwire/identities.json`
@@ -29,12 +32,21 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from runwire.contracts.subjects import COMMANDS, TENANT_PATTERN, Subjects, inbox_prefix
+from runwire.contracts.subjects import (
+    COMMANDS,
+    GATEWAY_INBOX,
+    TENANT_PATTERN,
+    Subjects,
+    inbox_prefix,
+)
+from runwire.gateway.keys import add_key, new_key, remove_tenant_keys
 
 SERVICES = ("submitter", "executor", "relay", "recovery")
 # Commands only an operator may send, whatever the tenant.
 ADMIN_COMMANDS = ("set_budget", "set_policy", "resolve_effect")
 OPERATOR = "operator"
+# The gateway: a client of the others, acting for each tenant a key names.
+GATEWAY = "gateway"
 
 
 def service_user(service: str) -> str:
@@ -43,6 +55,10 @@ def service_user(service: str) -> str:
 
 def tenant_user(tenant: str) -> str:
     return f"tenant-{tenant}"
+
+
+# The identities every stack has: the services', the gateway's, the operator's.
+STANDING = (*(service_user(s) for s in SERVICES), service_user(GATEWAY), OPERATOR)
 
 
 @dataclass
@@ -54,12 +70,16 @@ class Identities:
     @classmethod
     def generate(cls) -> "Identities":
         """A password for each service and for the operator."""
-        names = [service_user(s) for s in SERVICES] + [OPERATOR]
-        return cls({name: secrets.token_urlsafe(32) for name in names})
+        return cls({name: secrets.token_urlsafe(32) for name in STANDING})
 
     @classmethod
     def load(cls, path: Path) -> "Identities":
-        return cls(dict(json.loads(path.read_text())["passwords"]))
+        """The identities saved at `path`, with any standing one a stack made by an older
+        runwire lacks (the gateway's) added."""
+        found = cls(dict(json.loads(path.read_text())["passwords"]))
+        for name in STANDING:
+            found.passwords.setdefault(name, secrets.token_urlsafe(32))
+        return found
 
     def save(self, path: Path) -> None:
         """Write, readable by this user only."""
@@ -193,6 +213,36 @@ def tenant_permissions(tenant: str, subjects: Subjects) -> dict[str, Any]:
     }
 
 
+def gateway_permissions(tenants: list[str], subjects: Subjects) -> dict[str, Any]:
+    """What each tenant's clients may do, for every tenant there is: the gateway acts
+    for the tenant of each request's key, and for no one else (a tenant added or
+    removed changes this with the server's configuration)."""
+    allowed: dict[str, dict[str, list[str]]] = {
+        "publish": {"allow": [], "deny": []},
+        "subscribe": {"allow": []},
+    }
+    for tenant in tenants:
+        own = tenant_permissions(tenant, subjects)
+        for direction, rules in own.items():
+            for kind, subjects_of in rules.items():
+                for subject in subjects_of:
+                    if subject not in allowed[direction][kind]:
+                        allowed[direction][kind].append(subject)
+    if not tenants:  # no tenant to act for
+        allowed["publish"]["allow"] = [f"{subjects.prefix}.health.*"]
+    # Its own key-value bucket of LangGraph threads, on a connection with its own inbox.
+    kv, stream = subjects.threads_bucket, f"KV_{subjects.threads_bucket}"
+    allowed["publish"]["allow"] += [
+        f"$JS.API.STREAM.CREATE.{stream}",
+        f"$JS.API.STREAM.INFO.{stream}",
+        f"$JS.API.STREAM.MSG.GET.{stream}",
+        f"$JS.API.DIRECT.GET.{stream}.>",
+        f"$KV.{kv}.>",
+    ]
+    allowed["subscribe"]["allow"].append(f"{GATEWAY_INBOX}.>")
+    return allowed
+
+
 def operator_permissions(subjects: Subjects) -> dict[str, Any]:
     """Every tenant's commands, health, and reading what the queue and streams hold
     (`runwire top`); no stream management, jobs, raw frames or control subjects."""
@@ -220,7 +270,9 @@ def render(identities: Identities, subjects: Subjects) -> str:
     server's configuration format accepts)."""
     users = []
     for name, password in sorted(identities.passwords.items()):
-        if name.startswith("svc-"):
+        if name == service_user(GATEWAY):
+            permissions = gateway_permissions(identities.tenants, subjects)
+        elif name.startswith("svc-"):
             permissions = service_permissions(name.removeprefix("svc-"), subjects)
         elif name.startswith("tenant-"):
             permissions = tenant_permissions(name.removeprefix("tenant-"), subjects)
@@ -241,6 +293,7 @@ AUTH_FILE = "nats-auth.conf"
 ENV_FILE = "env"
 TENANTS_DIR = "tenants"
 NATS_PID_FILE = "nats/nats-server.pid"
+API_KEYS_FILE = "api-keys.json"
 
 
 def read_env_file(path: Path) -> dict[str, str]:
@@ -275,11 +328,17 @@ def add_tenant(root: Path, tenant: str) -> tuple[Path, bool]:
     identities = Identities.load(path)
     identities.add_tenant(tenant)
     told = _apply(root, identities)
-    where = {
-        k: v for k, v in _stack_env(root).items() if k in ("RUNWIRE_NATS_URL", "RUNWIRE_PREFIX")
-    }
+    stack = _stack_env(root)
+    where = {k: v for k, v in stack.items() if k in ("RUNWIRE_NATS_URL", "RUNWIRE_PREFIX")}
     env_file = root / TENANTS_DIR / f"{tenant}.env"
-    write_env_file(env_file, {**where, **tenant_settings(identities, tenant)})
+    known = read_env_file(env_file).get("RUNWIRE_API_KEY")
+    # Its API key for the gateway (only the key's hash is kept beside the gateway).
+    key = known or new_key()
+    add_key(root / API_KEYS_FILE, tenant, key)
+    http = {"RUNWIRE_API_KEY": key}
+    if "RUNWIRE_GATEWAY_URL" in stack:
+        http["RUNWIRE_GATEWAY_URL"] = stack["RUNWIRE_GATEWAY_URL"]
+    write_env_file(env_file, {**where, **tenant_settings(identities, tenant), **http})
     return env_file, told
 
 
@@ -292,5 +351,6 @@ def remove_tenant(root: Path, tenant: str) -> tuple[bool, bool]:
     identities = Identities.load(path)
     had = identities.remove_tenant(tenant)
     told = _apply(root, identities) if had else False
+    remove_tenant_keys(root / API_KEYS_FILE, tenant)
     (root / TENANTS_DIR / f"{tenant}.env").unlink(missing_ok=True)
     return had, told

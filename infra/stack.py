@@ -7,6 +7,10 @@ with the URLs. `up` returns once every service answers its health request, so a 
 sent right after it is served. supervisord (configured and queried by `runwire.infra.supervisor`)
 restarts any process that dies; `down` stops all of them and checks that none is left.
 
+The gateway (runwire's HTTP API) runs beside them on `RUNWIRE_GATEWAY_URL`, accepting
+the API keys whose hashes are in `api-keys.json` (the default tenant's key is
+`RUNWIRE_API_KEY` in `env`).
+
 The services read the `RUNWIRE_*` settings of the shell that runs `up`, with two
 exceptions made here: the URLs of the stack's own servers, and `RUNWIRE_METRICS_PORT`,
 which is the first of four consecutive ports, one per service in `SERVICES` order.
@@ -25,6 +29,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,9 +40,13 @@ import nats.errors
 from pydantic import ValidationError
 
 from runwire.contracts.subjects import DEFAULT_PREFIX, DEFAULT_TENANT, Subjects
+from runwire.gateway.keys import add_key, new_key
+from runwire.gateway.settings import DEFAULT_PORT as DEFAULT_GATEWAY_PORT
 from runwire.infra.auth import (
+    API_KEYS_FILE,
     AUTH_FILE,
     ENV_FILE,
+    GATEWAY,
     IDENTITIES_FILE,
     NATS_PID_FILE,
     OPERATOR,
@@ -58,6 +67,7 @@ from runwire.runtime.settings import CommonSettings
 from runwire.runtime.store import migrate
 
 SERVICES = ("submitter", "executor", "relay", "recovery")
+GATEWAY_HOST = "127.0.0.1"
 SERVERS = ("nats", "postgres")
 DATABASE = "runwire"
 START_TIMEOUT = 60.0
@@ -123,6 +133,11 @@ class Layout:
         return self.root / AUTH_FILE
 
     @property
+    def api_keys_file(self) -> Path:
+        """The hashes of the tenants' API keys, which the gateway accepts."""
+        return self.root / API_KEYS_FILE
+
+    @property
     def operator_env_file(self) -> Path:
         """The operator's client settings: admin commands, `runwire top`."""
         return self.root / "operator.env"
@@ -158,10 +173,11 @@ class Layout:
 
 @dataclass(frozen=True)
 class Ports:
-    """The loopback ports of the two servers."""
+    """The loopback ports of the two servers and of the gateway."""
 
     nats: int
     postgres: int
+    gateway: int
 
 
 def _say(message: str) -> None:
@@ -209,10 +225,15 @@ def _supervisord_pid(layout: Layout) -> int | None:
 
 
 def _load_ports(layout: Layout) -> Ports:
-    """Reuse the ports of the last start so URLs stay valid; pick new ones if taken."""
+    """Reuse the ports of the last start so URLs stay valid; pick new ones if taken (the
+    gateway's first choice is its default port)."""
     try:
         stored = json.loads(layout.ports_file.read_text())
-        ports = Ports(nats=int(stored["nats"]), postgres=int(stored["postgres"]))
+        ports = Ports(
+            nats=int(stored["nats"]),
+            postgres=int(stored["postgres"]),
+            gateway=int(stored.get("gateway", 0)),
+        )
     except (OSError, ValueError, KeyError, TypeError):
         ports = None
     if ports is not None and not (port_is_free(ports.nats) and port_is_free(ports.postgres)):
@@ -223,8 +244,16 @@ def _load_ports(layout: Layout) -> Ports:
         postgres = find_free_port()
         while postgres == nats:
             postgres = find_free_port()
-        ports = Ports(nats=nats, postgres=postgres)
-    layout.ports_file.write_text(json.dumps({"nats": ports.nats, "postgres": ports.postgres}))
+        ports = Ports(nats=nats, postgres=postgres, gateway=0)
+    gateway = ports.gateway
+    if not gateway or not port_is_free(gateway):
+        gateway = DEFAULT_GATEWAY_PORT if port_is_free(DEFAULT_GATEWAY_PORT) else 0
+        while gateway in (0, ports.nats, ports.postgres):
+            gateway = find_free_port()
+        ports = Ports(nats=ports.nats, postgres=ports.postgres, gateway=gateway)
+    layout.ports_file.write_text(
+        json.dumps({"nats": ports.nats, "postgres": ports.postgres, "gateway": ports.gateway})
+    )
     return ports
 
 
@@ -252,8 +281,10 @@ def _programs(
     database_url: str,
     settings: CommonSettings,
     identities: Identities,
+    gateway_port: int,
 ) -> list[Program]:
-    """nats-server and Postgres first, then the four services wired to them."""
+    """nats-server and Postgres first, then the four services and the gateway wired to
+    them."""
     nats_program = Program(
         "nats",
         nats.command(),
@@ -294,6 +325,30 @@ def _programs(
                 },
             )
         )
+    gateway = service_user(GATEWAY)
+    programs.append(
+        Program(
+            GATEWAY,
+            [str(venv_tool("python")), "-m", "runwire.gateway"],
+            layout.repo,
+            {
+                "priority": "100",
+                "environment": environment(
+                    {
+                        **wiring,
+                        "RUNWIRE_NATS_USER": gateway,
+                        "RUNWIRE_NATS_PASSWORD": identities.passwords[gateway],
+                        "RUNWIRE_GATEWAY_HOST": GATEWAY_HOST,
+                        "RUNWIRE_GATEWAY_PORT": str(gateway_port),
+                        "RUNWIRE_GATEWAY_KEYS_FILE": str(layout.api_keys_file),
+                    }
+                ),
+                "startretries": "10",
+                "stopsignal": "TERM",
+                "stopwaitsecs": "10",
+            },
+        )
+    )
     return programs
 
 
@@ -435,7 +490,8 @@ def _summary(layout: Layout, env: dict[str, str]) -> None:
 runwire stack is up; every service answers.
   NATS       {env["RUNWIRE_NATS_URL"]}
   Postgres   {env["RUNWIRE_DATABASE_URL"]}
-{metrics}  env file   {layout.env_file} (the default tenant's)
+{metrics}  gateway    {env.get("RUNWIRE_GATEWAY_URL", "(none)")} (HTTP; key: RUNWIRE_API_KEY)
+  env file   {layout.env_file} (the default tenant's)
   operator   {layout.operator_env_file} (admin commands: runwire --env FILE budget ...)
 
 Stream a run:
@@ -511,15 +567,25 @@ def _write_env(
     database_url: str,
     settings: CommonSettings,
     identities: Identities,
+    gateway_port: int,
 ) -> dict[str, str]:
-    """Write `.runwire/env` (where the stack is, and the default tenant's identity, for
-    the CLI and for scripts), the operator's settings and each service's."""
+    """Write `.runwire/env` (where the stack is, and the default tenant's identity and
+    API key, for the CLI and for scripts), the operator's settings and each service's."""
     where = {
         "RUNWIRE_NATS_URL": nats_url,
         "RUNWIRE_DATABASE_URL": database_url,
         "RUNWIRE_PREFIX": settings.prefix,
     }
-    env = {**where, **tenant_settings(identities, DEFAULT_TENANT)}
+    # The default tenant's API key: the one it had, else a new one (its hash is what the
+    # gateway keeps).
+    key = read_env_file(layout.env_file).get("RUNWIRE_API_KEY") or new_key()
+    add_key(layout.api_keys_file, DEFAULT_TENANT, key)
+    env = {
+        **where,
+        **tenant_settings(identities, DEFAULT_TENANT),
+        "RUNWIRE_GATEWAY_URL": f"http://{GATEWAY_HOST}:{gateway_port}",
+        "RUNWIRE_API_KEY": key,
+    }
     for service, port in metrics_ports(settings.metrics_port).items():
         env[f"{METRICS_URL}{service.upper()}"] = _metrics_url(settings.metrics_host, port)
     write_env_file(layout.env_file, env)
@@ -564,9 +630,9 @@ def up(layout: Layout, start_timeout: float = START_TIMEOUT) -> int:
         logs=layout.logs,
         pid_file=layout.supervisord_pid_file,
         directory=layout.repo,
-        programs=_programs(layout, nats, pg, database_url, settings, identities),
+        programs=_programs(layout, nats, pg, database_url, settings, identities, ports.gateway),
     )
-    env = _write_env(layout, nats.url, database_url, settings, identities)
+    env = _write_env(layout, nats.url, database_url, settings, identities, ports.gateway)
 
     _say("Starting supervisord ...")
     started = layout.supervisor.start()
@@ -608,11 +674,35 @@ def _wait_for_services(layout: Layout, env: dict[str, str], timeout: float) -> i
     _say("Waiting for every service to answer its health request ...")
     prefix = env.get("RUNWIRE_PREFIX", DEFAULT_PREFIX)
     not_up = asyncio.run(_unanswered(layout, env["RUNWIRE_NATS_URL"], prefix, timeout))
+    if not_up is None and "RUNWIRE_GATEWAY_URL" in env:
+        not_up = _gateway_unanswered(layout, env["RUNWIRE_GATEWAY_URL"], timeout)
     if not_up is not None:
         return _failed(layout, not_up)
     _record_pids(layout)
     _summary(layout, env)
     return 0
+
+
+def _gateway_unanswered(layout: Layout, url: str, timeout: float) -> _NotUp | None:
+    """Ask the gateway's /healthz until it answers (None), as `_unanswered` does."""
+    progress = _Progress("the gateway to answer")
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/healthz", timeout=2) as response:
+                if response.status == 200:
+                    _say(f"  gateway answers at {url} ({progress.elapsed:.1f} s)")
+                    return None
+                seen = f"HTTP {response.status}"
+        except (OSError, ValueError) as exc:
+            seen = f"no answer ({exc.__class__.__name__})"
+        state = layout.supervisor.states().get(GATEWAY, "unknown")
+        report = {GATEWAY: f"{state}, {seen}"}
+        if state == "FATAL":
+            return _NotUp(f"supervisord stopped restarting {GATEWAY}", report, False)
+        if progress.elapsed > timeout:
+            return _NotUp(f"the gateway did not answer at {url} within {timeout:g} s", report, True)
+        progress.tick(f"gateway {state}, {seen}")
+        time.sleep(_POLL)
 
 
 def _failed(layout: Layout, not_up: _NotUp) -> int:

@@ -294,7 +294,7 @@ def _tenant(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if args.action == "add":
         env_file, told = add_tenant(root, args.name)
-        print(f"tenant {args.name}: its client settings are in {env_file}")
+        print(f"tenant {args.name}: its client settings (NATS identity, API key) are in {env_file}")
         print(f"  runwire --env {env_file} submit --tokens hi --watch")
     else:
         had, told = remove_tenant(root, args.name)

@@ -125,6 +125,7 @@ class ClientError(Exception):
 
     def __init__(self, error: ErrorBody) -> None:
         super().__init__(f"{error.code}: {error.message}")
+        self.error = error
         self.code = error.code
         self.message = error.message
         self.retryable = error.retryable
@@ -302,6 +303,11 @@ class Client:
     ) -> SubmitReply:
         """Submit a run; `options` are the optional fields of the submit command."""
         cmd = SubmitCommand(request_id=request_id or str(uuid.uuid4()), input=input, **options)
+        reply: SubmitReply = await self._request("submit", cmd, SubmitReply)
+        return reply
+
+    async def submit_command(self, cmd: SubmitCommand) -> SubmitReply:
+        """Submit a run from a submit command already made (as the gateway does)."""
         reply: SubmitReply = await self._request("submit", cmd, SubmitReply)
         return reply
 

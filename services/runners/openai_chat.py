@@ -372,6 +372,9 @@ class OpenAIChat:
         return client_calls
 
     async def __call__(self, ctx: AttemptContext) -> dict[str, Any]:
+        # The first attempt imports the SDK in a thread: the event loop goes on renewing
+        # the leases of every attempt meanwhile (an import of a second would stall them).
+        await asyncio.to_thread(_sdk)
         if self.settings.api_key is None and self.settings.base_url == DEFAULT_BASE_URL:
             raise RunnerError(
                 "no API key for the OpenAI API: set RUNWIRE_OPENAI_API_KEY (or OPENAI_API_KEY) "

@@ -8,13 +8,16 @@ import uuid
 from pathlib import Path
 
 import asyncpg
+import httpx
 import pytest
+from langgraph_sdk import get_client
 
 from runwire.client import ClientError
 from runwire.contracts.errors import ErrorCode
 from runwire.contracts.health import HealthReply
 from runwire.contracts.status import RunStatus
 from runwire.contracts.subjects import Subjects
+from tests.gateway import sse_frames
 from tests.local_stack import ROOT, LocalStack, client_of, local_stack
 from tests.services import collect, eventually
 
@@ -161,6 +164,68 @@ async def test_tenants_are_identities_the_broker_enforces(tmp_path: Path) -> Non
         # No secret reached a log.
         logs = "".join(p.read_text(errors="replace") for p in (stack.root / "logs").glob("*"))
         assert not any(secret in logs for secret in secrets)
+
+
+async def test_the_gateway_serves_each_tenant_by_its_api_key(tmp_path: Path) -> None:
+    async with local_stack(tmp_path) as stack:
+        assert stack.returncode == 0, stack.output
+        env = stack.env()
+        url, key = env["RUNWIRE_GATEWAY_URL"], env["RUNWIRE_API_KEY"]
+        assert "gateway answers" in stack.output
+        code, _, err = await _cli(stack, "tenant", "add", "acme")
+        assert code == 0, err
+        acme = stack.env("tenants/acme.env")
+        assert acme["RUNWIRE_GATEWAY_URL"] == url
+        assert acme["RUNWIRE_API_KEY"] != key
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            mine = {"Authorization": f"Bearer {key}"}
+            submitted = await http.post(
+                "/v1/runs",
+                json={"request_id": "r1", "input": {"tokens": ["over", " http"]}},
+                headers=mine,
+            )
+            assert submitted.status_code == 201, submitted.text
+            run_id = submitted.json()["run"]["run_id"]
+            async with http.stream("GET", f"/v1/runs/{run_id}/frames", headers=mine) as stream:
+                frames = [frame async for _, frame in sse_frames(stream)]
+            assert frames[-1].data == {"status": "finished"}
+            assert "".join(f.data["text"] for f in frames if f.type == "message") == "over http"
+            # acme's key is acme's: its own runs, never the default tenant's.
+            theirs = {"x-api-key": acme["RUNWIRE_API_KEY"]}
+            assert (await http.get(f"/v1/runs/{run_id}", headers=theirs)).status_code == 404
+            own = await http.post(
+                "/v1/runs", json={"request_id": "a1", "input": {"tokens": ["x"]}}, headers=theirs
+            )
+            assert own.status_code == 201, own.text
+            assert own.json()["run"]["tenant"] == "acme"
+            # The official LangGraph client works through the same gateway (its threads
+            # in the gateway's bucket, which its broker identity may use).
+            sdk = get_client(url=url, api_key=key)
+            try:
+                thread = await sdk.threads.create()
+                parts = [
+                    part
+                    async for part in sdk.runs.stream(
+                        thread["thread_id"],
+                        "scripted",
+                        input={"tokens": ["lang", "graph"]},
+                        stream_mode="messages-tuple",
+                    )
+                ]
+            finally:
+                await sdk.http.client.aclose()
+            chunks = [p.data[0]["content"] for p in parts if p.event == "messages"]
+            assert chunks == ["lang", "graph"]
+            # A removed tenant's key opens nothing.
+            code, _, err = await _cli(stack, "tenant", "remove", "acme")
+            assert code == 0, err
+            refused = await http.get(f"/v1/runs/{own.json()['run']['run_id']}", headers=theirs)
+            assert refused.status_code == 401
+        keys = (stack.root / "api-keys.json").read_text()
+        logs = "".join(p.read_text(errors="replace") for p in (stack.root / "logs").glob("*"))
+        assert key not in keys  # only its hash
+        assert key not in logs
+        assert acme["RUNWIRE_API_KEY"] not in logs
 
 
 def _readme_block(section: str) -> str:

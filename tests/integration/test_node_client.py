@@ -1,7 +1,8 @@
 """The wire contract from another language: the official NATS JavaScript client submits
 a run, reads its frames from the stream and subject the submit reply names (no stream
 name known in advance), and finds `last_seq` final, equal to `done`'s seq, once the run
-says `frames_complete`."""
+says `frames_complete`; and the official LangGraph JavaScript client against the
+gateway."""
 
 import asyncio
 import fcntl
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.gateway import serve_gateway
 from tests.services import InProcessStack
 
 pytestmark = pytest.mark.integration
@@ -25,7 +27,8 @@ def _install() -> None:
     """`npm ci` from the committed lock file, once (one pytest worker at a time)."""
     with (NODE_DIR / ".install.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (NODE_DIR / "node_modules" / "nats").is_dir():
+        modules = NODE_DIR / "node_modules"
+        if not all((modules / name).is_dir() for name in ("nats", "@langchain/langgraph-sdk")):
             subprocess.run(
                 ["npm", "ci", "--ignore-scripts", "--no-audit", "--no-fund"],
                 cwd=NODE_DIR,
@@ -81,3 +84,31 @@ async def test_a_javascript_client_keeps_a_resumed_runs_text_exact_after_emoji(
     assert seen["text"] == "".join(TOKENS)
     # What a client slicing its JavaScript string by `partial_length` would have shown.
     assert seen["sliced_by_partial_length"] != "".join(TOKENS)
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+async def test_the_langgraph_javascript_client_streams_waits_and_conflicts(
+    stack: InProcessStack, tmp_path: Path
+) -> None:
+    await asyncio.to_thread(_install)
+    key = "rw_test-javascript-key"
+    async with serve_gateway(stack.nats_url, stack.prefix, {key: "default"}, tmp_path) as url:
+        node = await asyncio.create_subprocess_exec(
+            "node",
+            "langgraph_stream.mjs",
+            url,
+            key,
+            cwd=NODE_DIR,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(node.communicate(), 90)
+    assert node.returncode == 0, err.decode()
+    seen = json.loads(out)
+    assert seen["events"][0] == "metadata"
+    assert seen["chunks"] == ["Grüße ", "aus ", "JavaScript"]
+    assert seen["events"][-1] == "end"
+    assert seen["run"] == "success"
+    assert seen["waited"] == {"text": "waited"}
+    assert seen["conflict"] == 409
+    assert seen["canceled"] == "interrupted"

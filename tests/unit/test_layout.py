@@ -1,4 +1,5 @@
-"""The import rules of DESIGN.md: services → runtime → contracts; client → contracts."""
+"""The import rules of DESIGN.md: services → runtime → contracts; client → contracts;
+gateway → client."""
 
 import ast
 from pathlib import Path
@@ -45,6 +46,15 @@ def test_client_never_imports_the_runtime() -> None:
         if m.startswith(("runwire.runtime", "asyncpg"))
     ]
     assert bad == []
+
+
+def test_the_gateway_is_only_a_client() -> None:
+    # It speaks to the rest of runwire through the SDK over NATS: no store, no runtime.
+    services = tuple(f"runwire.{s}" for s in SERVICES if s != "client")
+    others = ("runwire.runtime", "runwire.runners", "runwire.infra", "asyncpg", *services)
+    found = _imports(ROOT / "services" / "gateway")
+    assert any(m.startswith("runwire.client") for _, m in found)
+    assert [(p, m) for p, m in found if m.startswith(others)] == []
 
 
 def test_only_the_store_and_the_test_kits_servers_import_asyncpg() -> None:

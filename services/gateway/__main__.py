@@ -1,0 +1,3 @@
+from runwire.gateway.main import main
+
+main()

@@ -1,0 +1,540 @@
+"""The part of the LangGraph runs API that the official `langgraph-sdk` clients use, so
+that they work against runwire unchanged (docs/langgraph-sdk.md says what they send).
+
+A thread is a session: its runs are the session's runs, and `multitask_strategy` is the
+session rule (`reject` → 409, `interrupt`, `enqueue`, the default; `rollback` acts as
+`interrupt`: runwire keeps no thread state to roll back). `assistant_id` names the
+runner and `input` is the runner's input. Threads themselves (id, metadata, time) are
+kept in a key-value bucket of the broker, so any gateway replica knows them.
+
+Stream events: `metadata` (`run_id`, `attempt`) first; then, by the modes asked for,
+`messages` (`messages-tuple`: `[chunk, metadata]` per text delta), `values` (`{"text":
+...}`, the text so far), `updates` (a workflow node's output as it completes, and the
+run's result at its end, under the node's or the runner's name), `custom` (every other
+frame: `{"type", "data"}`); `error` when the run did not finish; `end`. Event ids are
+frame seqs: a client that comes back with `Last-Event-ID` misses and repeats nothing.
+"""
+
+import asyncio
+import contextlib
+import json
+import re
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import nats
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from runwire.client.sdk import Client, ClientError
+from runwire.contracts.commands import Multitask, SubmitCommand
+from runwire.contracts.errors import ErrorCode
+from runwire.contracts.frames import FrameType, Transcript
+from runwire.contracts.replies import RunSummary
+from runwire.contracts.status import RunStatus
+from runwire.contracts.subjects import GATEWAY_INBOX, Subjects
+
+ClientOf = Callable[[Request], Awaitable[Client]]
+
+# Thread ids are keys of the bucket: letters, digits, '-' and '_'.
+THREAD_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+STRATEGIES = {
+    "reject": Multitask.REJECT,
+    "interrupt": Multitask.INTERRUPT,
+    "rollback": Multitask.INTERRUPT,
+    "enqueue": Multitask.ENQUEUE,
+}
+DEFAULT_MODES = ["values"]
+# What a run's status is called in the LangGraph API.
+RUN_STATUS = {
+    RunStatus.QUEUED: "pending",
+    RunStatus.RUNNING: "running",
+    RunStatus.RECOVERING: "running",
+    RunStatus.FINISHED: "success",
+    RunStatus.FAILED: "error",
+    RunStatus.CANCELED: "interrupted",
+    RunStatus.INTERRUPTED: "error",
+}
+TIMEOUT_CODES = {ErrorCode.ATTEMPT_TIMEOUT, ErrorCode.QUEUE_TIMEOUT}
+
+
+class RunBody(BaseModel):
+    """A run request: what runwire acts on; the other fields the SDK may send are
+    accepted and ignored (see the README's list)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    assistant_id: str = Field(min_length=1, max_length=64)
+    input: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    multitask_strategy: str | None = None
+    if_not_exists: str | None = None
+    stream_mode: list[str] | str | None = None
+    on_disconnect: str | None = None
+
+
+class ThreadBody(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    thread_id: str | None = None
+    metadata: dict[str, Any] | None = None
+    if_exists: str | None = None
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _conflict(message: str) -> JSONResponse:
+    return JSONResponse({"detail": message}, 409)
+
+
+def _missing(message: str) -> JSONResponse:
+    return JSONResponse({"detail": message}, 404)
+
+
+def _invalid(message: str) -> JSONResponse:
+    return JSONResponse({"detail": message}, 422)
+
+
+def _error_status(exc: ClientError) -> int:
+    return {
+        ErrorCode.SESSION_BUSY: 409,
+        ErrorCode.NOT_FOUND: 404,
+        ErrorCode.INVALID_REQUEST: 422,
+        ErrorCode.PAYLOAD_TOO_LARGE: 413,
+        ErrorCode.UNAUTHORIZED: 401,
+        ErrorCode.QUOTA_EXCEEDED: 429,
+        ErrorCode.QUEUE_FULL: 429,
+    }.get(exc.code, 503 if exc.retryable else 500)
+
+
+class Threads:
+    """Threads of every tenant, in the broker's key-value bucket `<PREFIX>_THREADS`
+    (keys `<tenant>.<thread_id>`), through a connection of the gateway's own."""
+
+    def __init__(self, url: str, prefix: str, user: str | None, password: str | None) -> None:
+        self.url, self.prefix, self.user, self.password = url, prefix, user, password
+        self._kv: KeyValue | None = None
+        self._nc: Any = None
+        self._lock = asyncio.Lock()
+
+    async def _bucket(self) -> KeyValue:
+        if self._kv is not None:
+            return self._kv
+        async with self._lock:
+            if self._kv is None:
+                self._nc = await nats.connect(
+                    self.url,
+                    user=self.user,
+                    password=self.password,
+                    inbox_prefix=GATEWAY_INBOX,
+                    max_reconnect_attempts=-1,
+                )
+                js = self._nc.jetstream()
+                self._kv = await js.create_key_value(
+                    bucket=Subjects(self.prefix).threads_bucket, history=1
+                )
+            return self._kv
+
+    async def get(self, tenant: str, thread_id: str) -> dict[str, Any] | None:
+        try:
+            entry = await (await self._bucket()).get(f"{tenant}.{thread_id}")
+        except KeyNotFoundError:
+            return None
+        if entry.value is None:
+            return None
+        found: dict[str, Any] = json.loads(entry.value)
+        return found
+
+    async def create(
+        self, tenant: str, thread_id: str, metadata: dict[str, Any]
+    ) -> tuple[dict[str, Any], bool]:
+        """The thread, and whether this call created it."""
+        now = _now()
+        thread = {
+            "thread_id": thread_id,
+            "created_at": now,
+            "updated_at": now,
+            "metadata": metadata,
+            "last_run": None,
+        }
+        try:
+            await (await self._bucket()).create(
+                f"{tenant}.{thread_id}", json.dumps(thread).encode()
+            )
+        except KeyWrongLastSequenceError:
+            existing = await self.get(tenant, thread_id)
+            if existing is None:
+                raise
+            return existing, False
+        return thread, True
+
+    async def ran(self, tenant: str, thread: dict[str, Any], run_id: str) -> None:
+        """Remember the thread's newest run (for its status)."""
+        updated = {**thread, "last_run": run_id, "updated_at": _now()}
+        await (await self._bucket()).put(
+            f"{tenant}.{thread['thread_id']}", json.dumps(updated).encode()
+        )
+
+    async def close(self) -> None:
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                await self._nc.close()
+
+
+def run_object(run: RunSummary, assistant_id: str | None, strategy: str | None) -> dict[str, Any]:
+    """A runwire run as the LangGraph API's Run."""
+    status = RUN_STATUS[run.status]
+    if run.status == RunStatus.FAILED and run.error is not None and run.error.code in TIMEOUT_CODES:
+        status = "timeout"
+    return {
+        "run_id": run.run_id,
+        "thread_id": run.session_id,
+        "assistant_id": assistant_id or "",
+        "created_at": run.created_at.isoformat(),
+        "updated_at": run.updated_at.isoformat(),
+        "status": status,
+        "metadata": {},
+        "multitask_strategy": strategy or "enqueue",
+        "kwargs": {},
+    }
+
+
+def final_values(run: RunSummary) -> dict[str, Any]:
+    """What `runs.wait` and `runs.join` answer: the run's result, or `__error__`."""
+    if run.status == RunStatus.FINISHED:
+        return dict(run.result or {})
+    error = run.error
+    return {
+        "__error__": {
+            "error": (error.code if error else ErrorCode.CANCELED).value,
+            "message": error.message if error else f"the run ended {run.status}",
+        }
+    }
+
+
+def _modes(given: list[str] | str | None) -> list[str]:
+    if given is None or given == "":
+        return list(DEFAULT_MODES)
+    if isinstance(given, str):
+        with contextlib.suppress(ValueError):
+            parsed = json.loads(given)
+            if isinstance(parsed, list):
+                return [str(m) for m in parsed]
+        return [given]
+    return [m for m in given if m]
+
+
+def _event(name: str, data: Any, event_id: int | None = None) -> bytes:
+    head = f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n"
+    return (head + (f"id: {event_id}\n" if event_id is not None else "") + "\n").encode()
+
+
+async def stream_events(
+    client: Client, run_id: str, assistant_id: str, modes: list[str], after: int
+) -> AsyncIterator[bytes]:
+    """The run's frames after `after` as LangGraph stream events."""
+    transcript = Transcript()
+    text_modes = {"messages", "messages-tuple"} & set(modes)
+    if after == 0:
+        yield _event("metadata", {"run_id": run_id, "attempt": 1}, 0)
+    else:
+        # Text before the cursor, so that `values` go on from the text so far.
+        async for frame in client.stream(run_id, 0):
+            transcript.apply(frame)
+            if frame.seq >= after or frame.type == FrameType.DONE:
+                break
+    async for frame in client.stream(run_id, after):
+        events: list[tuple[str, Any]] = []
+        before = transcript.text
+        transcript.apply(frame)
+        if frame.type == FrameType.MESSAGE:
+            delta = frame.data.get("text", "")
+            if text_modes:
+                chunk = {
+                    "type": "AIMessageChunk",
+                    "content": delta,
+                    "id": f"run-{run_id}",
+                    "tool_calls": [],
+                    "tool_call_chunks": [],
+                }
+                events.append(
+                    ("messages", [chunk, {"run_id": run_id, "langgraph_node": assistant_id}])
+                )
+            if "values" in modes:
+                events.append(("values", {"text": transcript.text}))
+        elif frame.type == FrameType.RUN:
+            if frame.data.get("attempt", 1) > 1 and "values" in modes and transcript.text != before:
+                events.append(("values", {"text": transcript.text}))
+            if "custom" in modes:
+                events.append(("custom", {"type": frame.type, "data": frame.data}))
+        elif frame.type == FrameType.DONE:
+            run = await client.get(run_id)
+            if run.status == RunStatus.FINISHED:
+                if "updates" in modes:
+                    events.append(("updates", {assistant_id: run.result or {}}))
+            else:
+                events.append(("error", final_values(run)["__error__"]))
+            events.append(("end", None))
+        elif frame.type == FrameType.ERROR:
+            if "custom" in modes:
+                events.append(("custom", {"type": frame.type, "data": frame.data}))
+        elif frame.type == FrameType.NODE and frame.data.get("action") == "completed":
+            if "updates" in modes:
+                run = await client.get(run_id)
+                outputs = {
+                    n.node_id: n.output for n in run.nodes if n.node_id == frame.data["node_id"]
+                }
+                events.append(("updates", outputs))
+            if "custom" in modes:
+                events.append(("custom", {"type": frame.type, "data": frame.data}))
+        elif "custom" in modes:
+            events.append(("custom", {"type": frame.type, "data": frame.data}))
+        # Only the last event of a frame carries its id: a client that comes back with
+        # it has every event of the frame.
+        for i, (name, data) in enumerate(events):
+            yield _event(name, data, frame.seq if i == len(events) - 1 else None)
+        if frame.type == FrameType.DONE:
+            return
+
+
+def mount(
+    app: FastAPI,
+    client_of: ClientOf,
+    threads: Threads,
+    heartbeats: Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]],
+) -> None:
+    """Add the LangGraph endpoints to the gateway."""
+
+    async def body(request: Request, model: type[BaseModel]) -> Any:
+        raw = await request.body()
+        return model.model_validate_json(raw or b"{}")
+
+    async def thread_or_404(client: Client, thread_id: str) -> dict[str, Any] | None:
+        if not THREAD_ID.match(thread_id):
+            return None
+        return await threads.get(client.tenant, thread_id)
+
+    def thread_object(thread: dict[str, Any], status: str, values: Any) -> dict[str, Any]:
+        return {
+            "thread_id": thread["thread_id"],
+            "created_at": thread["created_at"],
+            "updated_at": thread["updated_at"],
+            "metadata": thread.get("metadata") or {},
+            "status": status,
+            "values": values,
+            "interrupts": {},
+        }
+
+    async def thread_state(client: Client, thread: dict[str, Any]) -> tuple[str, Any]:
+        if not thread.get("last_run"):
+            return "idle", None
+        try:
+            run = await client.get(thread["last_run"])
+        except ClientError:
+            return "idle", None
+        if not run.status.terminal:
+            return "busy", None
+        return ("idle" if run.status == RunStatus.FINISHED else "error"), run.result
+
+    @app.post("/threads")
+    async def create_thread(request: Request) -> Response:
+        client = await client_of(request)
+        try:
+            given: ThreadBody = await body(request, ThreadBody)
+        except ValidationError as exc:
+            return _invalid(str(exc.errors()[0]["msg"]))
+        thread_id = given.thread_id or str(uuid.uuid4())
+        if not THREAD_ID.match(thread_id):
+            return _invalid("thread_id: 1-128 letters, digits, '-' or '_'")
+        thread, created = await threads.create(client.tenant, thread_id, given.metadata or {})
+        if not created and (given.if_exists or "raise") == "raise":
+            return _conflict(f"thread {thread_id} exists")
+        status, values = await thread_state(client, thread)
+        return JSONResponse(thread_object(thread, status, values))
+
+    @app.get("/threads/{thread_id}")
+    async def get_thread(thread_id: str, request: Request) -> Response:
+        client = await client_of(request)
+        thread = await thread_or_404(client, thread_id)
+        if thread is None:
+            return _missing(f"no thread {thread_id}")
+        status, values = await thread_state(client, thread)
+        return JSONResponse(thread_object(thread, status, values))
+
+    async def start(
+        request: Request, thread_id: str | None
+    ) -> tuple[Client, RunBody, RunSummary] | Response:
+        """Submit the run a request asks for, on its thread (created if asked)."""
+        client = await client_of(request)
+        try:
+            given: RunBody = await body(request, RunBody)
+        except ValidationError as exc:
+            return _invalid(
+                "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:3])
+            )
+        strategy = STRATEGIES.get(given.multitask_strategy or "enqueue")
+        if strategy is None:
+            return _invalid(f"multitask_strategy: one of {', '.join(STRATEGIES)}")
+        thread = None
+        if thread_id is not None:
+            thread = await thread_or_404(client, thread_id)
+            if thread is None:
+                if given.if_not_exists != "create":
+                    return _missing(
+                        f"no thread {thread_id}; create it, or send if_not_exists: create"
+                    )
+                if not THREAD_ID.match(thread_id):
+                    return _invalid("thread_id: 1-128 letters, digits, '-' or '_'")
+                thread, _ = await threads.create(client.tenant, thread_id, {})
+        try:
+            cmd = SubmitCommand(
+                request_id=str(uuid.uuid4()),
+                runner=given.assistant_id,
+                input=given.input or {},
+                session_id=thread_id,
+                multitask=strategy,
+                metadata=given.metadata or {},
+            )
+        except ValidationError as exc:
+            return _invalid(
+                "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:3])
+            )
+        try:
+            reply = await client.submit_command(cmd)
+        except ClientError as exc:
+            if exc.code == ErrorCode.SESSION_BUSY:
+                return _conflict(exc.message)
+            return JSONResponse({"detail": exc.message, "code": exc.code.value}, _error_status(exc))
+        if thread is not None:
+            await threads.ran(client.tenant, thread, reply.run.run_id)
+        return client, given, reply.run
+
+    def locations(thread_id: str | None, run_id: str, tail: str) -> dict[str, str]:
+        base = f"/threads/{thread_id}/runs/{run_id}" if thread_id else f"/runs/{run_id}"
+        return {"Location": f"{base}{tail}", "Content-Location": base}
+
+    def sse(events: AsyncIterator[bytes], headers: dict[str, str]) -> StreamingResponse:
+        return StreamingResponse(
+            heartbeats(events),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers},
+        )
+
+    async def create_run(request: Request, thread_id: str | None) -> Response:
+        started = await start(request, thread_id)
+        if isinstance(started, Response):
+            return started
+        _, given, run = started
+        return JSONResponse(
+            run_object(run, given.assistant_id, given.multitask_strategy),
+            headers=locations(thread_id, run.run_id, ""),
+        )
+
+    async def stream_run(request: Request, thread_id: str | None) -> Response:
+        started = await start(request, thread_id)
+        if isinstance(started, Response):
+            return started
+        client, given, run = started
+        events = stream_events(client, run.run_id, given.assistant_id, _modes(given.stream_mode), 0)
+        return sse(events, locations(thread_id, run.run_id, "/stream"))
+
+    async def wait_run(request: Request, thread_id: str | None) -> Response:
+        started = await start(request, thread_id)
+        if isinstance(started, Response):
+            return started
+        client, _, run = started
+        final = await finished(client, run.run_id)
+        return JSONResponse(final_values(final), headers=locations(thread_id, run.run_id, "/join"))
+
+    async def finished(client: Client, run_id: str) -> RunSummary:
+        async for frame in client.stream(run_id):
+            if frame.type == FrameType.DONE:
+                break
+        return await client.get(run_id)
+
+    @app.post("/threads/{thread_id}/runs")
+    async def thread_run(thread_id: str, request: Request) -> Response:
+        return await create_run(request, thread_id)
+
+    @app.post("/threads/{thread_id}/runs/stream")
+    async def thread_stream(thread_id: str, request: Request) -> Response:
+        return await stream_run(request, thread_id)
+
+    @app.post("/threads/{thread_id}/runs/wait")
+    async def thread_wait(thread_id: str, request: Request) -> Response:
+        return await wait_run(request, thread_id)
+
+    @app.post("/runs/stream")
+    async def stateless_stream(request: Request) -> Response:
+        return await stream_run(request, None)
+
+    @app.post("/runs/wait")
+    async def stateless_wait(request: Request) -> Response:
+        return await wait_run(request, None)
+
+    async def thread_run_of(
+        request: Request, thread_id: str, run_id: str
+    ) -> tuple[Client, RunSummary] | Response:
+        client = await client_of(request)
+        try:
+            run = await client.get(run_id)
+        except ClientError as exc:
+            if exc.code == ErrorCode.NOT_FOUND:
+                return _missing(f"no run {run_id} in thread {thread_id}")
+            raise
+        if run.session_id != thread_id:
+            return _missing(f"no run {run_id} in thread {thread_id}")
+        return client, run
+
+    @app.get("/threads/{thread_id}/runs/{run_id}")
+    async def get_run(thread_id: str, run_id: str, request: Request) -> Response:
+        found = await thread_run_of(request, thread_id, run_id)
+        if isinstance(found, Response):
+            return found
+        _, run = found
+        return JSONResponse(run_object(run, None, None))
+
+    @app.get("/threads/{thread_id}/runs/{run_id}/stream")
+    async def join_stream(thread_id: str, run_id: str, request: Request) -> Response:
+        found = await thread_run_of(request, thread_id, run_id)
+        if isinstance(found, Response):
+            return found
+        client, _ = found
+        given = request.headers.get("last-event-id") or "0"
+        try:
+            after = max(0, int(given))
+        except ValueError:
+            return _invalid(f"Last-Event-ID: a seq, not {given[:40]!r}")
+        raw_modes = request.query_params.getlist("stream_mode")
+        modes = _modes(raw_modes[0] if len(raw_modes) == 1 else (raw_modes or None))
+        # (The run's summary does not name its runner: updates of a rejoined stream are
+        # under "agent".)
+        events = stream_events(client, run_id, "agent", modes, after)
+        return sse(events, locations(thread_id, run_id, "/stream"))
+
+    @app.post("/threads/{thread_id}/runs/{run_id}/cancel")
+    async def cancel_run(thread_id: str, run_id: str, request: Request) -> Response:
+        found = await thread_run_of(request, thread_id, run_id)
+        if isinstance(found, Response):
+            return found
+        client, _ = found
+        await client.cancel(run_id)
+        if request.query_params.get("wait") in ("1", "true"):
+            final = await finished(client, run_id)
+            return JSONResponse(run_object(final, None, None))
+        return Response(status_code=202)
+
+    @app.get("/threads/{thread_id}/runs/{run_id}/join")
+    async def join_run(thread_id: str, run_id: str, request: Request) -> Response:
+        found = await thread_run_of(request, thread_id, run_id)
+        if isinstance(found, Response):
+            return found
+        client, _ = found
+        return JSONResponse(final_values(await finished(client, run_id)))

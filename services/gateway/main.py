@@ -1,0 +1,20 @@
+"""`runwire-gateway` (or `python -m runwire.gateway`): the gateway under uvicorn."""
+
+import logging
+
+import uvicorn
+
+from runwire.gateway.app import create_app
+from runwire.gateway.settings import GatewaySettings
+
+
+def main() -> None:
+    settings = GatewaySettings()
+    logging.basicConfig(level=settings.log_level)
+    uvicorn.run(
+        create_app(settings),
+        host=settings.gateway_host,
+        port=settings.gateway_port,
+        log_level=settings.log_level.lower(),
+        timeout_graceful_shutdown=5,
+    )

@@ -1,0 +1,35 @@
+"""The gateway's settings: where NATS is, where it listens, whose keys it accepts."""
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from runwire.contracts.subjects import DEFAULT_PREFIX
+
+DEFAULT_PORT = 8480
+DEFAULT_HEARTBEAT_S = 10.0
+DEFAULT_MAX_BODY_BYTES = 512 * 1024
+
+
+class GatewaySettings(BaseSettings):
+    """`RUNWIRE_*` variables (and `.runwire/env`'s, for `make up`)."""
+
+    model_config = SettingsConfigDict(env_prefix="RUNWIRE_", extra="ignore")
+
+    nats_url: str = "nats://127.0.0.1:4222"
+    prefix: str = DEFAULT_PREFIX
+    # The gateway's own NATS identity, on a broker that enforces identities.
+    nats_user: str | None = None
+    nats_password: SecretStr | None = None
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = Field(default=DEFAULT_PORT, ge=0, le=65_535)
+    # The API keys it accepts: a JSON file {"keys": {"<sha256 of a key>": "<tenant>"}}
+    # (`runwire tenant add` writes it); read again when it changes.
+    gateway_keys_file: Path = Path(".runwire") / "api-keys.json"
+    # Origins a browser may call the API from (CORS); none by default.
+    gateway_cors_origins: list[str] = Field(default_factory=list)
+    # A comment line on an idle event stream this often, so proxies keep it open.
+    gateway_heartbeat_s: float = Field(default=DEFAULT_HEARTBEAT_S, gt=0, le=300)
+    gateway_max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1024)
+    log_level: str = "INFO"

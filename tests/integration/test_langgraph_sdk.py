@@ -1,0 +1,167 @@
+"""The official `langgraph-sdk` Python client, unchanged, against the gateway: threads,
+streamed runs, a stream joined again after a disconnect, wait, cancel, reject and
+enqueue."""
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from langgraph_sdk import get_client
+from langgraph_sdk.client import LangGraphClient
+from langgraph_sdk.errors import ConflictError
+
+from tests.gateway import serve_gateway
+from tests.services import InProcessStack
+
+pytestmark = pytest.mark.integration
+
+KEY = "rw_test-langgraph-key"
+TOKENS = ["Hello", ", ", "thread", "!"]
+
+
+@pytest.fixture
+async def sdk(stack: InProcessStack, tmp_path: Path) -> AsyncIterator[LangGraphClient]:
+    async with serve_gateway(
+        stack.nats_url, stack.prefix, {KEY: "default"}, tmp_path, gateway_heartbeat_s=1
+    ) as url:
+        client = get_client(url=url, api_key=KEY)
+        try:
+            yield client
+        finally:
+            await client.http.client.aclose()
+
+
+def _texts(parts: list[Any], event: str = "messages") -> list[str]:
+    return [p.data[0]["content"] for p in parts if p.event == event]
+
+
+async def test_a_streamed_answer_arrives_as_message_chunks_then_the_final_values(
+    sdk: LangGraphClient,
+) -> None:
+    thread = await sdk.threads.create(metadata={"user": "ada"})
+    assert thread["status"] == "idle"
+    created: list[Any] = []
+    parts = [
+        part
+        async for part in sdk.runs.stream(
+            thread["thread_id"],
+            "scripted",
+            input={"tokens": TOKENS},
+            stream_mode=["messages-tuple", "values", "updates"],
+            on_run_created=created.append,
+        )
+    ]
+    assert parts[0].event == "metadata"
+    run_id = parts[0].data["run_id"]
+    assert created[0]["run_id"] == run_id
+    assert created[0]["thread_id"] == thread["thread_id"]
+    assert _texts(parts) == TOKENS
+    values = [p.data["text"] for p in parts if p.event == "values"]
+    assert values[-1] == "".join(TOKENS)
+    assert [p.data for p in parts if p.event == "updates"] == [
+        {"scripted": {"text": "".join(TOKENS)}}
+    ]
+    assert parts[-1].event == "end"
+    run = await sdk.runs.get(thread["thread_id"], run_id)
+    assert run["status"] == "success"
+    again = await sdk.threads.get(thread["thread_id"])
+    assert again["metadata"] == {"user": "ada"}
+    assert again["values"] == {"text": "".join(TOKENS)}
+
+
+async def test_join_stream_after_a_disconnect_misses_and_repeats_nothing(
+    sdk: LangGraphClient,
+) -> None:
+    tokens = [f"t{i} " for i in range(30)]
+    thread = await sdk.threads.create()
+    first: list[Any] = []
+    stream = sdk.runs.stream(
+        thread["thread_id"],
+        "scripted",
+        input={"tokens": tokens, "token_delay_ms": 20},
+        stream_mode="messages-tuple",
+        stream_resumable=True,
+    )
+    async for part in stream:
+        first.append(part)
+        if len(_texts(first)) == 7:
+            break  # the client goes away mid-answer
+    await stream.aclose()
+    run_id = first[0].data["run_id"]
+    last_id = [p.id for p in first if p.id is not None][-1]
+    rest = [
+        part
+        async for part in sdk.runs.join_stream(
+            thread["thread_id"], run_id, last_event_id=last_id, stream_mode="messages-tuple"
+        )
+    ]
+    assert _texts(first) + _texts(rest) == tokens
+
+
+async def test_wait_returns_the_final_values_or_the_error(sdk: LangGraphClient) -> None:
+    values = await sdk.runs.wait(None, "scripted", input={"tokens": ["done"]})
+    assert values == {"text": "done"}
+    thread = await sdk.threads.create()
+    failing = {"tokens": ["x"], "fail": [{"attempt": 1, "after_tokens": 0, "kind": "fatal"}]}
+    answer = await sdk.runs.wait(thread["thread_id"], "scripted", input=failing, raise_error=False)
+    assert answer["__error__"]["error"] == "RUNNER_FATAL"
+    with pytest.raises(Exception, match="RUNNER_FATAL"):
+        await sdk.runs.wait(thread["thread_id"], "scripted", input=failing)
+
+
+async def test_cancel_stops_a_run_and_reject_is_a_conflict(sdk: LangGraphClient) -> None:
+    thread = await sdk.threads.create()
+    tid = thread["thread_id"]
+    run = await sdk.runs.create(
+        tid, "scripted", input={"tokens": ["x"] * 500, "token_delay_ms": 20}
+    )
+    busy = await sdk.threads.get(tid)
+    assert busy["status"] == "busy"
+    with pytest.raises(ConflictError):
+        await sdk.runs.create(tid, "scripted", input={"tokens": ["y"]}, multitask_strategy="reject")
+    await sdk.runs.cancel(tid, run["run_id"])
+    final = await sdk.runs.cancel(tid, run["run_id"], wait=True)
+    assert final["status"] == "interrupted"
+    assert (await sdk.runs.get(tid, run["run_id"]))["status"] == "interrupted"
+
+
+async def test_a_threads_enqueued_runs_run_in_order(sdk: LangGraphClient) -> None:
+    thread = await sdk.threads.create()
+    tid = thread["thread_id"]
+    runs = [
+        await sdk.runs.create(
+            tid,
+            "scripted",
+            input={"tokens": [f"run{i}"], "token_delay_ms": 30},
+            multitask_strategy="enqueue",
+        )
+        for i in range(3)
+    ]
+    results = [await sdk.runs.join(tid, r["run_id"]) for r in runs]
+    assert results == [{"text": f"run{i}"} for i in range(3)]
+
+
+async def test_unknown_threads_and_missing_keys_are_refused(
+    sdk: LangGraphClient, stack: InProcessStack
+) -> None:
+    with pytest.raises(httpx.HTTPStatusError) as missing:
+        await sdk.threads.get("no-such-thread")
+    assert missing.value.response.status_code == 404
+    with pytest.raises(httpx.HTTPStatusError) as no_thread:
+        await sdk.runs.create("nowhere", "scripted", input={"tokens": ["x"]})
+    assert no_thread.value.response.status_code == 404
+    made = await sdk.runs.create(
+        "made-here", "scripted", input={"tokens": ["x"]}, if_not_exists="create"
+    )
+    assert made["thread_id"] == "made-here"
+    stranger = get_client(url=str(sdk.http.client.base_url), api_key="rw_wrong")
+    try:
+        with pytest.raises(httpx.HTTPStatusError) as refused:
+            await stranger.threads.create()
+        assert refused.value.response.status_code == 401
+    finally:
+        await stranger.http.client.aclose()
+    await asyncio.sleep(0)
