@@ -13,7 +13,7 @@ import runwire.runtime
 from runwire.contracts.events import RunEventName
 from runwire.contracts.status import RunStatus
 from runwire.runtime.errors import CANCELED_ERROR, MigrationFailed
-from runwire.runtime.store import OutboxKind, Store, migrate
+from runwire.runtime.store import OutboxKind, Run, Store, migrate
 from runwire.runtime.store.schema import QUERIES
 from runwire.testing.servers import Servers
 from runwire.testing.waiting import eventually
@@ -172,26 +172,35 @@ async def test_a_migration_that_fails_stops_the_start_at_once_and_says_which(db_
         await Store.connect(db_url, timeout=60)
 
 
+async def _insert(
+    store: Store, request_id: str, *, session_id: str | None = None, multitask: str = "interrupt"
+) -> Run:
+    """A queued scripted run of the default tenant, as the submitter writes one."""
+    run = await store.insert_run(
+        run_id=str(uuid.uuid4()),
+        tenant="default",
+        request_id=request_id,
+        session_id=session_id,
+        multitask=multitask,
+        runner="scripted",
+        input={"tokens": ["x"]},
+        metadata={},
+        max_attempts=3,
+        attempt_timeout_ms=1000,
+        queue_timeout_ms=None,
+        actor="test",
+    )
+    assert run is not None
+    return run
+
+
 async def test_one_replica_at_a_time_sweeps_the_outbox(db_url: str) -> None:
     """Two recovery replicas publishing disjoint batches at once could put a run's later
     event in the stream first: while one holds the outbox, the other gets nothing."""
     store = await Store.connect(db_url, pool_size=3)
     try:
         for i in range(3):
-            await store.insert_run(
-                run_id=str(uuid.uuid4()),
-                tenant="default",
-                request_id=f"r-{i}",
-                session_id=None,
-                multitask="interrupt",
-                runner="scripted",
-                input={"tokens": ["x"]},
-                metadata={},
-                max_attempts=3,
-                attempt_timeout_ms=1000,
-                queue_timeout_ms=None,
-                actor="test",
-            )
+            await _insert(store, f"r-{i}")
         async with store.outbox_due(0, 1) as first:
             # At most one of each: the oldest job (an outbox row) and the oldest event.
             assert sorted(m.kind for m in first.messages) == ["event", "job"]
@@ -219,21 +228,7 @@ async def test_a_statement_rolled_back_to_break_a_deadlock_runs_again(
     try:
         runs = []
         for i in range(2):
-            run = await store.insert_run(
-                run_id=str(uuid.uuid4()),
-                tenant="default",
-                request_id=f"d-{i}",
-                session_id="s",
-                multitask="enqueue",
-                runner="scripted",
-                input={"tokens": ["x"]},
-                metadata={},
-                max_attempts=3,
-                attempt_timeout_ms=1000,
-                queue_timeout_ms=None,
-                actor="test",
-            )
-            assert run is not None
+            run = await _insert(store, f"d-{i}", session_id="s", multitask="enqueue")
             runs.append(uuid.UUID(run.run_id))
         first, second = runs
         # Another transaction holds the second run; the store's statement (both runs of
