@@ -152,7 +152,7 @@ class RunFeed:
 
 class RunFeeds:
     """The feeds of the runs that event streams of this gateway follow now. A feed is
-    opened once for all the streams of its run that start together (one join says
+    opened once for all the streams of its run that start together (one `get` says
     whether the tenant has the run), and dropped a few seconds after its last reader
     left."""
 
@@ -174,7 +174,7 @@ class RunFeeds:
         opening.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._opening[key] = opening
         try:
-            await client.join(run_id, 0)
+            await client.get(run_id)  # NOT_FOUND for no run of this tenant
             feed = self._feeds[key] = RunFeed(client, run_id)
             self._idle(key, feed)  # until its first reader comes
             opening.set_result(feed)
