@@ -303,8 +303,7 @@ class Client:
     ) -> SubmitReply:
         """Submit a run; `options` are the optional fields of the submit command."""
         cmd = SubmitCommand(request_id=request_id or str(uuid.uuid4()), input=input, **options)
-        reply: SubmitReply = await self._request("submit", cmd, SubmitReply)
-        return reply
+        return await self.submit_command(cmd)
 
     async def submit_command(self, cmd: SubmitCommand) -> SubmitReply:
         """Submit a run from a submit command already made (as the gateway does)."""
@@ -327,8 +326,7 @@ class Client:
             workflow=WorkflowRef(release_id=release_id, version=version, input=input),
             **options,
         )
-        reply: SubmitReply = await self._request("submit", cmd, SubmitReply)
-        return reply
+        return await self.submit_command(cmd)
 
     async def release(
         self, release_id: str, version: int, definition: WorkflowDefinition | dict[str, Any]

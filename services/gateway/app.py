@@ -26,24 +26,13 @@ from runwire.contracts.errors import ErrorBody, ErrorCode, ErrorReply
 from runwire.contracts.frames import Frame, FrameType
 from runwire.contracts.replies import AbortSessionReply, RunReply
 from runwire.gateway import langgraph
+from runwire.gateway.errors import described, status_of
 from runwire.gateway.keys import ApiKeys
 from runwire.gateway.langgraph import Threads
 from runwire.gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
 
-# The HTTP status of each error code a reply may carry; a code not listed is 503 when
-# retryable, else 500.
-STATUS: dict[ErrorCode, int] = {
-    ErrorCode.INVALID_REQUEST: 400,
-    ErrorCode.UNAUTHORIZED: 401,
-    ErrorCode.NOT_FOUND: 404,
-    ErrorCode.SESSION_BUSY: 409,
-    ErrorCode.PAYLOAD_TOO_LARGE: 413,
-    ErrorCode.QUOTA_EXCEEDED: 429,
-    ErrorCode.QUEUE_FULL: 429,
-    ErrorCode.UNAVAILABLE: 503,
-}
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 # How long a run's shared feed outlives its last reader (a client that comes back soon
 # finds it).
@@ -51,22 +40,9 @@ FEED_IDLE_S = 5.0
 CONSOLE = Path(__file__).parent / "static" / "console.html"
 
 
-def status_of(error: ErrorBody) -> int:
-    return STATUS.get(error.code, 503 if error.retryable else 500)
-
-
 def error_response(code: ErrorCode, message: str, *, retryable: bool = False) -> JSONResponse:
     body = ErrorBody(code=code, message=message, retryable=retryable)
     return JSONResponse(ErrorReply(error=body).model_dump(mode="json"), status_of(body))
-
-
-def _described(exc: ValidationError) -> str:
-    """A validation error in a line: where, and what is wrong."""
-    parts = []
-    for error in exc.errors()[:3]:
-        where = ".".join(str(p) for p in error["loc"]) or "body"
-        parts.append(f"{where}: {error['msg']}")
-    return "; ".join(parts)
 
 
 class Tenants:
@@ -323,7 +299,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         try:
             cmd = SubmitCommand.model_validate_json(await body_of(request))
         except ValidationError as exc:
-            return error_response(ErrorCode.INVALID_REQUEST, _described(exc))
+            return error_response(ErrorCode.INVALID_REQUEST, described(exc))
         reply = await client.submit_command(cmd)
         return JSONResponse(
             reply.model_dump(mode="json"),

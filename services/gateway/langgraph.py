@@ -38,6 +38,7 @@ from runwire.contracts.frames import FrameType, Transcript
 from runwire.contracts.replies import RunSummary
 from runwire.contracts.status import RunStatus
 from runwire.contracts.subjects import GATEWAY_INBOX, Subjects
+from runwire.gateway.errors import described, status_of
 
 ClientOf = Callable[[Request], Awaitable[Client]]
 
@@ -90,28 +91,17 @@ def _now() -> str:
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
-def _conflict(message: str) -> JSONResponse:
-    return JSONResponse({"detail": message}, 409)
+class Refused(Exception):
+    """A request answered with a status and `{"detail": ...}`, as LangGraph's server
+    answers (the SDK raises ConflictError on 409, NotFoundError on 404, ...)."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
 
 
-def _missing(message: str) -> JSONResponse:
-    return JSONResponse({"detail": message}, 404)
-
-
-def _invalid(message: str) -> JSONResponse:
-    return JSONResponse({"detail": message}, 422)
-
-
-def _error_status(exc: ClientError) -> int:
-    return {
-        ErrorCode.SESSION_BUSY: 409,
-        ErrorCode.NOT_FOUND: 404,
-        ErrorCode.INVALID_REQUEST: 422,
-        ErrorCode.PAYLOAD_TOO_LARGE: 413,
-        ErrorCode.UNAUTHORIZED: 401,
-        ErrorCode.QUOTA_EXCEEDED: 429,
-        ErrorCode.QUEUE_FULL: 429,
-    }.get(exc.code, 503 if exc.retryable else 500)
+THREAD_ID_RULE = "thread_id: 1-128 letters, digits, '-' or '_'"
 
 
 class Threads:
@@ -244,7 +234,7 @@ async def stream_events(
     text_modes = {"messages", "messages-tuple"} & set(modes)
     if after == 0:
         yield _event("metadata", {"run_id": run_id, "attempt": 1}, 0)
-    else:
+    elif "values" in modes:
         # Text before the cursor, so that `values` go on from the text so far.
         async for frame in client.stream(run_id, 0):
             transcript.apply(frame)
@@ -312,6 +302,10 @@ def mount(
 ) -> None:
     """Add the LangGraph endpoints to the gateway."""
 
+    @app.exception_handler(Refused)
+    async def refused(request: Request, exc: Refused) -> Response:
+        return JSONResponse({"detail": exc.detail}, exc.status)
+
     async def body(request: Request, model: type[BaseModel]) -> Any:
         raw = await request.body()
         return model.model_validate_json(raw or b"{}")
@@ -349,13 +343,13 @@ def mount(
         try:
             given: ThreadBody = await body(request, ThreadBody)
         except ValidationError as exc:
-            return _invalid(str(exc.errors()[0]["msg"]))
+            raise Refused(400, described(exc)) from exc
         thread_id = given.thread_id or str(uuid.uuid4())
         if not THREAD_ID.match(thread_id):
-            return _invalid("thread_id: 1-128 letters, digits, '-' or '_'")
+            raise Refused(400, THREAD_ID_RULE)
         thread, created = await threads.create(client.tenant, thread_id, given.metadata or {})
         if not created and (given.if_exists or "raise") == "raise":
-            return _conflict(f"thread {thread_id} exists")
+            raise Refused(409, f"thread {thread_id} exists")
         status, values = await thread_state(client, thread)
         return JSONResponse(thread_object(thread, status, values))
 
@@ -364,34 +358,30 @@ def mount(
         client = await client_of(request)
         thread = await thread_or_404(client, thread_id)
         if thread is None:
-            return _missing(f"no thread {thread_id}")
+            raise Refused(404, f"no thread {thread_id}")
         status, values = await thread_state(client, thread)
         return JSONResponse(thread_object(thread, status, values))
 
-    async def start(
-        request: Request, thread_id: str | None
-    ) -> tuple[Client, RunBody, RunSummary] | Response:
+    async def start(request: Request, thread_id: str | None) -> tuple[Client, RunBody, RunSummary]:
         """Submit the run a request asks for, on its thread (created if asked)."""
         client = await client_of(request)
         try:
             given: RunBody = await body(request, RunBody)
         except ValidationError as exc:
-            return _invalid(
-                "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:3])
-            )
+            raise Refused(400, described(exc)) from exc
         strategy = STRATEGIES.get(given.multitask_strategy or "enqueue")
         if strategy is None:
-            return _invalid(f"multitask_strategy: one of {', '.join(STRATEGIES)}")
+            raise Refused(400, f"multitask_strategy: one of {', '.join(STRATEGIES)}")
         thread = None
         if thread_id is not None:
             thread = await thread_or_404(client, thread_id)
             if thread is None:
                 if given.if_not_exists != "create":
-                    return _missing(
-                        f"no thread {thread_id}; create it, or send if_not_exists: create"
+                    raise Refused(
+                        404, f"no thread {thread_id}; create it, or send if_not_exists: create"
                     )
                 if not THREAD_ID.match(thread_id):
-                    return _invalid("thread_id: 1-128 letters, digits, '-' or '_'")
+                    raise Refused(400, THREAD_ID_RULE)
                 thread, _ = await threads.create(client.tenant, thread_id, {})
         try:
             cmd = SubmitCommand(
@@ -403,15 +393,11 @@ def mount(
                 metadata=given.metadata or {},
             )
         except ValidationError as exc:
-            return _invalid(
-                "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:3])
-            )
+            raise Refused(400, described(exc)) from exc
         try:
             reply = await client.submit_command(cmd)
         except ClientError as exc:
-            if exc.code == ErrorCode.SESSION_BUSY:
-                return _conflict(exc.message)
-            return JSONResponse({"detail": exc.message, "code": exc.code.value}, _error_status(exc))
+            raise Refused(status_of(exc.error), exc.message) from exc
         if thread is not None:
             await threads.ran(client.tenant, thread, reply.run.run_id)
         return client, given, reply.run
@@ -429,8 +415,6 @@ def mount(
 
     async def create_run(request: Request, thread_id: str | None) -> Response:
         started = await start(request, thread_id)
-        if isinstance(started, Response):
-            return started
         _, given, run = started
         return JSONResponse(
             run_object(run, given.assistant_id, given.multitask_strategy),
@@ -439,16 +423,12 @@ def mount(
 
     async def stream_run(request: Request, thread_id: str | None) -> Response:
         started = await start(request, thread_id)
-        if isinstance(started, Response):
-            return started
         client, given, run = started
         events = stream_events(client, run.run_id, given.assistant_id, _modes(given.stream_mode), 0)
         return sse(events, locations(thread_id, run.run_id, "/stream"))
 
     async def wait_run(request: Request, thread_id: str | None) -> Response:
         started = await start(request, thread_id)
-        if isinstance(started, Response):
-            return started
         client, _, run = started
         final = await finished(client, run.run_id)
         return JSONResponse(final_values(final), headers=locations(thread_id, run.run_id, "/join"))
@@ -481,37 +461,33 @@ def mount(
 
     async def thread_run_of(
         request: Request, thread_id: str, run_id: str
-    ) -> tuple[Client, RunSummary] | Response:
+    ) -> tuple[Client, RunSummary]:
         client = await client_of(request)
         try:
             run = await client.get(run_id)
         except ClientError as exc:
             if exc.code == ErrorCode.NOT_FOUND:
-                return _missing(f"no run {run_id} in thread {thread_id}")
+                raise Refused(404, f"no run {run_id} in thread {thread_id}") from exc
             raise
         if run.session_id != thread_id:
-            return _missing(f"no run {run_id} in thread {thread_id}")
+            raise Refused(404, f"no run {run_id} in thread {thread_id}")
         return client, run
 
     @app.get("/threads/{thread_id}/runs/{run_id}")
     async def get_run(thread_id: str, run_id: str, request: Request) -> Response:
         found = await thread_run_of(request, thread_id, run_id)
-        if isinstance(found, Response):
-            return found
         _, run = found
         return JSONResponse(run_object(run, None, None))
 
     @app.get("/threads/{thread_id}/runs/{run_id}/stream")
     async def join_stream(thread_id: str, run_id: str, request: Request) -> Response:
         found = await thread_run_of(request, thread_id, run_id)
-        if isinstance(found, Response):
-            return found
         client, _ = found
         given = request.headers.get("last-event-id") or "0"
         try:
             after = max(0, int(given))
         except ValueError:
-            return _invalid(f"Last-Event-ID: a seq, not {given[:40]!r}")
+            raise Refused(400, f"Last-Event-ID: a seq, not {given[:40]!r}") from None
         raw_modes = request.query_params.getlist("stream_mode")
         modes = _modes(raw_modes[0] if len(raw_modes) == 1 else (raw_modes or None))
         # (The run's summary does not name its runner: updates of a rejoined stream are
@@ -522,8 +498,6 @@ def mount(
     @app.post("/threads/{thread_id}/runs/{run_id}/cancel")
     async def cancel_run(thread_id: str, run_id: str, request: Request) -> Response:
         found = await thread_run_of(request, thread_id, run_id)
-        if isinstance(found, Response):
-            return found
         client, _ = found
         await client.cancel(run_id)
         if request.query_params.get("wait") in ("1", "true"):
@@ -534,7 +508,5 @@ def mount(
     @app.get("/threads/{thread_id}/runs/{run_id}/join")
     async def join_run(thread_id: str, run_id: str, request: Request) -> Response:
         found = await thread_run_of(request, thread_id, run_id)
-        if isinstance(found, Response):
-            return found
         client, _ = found
         return JSONResponse(final_values(await finished(client, run_id)))

@@ -2,7 +2,6 @@
 streamed runs, a stream joined again after a disconnect, wait, cancel, reject and
 enqueue."""
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -164,4 +163,3 @@ async def test_unknown_threads_and_missing_keys_are_refused(
         assert refused.value.response.status_code == 401
     finally:
         await stranger.http.client.aclose()
-    await asyncio.sleep(0)

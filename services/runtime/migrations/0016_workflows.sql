@@ -34,7 +34,11 @@ ALTER TABLE runs ADD COLUMN workflow jsonb;        -- {release_id, version}: a w
 ALTER TABLE runs ADD COLUMN parent_run_id uuid REFERENCES runs (run_id) ON DELETE CASCADE;
 ALTER TABLE runs ADD COLUMN node_id text;          -- a node run: the node it runs
 ALTER TABLE runs ADD COLUMN retry_base_ms integer; -- a node's backoff (NULL: the executor's)
+-- A workflow run's node runs (its shared budget sums over them), and the ones still
+-- active (what the sweep looks through every tick: never the ended ones).
 CREATE INDEX runs_by_parent ON runs (parent_run_id) WHERE parent_run_id IS NOT NULL;
+CREATE INDEX runs_active_nodes ON runs (parent_run_id)
+    WHERE parent_run_id IS NOT NULL AND status IN ('queued', 'running', 'recovering');
 
 -- What Postgres keeps while it drives a workflow run: its release's definition, the
 -- last seq of the `node` frames it wrote (generation 1), and the number and time of its
@@ -703,7 +707,8 @@ BEGIN
     END LOOP;
     FOR v_due IN SELECT DISTINCT c.parent_run_id AS run_id FROM runs c JOIN runs p
                      ON p.run_id = c.parent_run_id
-                  WHERE c.parent_run_id IS NOT NULL AND run_active(c.status)
+                  WHERE c.parent_run_id IS NOT NULL
+                    AND c.status IN ('queued', 'running', 'recovering')  -- runs_active_nodes
                     AND NOT c.cancel_requested AND run_terminal(p.status)
                   LIMIT p_limit
     LOOP
