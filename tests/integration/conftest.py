@@ -9,10 +9,15 @@ from tests.services import InProcessStack
 
 
 @pytest.fixture
-async def stack(infra: Servers, db_url: str, prefix: str) -> AsyncIterator[InProcessStack]:
+async def stack(
+    request: pytest.FixtureRequest, infra: Servers, db_url: str, prefix: str
+) -> AsyncIterator[InProcessStack]:
     """Submitter, executor, relay and recovery, wired to this test's database and prefix,
-    each connected to Postgres as its own role where the servers allow it."""
+    each connected to Postgres as its own role where the servers allow it; a test's
+    `@pytest.mark.stack(...)` overrides their settings."""
+    marker = request.node.get_closest_marker("stack")
+    overrides = dict(marker.kwargs) if marker else {}
     async with InProcessStack(
-        infra.nats_url, db_url, prefix, db_roles=infra.service_roles
+        infra.nats_url, db_url, prefix, overrides=overrides, db_roles=infra.service_roles
     ) as running:
         yield running

@@ -84,6 +84,9 @@ OWNER_ONLY = [
     "SELECT outbox_frame(r, 1, 1, 'done', '{}') FROM runs r",
 ]
 
+# Only relays write a run's frames to Postgres.
+WRITE_SEGMENTS = "SELECT * FROM write_segments('{}', '{}', '{}', '{}', '{}', '{}')"
+
 DENIED = {
     "runwire_submitter": [
         "DELETE FROM runs",
@@ -91,6 +94,7 @@ DENIED = {
         "INSERT INTO runners (name, registered_by) VALUES ('x', 'y')",
         "UPDATE budget_reservations SET state = 'released'",
         "SELECT workflow_sweep(10)",
+        WRITE_SEGMENTS,
         *OWNER_ONLY,
     ],
     "runwire_executor": [
@@ -99,6 +103,7 @@ DENIED = {
         "INSERT INTO tenant_policies (tenant) VALUES ('x')",
         "DELETE FROM frame_segments",
         "SELECT workflow_sweep(10)",
+        WRITE_SEGMENTS,
         *OWNER_ONLY,
     ],
     "runwire_relay": [
@@ -115,6 +120,7 @@ DENIED = {
         "INSERT INTO effects (run_id, key, kind, idempotency_key, request, request_digest) "
         "VALUES (gen_random_uuid(), 'k', 'http', 'i', '{}', 'd')",
         "DROP TABLE runs",
+        WRITE_SEGMENTS,
         *OWNER_ONLY,
     ],
 }

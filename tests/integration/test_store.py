@@ -13,7 +13,7 @@ import runwire.runtime
 from runwire.contracts.events import RunEventName
 from runwire.contracts.status import RunStatus
 from runwire.runtime.errors import CANCELED_ERROR, MigrationFailed
-from runwire.runtime.store import OutboxKind, Run, Store, migrate
+from runwire.runtime.store import OutboxKind, Run, Segment, Store, migrate
 from runwire.runtime.store.schema import QUERIES
 from runwire.testing.servers import Servers
 from runwire.testing.waiting import eventually
@@ -264,3 +264,52 @@ async def test_a_statement_rolled_back_to_break_a_deadlock_runs_again(
     assert sorted(uuid.UUID(r.run_id) for r in canceled) == sorted(runs)
     assert {r.status for r in canceled} == {RunStatus.CANCELED}
     assert any("met a deadlock" in r.getMessage() for r in caplog.records)
+
+
+async def test_two_relays_writing_overlapping_segments_at_once_store_each_frame_once(
+    db_url: str,
+) -> None:
+    """A relay that lost its partition may flush frames 3 to 8 at the moment the new owner
+    writes 1 to 5: one of them is left out, so no frame is counted, or replayed, twice."""
+    store = await Store.connect(db_url, pool_size=2)
+    other = await asyncpg.connect(db_url)
+    try:
+        run_id = (await _insert(store, "overlap")).run_id
+
+        def segment(first: int, last: int) -> Segment:
+            frames = [json.dumps({"seq": s}) for s in range(first, last + 1)]
+            return Segment(run_id, first, last, last, frames, closed=False)
+
+        new_owner = segment(1, 5)
+        tx = other.transaction()
+        await tx.start()
+        await other.fetch(
+            QUERIES["insert_segments"],
+            [uuid.UUID(run_id)],
+            [new_owner.first_seq],
+            [new_owner.last_seq],
+            [new_owner.last_stream_seq],
+            ["[" + ",".join(new_owner.frames) + "]"],
+            [False],
+        )
+        stale = asyncio.create_task(store.insert_segments([segment(3, 8)]))
+
+        async def waiting() -> bool:
+            return bool(
+                await other.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+                )
+            )
+
+        await eventually(waiting, timeout=10)
+        await tx.commit()
+        await asyncio.wait_for(stale, 15)
+        ranges = await store.segment_ranges(run_id)
+        run = await store.get_run_by_id(run_id)
+    finally:
+        await other.close()
+        await store.close()
+    assert [(first, last) for first, last, _ in ranges] == [(1, 5)]
+    assert run is not None
+    assert (run.frame_count, run.last_seq) == (5, 5)
