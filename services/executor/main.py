@@ -32,6 +32,7 @@ from runwire.contracts.frames import Job
 from runwire.contracts.status import RunStatus
 from runwire.executor.attempt import AbortReason, Attempt, Outcome
 from runwire.executor.outcome import Settler
+from runwire.executor.presence import Presence
 from runwire.runners.base import RunnerError, RunnerSpec
 from runwire.runners.effects import EffectAdapter, load_effects
 from runwire.runners.registry import RunnerConfigError, input_schema, load_runners
@@ -100,6 +101,7 @@ class Executor:
         self._draining = False
         self.outbox = outbox or Outbox(store, broker)
         self._settler = Settler(store, self.outbox, settings, self.owner, random.Random())
+        self.presence = Presence(settings.database_url, settings.heartbeat_ms / 1000)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fetch and run jobs of every runner until `stop`, then drain."""
@@ -127,6 +129,7 @@ class Executor:
             )
         for pull, _ in pulls.values():
             await pull.open()
+        await self.presence.hold()
         await self.store.register_runners(
             {name: input_schema(spec) for name, spec in self.runners.items()}, self.owner
         )
@@ -137,10 +140,15 @@ class Executor:
         )
         try:
             async with asyncio.TaskGroup() as group:
+                group.create_task(self.presence.run(stop), name="presence")
                 for name, (pull, cap) in pulls.items():
                     group.create_task(self._serve(name, pull, cap, stop), name=f"jobs-{name}")
         finally:
-            await self._drain()
+            try:
+                await self._drain()
+            finally:
+                # Last: while it is held, recovery leaves the draining attempts alone.
+                await self.presence.close()
 
     async def _serve(self, runner: str, jobs: DurablePull, cap: int, stop: asyncio.Event) -> None:
         """Fetch one runner's jobs, at most `cap` attempts of it at once, until `stop`."""
@@ -231,7 +239,12 @@ class Executor:
             attributes=tracing.run_attributes(job.run_id, job.tenant, generation=job.generation),
         ) as claim:
             run = await self.store.claim(
-                job.run_id, job.generation, self.owner, self.settings.lease_ttl_ms, msg.reply
+                job.run_id,
+                job.generation,
+                self.owner,
+                self.settings.lease_ttl_ms,
+                msg.reply,
+                self.presence.held,
             )
             claim.set_attribute("claimed", run is not None)
         if run is None:

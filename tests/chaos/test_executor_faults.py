@@ -91,6 +91,60 @@ async def test_killed_executor_runs_are_recovered_elsewhere(processes: ProcessSt
         assert resumed.data["resume_after"] >= stored[ids[i]]
 
 
+async def _recovered_because(stack: ProcessStack, run_id: str) -> str:
+    """Why recovery took the run from its first attempt's executor."""
+    events = await stack.store.run_events(run_id)
+    (reason,) = [e["reason"] for e in events if e["event"] == "recovering"]
+    return str(reason)
+
+
+async def test_a_killed_executors_runs_resume_at_once_not_when_their_leases_run_out(
+    processes: ProcessStack,
+) -> None:
+    # Leases of a minute: the runs can resume within seconds only because Postgres saw
+    # the dead executor's connection end and freed its presence lock.
+    victim = processes.start("executor-a", lease_ttl_ms=60_000)
+    ids = [
+        (await processes.client.submit({"tokens": TOKENS, "token_delay_ms": 40})).run.run_id
+        for _ in range(3)
+    ]
+    for run_id in ids:
+        await eventually(lambda run_id=run_id: _running_on(processes, run_id, "a"), timeout=20)
+    processes.start("executor-b", lease_ttl_ms=60_000)
+    await eventually(lambda: "executor ready" in processes.procs["executor-b"].logs(), timeout=20)
+
+    victim.kill()
+    results = await asyncio.gather(*(collect(processes.client, r, timeout=30) for r in ids))
+
+    for run_id, (frames, transcript) in zip(ids, results, strict=True):
+        assert_well_formed(frames)
+        assert transcript.text == "".join(TOKENS)
+        run = await processes.client.get(run_id)
+        assert (run.status, run.attempts) == (RunStatus.FINISHED, 2)
+        assert await _recovered_because(processes, run_id) == "executor gone"
+
+
+async def test_a_frozen_executor_keeps_its_presence_and_loses_its_runs_at_the_lease(
+    processes: ProcessStack,
+) -> None:
+    frozen = processes.start("executor-a", lease_ttl_ms=2000, heartbeat_ms=200)
+    reply = await processes.client.submit({"tokens": TOKENS, "token_delay_ms": 50})
+    run_id = reply.run.run_id
+    await eventually(lambda: _running_on(processes, run_id, "a"), timeout=20)
+
+    frozen.signal(signal.SIGSTOP)  # alive, its connections open: only the lease tells
+    try:
+        processes.start("executor-b")
+        await eventually(lambda: _attempt(processes, run_id, 2), timeout=20)
+    finally:
+        frozen.signal(signal.SIGCONT)
+    frames, transcript = await collect(processes.client, run_id, timeout=60)
+
+    assert_well_formed(frames)
+    assert transcript.text == "".join(TOKENS)
+    assert await _recovered_because(processes, run_id) == "lease expired"
+
+
 async def test_sigterm_returns_runs_to_the_queue_and_they_finish_elsewhere(
     processes: ProcessStack,
 ) -> None:

@@ -5,13 +5,14 @@
 
 -- name: claim_run
 -- Starts an attempt: a new generation fences every write of earlier attempts. A run never
--- starts while an earlier run of its session holds the session.
+-- starts while an earlier run of its session holds the session. $6: the key of the
+-- executor's presence lock (NULL when it holds none: then only the lease tells).
 WITH upd AS (
     UPDATE runs
        SET status = 'running', attempts = attempts + 1, generation = generation + 1,
            lease_owner = $3, lease_expires_at = now() + make_interval(secs => $4 / 1000.0),
-           job_ack = $5, close_seq = NULL, started_at = coalesce(started_at, now()),
-           updated_at = now()
+           job_ack = $5, lease_presence = $6, close_seq = NULL,
+           started_at = coalesce(started_at, now()), updated_at = now()
      WHERE run_id = $1 AND generation = $2 AND run_waiting(status)
        AND NOT cancel_requested AND not_before <= now()
        AND (attempts > 0 OR queue_timeout_ms IS NULL

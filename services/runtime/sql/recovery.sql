@@ -4,13 +4,24 @@
 -- statement that also appends its run_events row.
 
 -- name: expire_leases
--- Running runs whose executor stopped renewing its lease: recover them, or close them
--- as interrupted after too many recoveries without checkpoint progress.
-WITH due AS (
+-- Running runs whose executor is gone: its lease ran out, or the presence lock its claim
+-- recorded ($7: the locks' class) is no longer held because its process died. Recover
+-- them, or close them as interrupted after too many recoveries without checkpoint
+-- progress.
+WITH present AS MATERIALIZED (
+    SELECT l.objid::bigint AS presence FROM pg_locks l
+     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+       AND l.classid = $7::integer::oid
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+), due AS (
     SELECT run_id, cancel_requested AS canceled,
-           (checkpoint_version = recovery_checkpoint AND recoveries + 1 > $2) AS stalled
+           (checkpoint_version = recovery_checkpoint AND recoveries + 1 > $2) AS stalled,
+           lease_expires_at >= now() AS gone
       FROM runs
-     WHERE status = 'running' AND lease_expires_at < now()
+     WHERE status = 'running'
+       AND (lease_expires_at < now()
+            OR (lease_presence IS NOT NULL
+                AND NOT EXISTS (SELECT 1 FROM present p WHERE p.presence = lease_presence)))
      ORDER BY lease_expires_at
      LIMIT $1
      FOR UPDATE SKIP LOCKED
@@ -27,14 +38,16 @@ WITH due AS (
                         WHEN due.stalled THEN $4 ELSE r.error END,
            ended_at = CASE WHEN due.canceled OR due.stalled THEN now() END,
            not_before = now() + make_interval(secs => $3 / 1000.0),
-           lease_owner = NULL, lease_expires_at = NULL, close_seq = NULL,
-           implied_trace_parent = NULL, job_published_at = now(), updated_at = now()
+           lease_owner = NULL, lease_expires_at = NULL, lease_presence = NULL,
+           close_seq = NULL, implied_trace_parent = NULL, job_published_at = now(),
+           updated_at = now()
       FROM due
      WHERE r.run_id = due.run_id
-    RETURNING r.*
+    RETURNING r.*, due.gone
 ), ev AS (
     INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)
-    SELECT run_id, status::text, status, attempts, $5, error->>'code', 'lease expired'
+    SELECT run_id, status::text, status, attempts, $5, error->>'code',
+           CASE WHEN gone THEN 'executor gone' ELSE 'lease expired' END
       FROM upd
 )
 SELECT *, pg_current_xact_id()::text AS xact FROM upd;

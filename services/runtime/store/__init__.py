@@ -7,7 +7,7 @@ transition is one guarded statement: a method returns the changed run, or None /
 LostRace when the guard did not hold (another writer or a newer attempt got there first).
 """
 
-from runwire.runtime.store.locks import LockSession
+from runwire.runtime.store.locks import EXECUTOR_PRESENCE_LOCKS, LockSession
 from runwire.runtime.store.rows import (
     BudgetGrant,
     Effect,
@@ -25,6 +25,7 @@ from runwire.runtime.store.schema import QUERIES, load_queries, migrate
 from runwire.runtime.store.store import Store
 
 __all__ = [
+    "EXECUTOR_PRESENCE_LOCKS",
     "QUERIES",
     "BudgetGrant",
     "Effect",

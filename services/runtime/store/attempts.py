@@ -134,14 +134,21 @@ class ExecutorQueries(Queries):
             await self._fetch("register_runner", name, schema, owner)
 
     async def claim(
-        self, run_id: str, generation: int, owner: str, lease_ms: int, job_ack: str | None = None
+        self,
+        run_id: str,
+        generation: int,
+        owner: str,
+        lease_ms: int,
+        job_ack: str | None = None,
+        presence: int | None = None,
     ) -> Run | None:
         """Start an attempt; None when this job is stale, not due, canceled or timed out.
 
         `job_ack` is the job message's acknowledgement subject, kept so that recovery can
-        release the job at once if this executor dies."""
+        release the job at once if this executor dies; `presence`, the key of the
+        executor's presence lock, by which recovery notices at once that it died."""
         return await self._run_or_none(
-            "claim_run", uuid.UUID(run_id), generation, owner, lease_ms, job_ack
+            "claim_run", uuid.UUID(run_id), generation, owner, lease_ms, job_ack, presence
         )
 
     async def heartbeat(

@@ -1,4 +1,5 @@
-"""Session-level advisory locks on a connection of their own (relay partitions)."""
+"""Session-level advisory locks on a connection of their own (relay partitions, relay
+and executor presence)."""
 
 import logging
 from typing import Any
@@ -11,6 +12,8 @@ from runwire.runtime.store.schema import QUERIES
 log = logging.getLogger(__name__)
 
 LOCK_TIMEOUT_S = 5.0
+# The class of executors' presence locks (a key per executor, recorded by its claims).
+EXECUTOR_PRESENCE_LOCKS = 72_401_133
 
 
 class LockSession:
@@ -53,6 +56,10 @@ class LockSession:
 
     async def try_lock(self, space: int, key: int) -> bool:
         return bool(await self._value("lock_try", space, key))
+
+    async def ping(self) -> None:
+        """Unavailable when the session (and so every lock it held) is gone."""
+        await self._value("lock_ping")
 
     async def unlock(self, space: int, key: int) -> None:
         await self._value("lock_release", space, key)

@@ -6,6 +6,7 @@ import uuid
 from collections.abc import Sequence
 
 from runwire.contracts.errors import ErrorBody
+from runwire.runtime.store.locks import EXECUTOR_PRESENCE_LOCKS
 from runwire.runtime.store.queries import Queries
 from runwire.runtime.store.rows import Run
 
@@ -23,7 +24,8 @@ class RecoveryQueries(Queries):
         canceled: ErrorBody,
         actor: str,
     ) -> list[Run]:
-        """Recover runs whose lease expired; close canceled and stalled ones instead."""
+        """Recover runs whose lease expired, or whose executor's presence lock is gone;
+        close canceled and stalled ones instead."""
         rows = await self._fetch(
             "expire_leases",
             limit,
@@ -32,6 +34,7 @@ class RecoveryQueries(Queries):
             error.model_dump(mode="json"),
             actor,
             canceled.model_dump(mode="json"),
+            EXECUTOR_PRESENCE_LOCKS,
         )
         return [Run.from_record(r) for r in rows]
 
