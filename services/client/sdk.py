@@ -10,6 +10,7 @@ import contextlib
 import logging
 import re
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -43,6 +44,7 @@ from runwire.contracts.health import HealthReply
 from runwire.contracts.replies import (
     AbortSessionReply,
     BudgetReply,
+    FrameChannel,
     JoinReply,
     PolicyReply,
     ReleaseReply,
@@ -72,6 +74,10 @@ LIVE_IDLE_S = 5.0
 FOLLOW_INACTIVE_S = 10.0
 # Frames held back waiting for an earlier one before the client joins again.
 EARLY_LIMIT = 256
+# Runs submitted by this client that it remembers as fresh (see `Client.stream`), and
+# how long one may stay quiet in the stream before the client joins it.
+FRESH_RUNS = 10_000
+FRESH_IDLE_S = 1.0
 
 
 # How the broker says no (nats-server's -ERR line): the operation and its subject.
@@ -143,6 +149,10 @@ class Client:
         # authentication refuses nothing: requests are not watched for it).
         self._refusals = refusals
         self.subjects = Subjects(prefix)
+        # Runs this client submitted lately, whose frames are all still in the stream:
+        # the first `stream` of one follows the stream from its first frame at once,
+        # without a join (run id → where its frames are).
+        self._fresh: OrderedDict[str, FrameChannel] = OrderedDict()
 
     @classmethod
     async def connect(
@@ -308,6 +318,10 @@ class Client:
     async def submit_command(self, cmd: SubmitCommand) -> SubmitReply:
         """Submit a run from a submit command already made (as the gateway does)."""
         reply: SubmitReply = await self._request("submit", cmd, SubmitReply)
+        if not reply.duplicate:
+            self._fresh[reply.run.run_id] = reply.frames
+            while len(self._fresh) > FRESH_RUNS:
+                self._fresh.popitem(last=False)
         return reply
 
     async def submit_workflow(
@@ -406,6 +420,17 @@ class Client:
     async def stream(self, run_id: str, after: int = 0) -> AsyncIterator[Frame]:
         """Every frame with `seq > after`, once each, in order, ending with `done`."""
         cursor = after
+        fresh = self._fresh.pop(run_id, None) if after == 0 else None
+        if fresh is not None:
+            # A run this client just submitted: the stream holds every frame it has, from
+            # its first, so it is followed there at once and the relay is not asked. A
+            # gap (frames the stream no longer holds), or a quiet run, and it is joined.
+            frames = self._in_order(fresh.subject, fresh.stream, 1, cursor, idle=FRESH_IDLE_S)
+            async for frame in frames:
+                cursor = frame.seq
+                yield frame
+                if frame.type == FrameType.DONE:
+                    return
         failures = 0
         while True:
             # Short at first, longer after each failure: a relay that stopped answering
@@ -434,22 +459,31 @@ class Client:
                         return  # the caller already has every frame, `done` included
                     await asyncio.sleep(REJOIN_DELAY_S)
                 continue
-            # Frames are yielded strictly by seq: one stored out of order (a publish the
-            # relay retried) waits here for the frames before it.
-            early: dict[int, Frame] = {}
-            async for frame in self._follow(
-                reply.live.subject, reply.live.stream, reply.live.stream_seq
-            ):
-                if frame.seq > cursor:
-                    early[frame.seq] = frame
-                if len(early) > EARLY_LIMIT:
-                    break  # a frame is missing for good: join again from the cursor
-                while cursor + 1 in early:
-                    frame = early.pop(cursor + 1)
-                    cursor = frame.seq
-                    yield frame
-                    if frame.type == FrameType.DONE:
-                        return
+            live = reply.live
+            async for frame in self._in_order(live.subject, live.stream, live.stream_seq, cursor):
+                cursor = frame.seq
+                yield frame
+                if frame.type == FrameType.DONE:
+                    return
+
+    async def _in_order(
+        self, subject: str, stream: str, start: int, cursor: int, *, idle: float = LIVE_IDLE_S
+    ) -> AsyncIterator[Frame]:
+        """Live frames after `cursor`, strictly by seq: one stored out of order (a publish
+        the relay retried) waits for the frames before it. Ends when the subscription
+        goes quiet or fails, or when a frame is missing for good (the caller joins)."""
+        early: dict[int, Frame] = {}
+        async for frame in self._follow(subject, stream, start, idle):
+            if frame.seq > cursor:
+                early[frame.seq] = frame
+            if len(early) > EARLY_LIMIT:
+                return
+            while cursor + 1 in early:
+                frame = early.pop(cursor + 1)
+                cursor = frame.seq
+                yield frame
+                if frame.type == FrameType.DONE:
+                    return
 
     async def events(self, run_id: str = "*") -> AsyncIterator[RunEvent]:
         """Follow run events of this tenant live (all runs, or one). The subscription is
@@ -470,7 +504,9 @@ class Client:
 
         return follow()
 
-    async def _follow(self, subject: str, stream: str, start: int) -> AsyncIterator[Frame]:
+    async def _follow(
+        self, subject: str, stream: str, start: int, idle: float
+    ) -> AsyncIterator[Frame]:
         """Live frames from a stream position, until the subscription goes quiet or fails.
 
         Through a consumer of its own, filtered to the run's subject and created with the
@@ -507,7 +543,7 @@ class Client:
         try:
             while True:
                 try:
-                    msg = await sub.next_msg(timeout=LIVE_IDLE_S)
+                    msg = await sub.next_msg(timeout=idle)
                 except (nats.errors.TimeoutError, TimeoutError):
                     return  # quiet: re-join to learn whether the run is still going
                 except nats.errors.Error as exc:

@@ -1,10 +1,12 @@
 """`join`: every frame after a cursor known so far, and where live frames continue.
 
-History is read after the live position is fixed (the stream's last sequence at the
-start), so replay plus live misses nothing; the client de-duplicates by `seq`.
-Older frames come from Postgres segments, the rest from the stream.
+Live frames continue after the run's newest frame in the stream when the join began,
+and history is read up to it, so replay plus live misses nothing; the client
+de-duplicates by `seq`. Older frames come from Postgres segments, the rest from the
+stream.
 """
 
+import asyncio
 import json
 
 from pydantic import TypeAdapter
@@ -15,7 +17,7 @@ from runwire.contracts.replies import JoinReply, LiveCursor
 from runwire.runtime.broker import HDR_FRAME_TYPE, Broker, StoredMsg
 from runwire.runtime.errors import NotFound
 from runwire.runtime.settings import RelaySettings
-from runwire.runtime.store import Store
+from runwire.runtime.store import Store, parse_run_id
 
 _FRAMES = TypeAdapter(list[Frame])
 
@@ -33,12 +35,21 @@ class Joiner:
         self.broker = broker
 
     async def join(self, tenant: str, cmd: JoinCommand) -> JoinReply:
+        if parse_run_id(cmd.run_id) is None:
+            raise NotFound(f"no run {cmd.run_id!r}")
         stream = self.broker.subjects.run_frames_stream
         subject = self.broker.subjects.run_frames(tenant, cmd.run_id)
-        live_from = await self.broker.last_stream_seq(stream) + 1
-        run = await self.store.get_run(tenant, cmd.run_id)
+        # At once: the run, its segments, and its newest frame in the stream. Every frame
+        # after that one has a higher stream seq, so live frames start after it (from the
+        # subject's first when it has none yet).
+        run, segments, last = await asyncio.gather(
+            self.store.get_run(tenant, cmd.run_id),
+            self.store.segments_after(cmd.run_id, cmd.after),
+            self.broker.last_on_subject(stream, subject),
+        )
         if run is None:
             raise NotFound(f"no run {cmd.run_id!r}")
+        live_from = last.stream_seq + 1 if last is not None else 1
         if run.frames_expired and cmd.after < run.last_seq:
             raise NotFound(
                 f"the frames of run {run.run_id} after seq {cmd.after} were removed when the "
@@ -54,7 +65,7 @@ class Joiner:
         full = False
         read_from = 1
         closed = False
-        for segment in await self.store.segments_after(run.run_id, cmd.after):
+        for segment in segments:
             if segment.first_seq > cursor + 1:
                 # A gap: frames a relay published but never wrote (it crashed before its
                 # flush). The stream has them; read it from the end of what is contiguous.
@@ -83,8 +94,7 @@ class Joiner:
                 full = True
                 break
 
-        last = None if full else await self.broker.last_on_subject(stream, subject)
-        if last is not None:
+        if last is not None and not full:
             closed = closed or last.headers.get(HDR_FRAME_TYPE) == FrameType.DONE.value
             if last.stream_seq >= read_from:
                 stored = await self.broker.read_subject(stream, subject, read_from, last.stream_seq)
@@ -98,7 +108,6 @@ class Joiner:
                     if size >= limit:
                         full = True
                         break
-            live_from = max(live_from, last.stream_seq + 1)
         closed = closed or run.frames_closed
         # No live part when the run's frames are complete, or when the replay was cut at
         # the size limit: the client joins again from its new cursor.

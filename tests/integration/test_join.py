@@ -4,7 +4,9 @@ import asyncio
 
 import pytest
 
+from runwire.client import Client
 from runwire.contracts.frames import Frame, FrameType
+from runwire.runtime.metrics import COMMAND_DURATION
 from runwire.testing.servers import Servers
 from runwire.testing.waiting import eventually
 from tests.services import InProcessStack, all_frames_stored, assert_well_formed, collect
@@ -135,3 +137,47 @@ async def test_a_replay_over_its_size_limit_is_cut_and_the_rest_comes_by_joining
         # The SDK does the joining again by itself: every frame once, in order.
         streamed, _ = await collect(small.client, reply.run.run_id)
         assert [f.seq for f in streamed] == [f.seq for f in frames]
+
+
+def _joins_answered() -> float:
+    """How many joins the relays of this process answered (their command histogram)."""
+    for metric in COMMAND_DURATION.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_count") and sample.labels.get("command") == "join":
+                return sample.value
+    return 0.0
+
+
+async def test_a_run_its_client_just_submitted_streams_without_asking_the_relay(
+    stack: InProcessStack,
+) -> None:
+    before = _joins_answered()
+    reply = await stack.client.submit({"tokens": ["straight", " from", " the stream"]})
+    frames, transcript = await collect(stack.client, reply.run.run_id)
+
+    assert_well_formed(frames)
+    assert transcript.text == "straight from the stream"
+    assert _joins_answered() == before  # followed in the stream from its first frame
+    # Anyone else (or the same client again) joins, and gets the same frames.
+    again, _ = await collect(stack.client, reply.run.run_id)
+    assert [f.model_dump() for f in again] == [f.model_dump() for f in frames]
+    assert _joins_answered() == before + 1
+
+
+async def test_a_fresh_run_whose_frames_left_the_stream_is_joined_from_postgres(
+    stack: InProcessStack, infra: Servers
+) -> None:
+    # A second client reads it first, so the submitter's own stream is its first.
+    reply = await stack.client.submit({"tokens": ["gone", " from", " the stream"]})
+    run_id = reply.run.run_id
+    async with await Client.connect(infra.nats_url, prefix=stack.prefix, tenant="default") as other:
+        frames, _ = await collect(other, run_id)
+    await eventually(lambda: _closed(stack, run_id), timeout=10)
+    await stack.client.nc.jetstream().purge_stream(
+        stack.client.subjects.run_frames_stream,
+        subject=stack.client.subjects.run_frames("default", run_id),
+    )
+
+    replayed, transcript = await collect(stack.client, run_id)
+    assert [f.model_dump() for f in replayed] == [f.model_dump() for f in frames]
+    assert transcript.text == "gone from the stream"
