@@ -18,6 +18,7 @@ from typing import Any
 
 from bench import (
     latency,
+    many_streams,
     overload,
     peers,
     recovery,
@@ -49,10 +50,26 @@ class Sizes:
     overload_runs: int
     overload_queue: int
     workflow_runs: int
+    stream_levels: tuple[int, ...]
 
 
-QUICK = Sizes("quick", 2_000, (50, 200), 6.0, 5_000, 20_000, 10_000, 8, 300, 50, 20)
-FULL = Sizes("full", 20_000, (50, 200), 20.0, 100_000, 1_000_000, 10_000, 16, 2_000, 200, 100)
+QUICK = Sizes(
+    "quick", 2_000, (50, 200), 6.0, 5_000, 100_000, 10_000, 8, 300, 50, 20, (100, 250, 500, 1000)
+)
+FULL = Sizes(
+    "full",
+    20_000,
+    (50, 200),
+    20.0,
+    100_000,
+    1_000_000,
+    10_000,
+    16,
+    2_000,
+    200,
+    100,
+    (100, 250, 500, 1000, 2000),
+)
 
 # Every stack: inputs big enough for the streaming scripts, a queue deep enough for
 # the throughput burst; everything else at the services' defaults.
@@ -124,6 +141,24 @@ async def two_executors(srv: Servers, results: Results, sizes: Sizes) -> None:
         await stack.close()
 
 
+async def streams(srv: Servers, results: Results, sizes: Sizes) -> None:
+    """Scenario 10 on runwire (a stack of its own, with room for every stream at once),
+    then on the Redis Streams peer."""
+    most = max(sizes.stream_levels)
+    settings = {**BASE_SETTINGS, "max_in_flight": most}
+    stack = Stack(srv, "streams", settings, executors=1)
+    ours: dict[int, many_streams.Level] = {}
+    try:
+        progress("starting runwire for many streams at once")
+        await stack.start()
+        await throughput.warm_up(stack)
+        ours = await many_streams.measure_runwire(stack, results, list(sizes.stream_levels))
+    finally:
+        await stack.close()
+    theirs = await many_streams.measure_redis(srv, results, list(sizes.stream_levels))
+    many_streams.add_comparison(results, ours, theirs)
+
+
 async def faults(srv: Servers, results: Results, sizes: Sizes) -> None:
     settings = {
         **BASE_SETTINGS,
@@ -172,6 +207,7 @@ async def run(sizes: Sizes) -> Results:
             results, "1 throughput (2 executors)", lambda: two_executors(srv, results, sizes)
         )
         await guarded(results, "5/7 faults", lambda: faults(srv, results, sizes))
+        await guarded(results, "10 many streams", lambda: streams(srv, results, sizes))
         await peers.measure(
             srv,
             results,
@@ -182,6 +218,7 @@ async def run(sizes: Sizes) -> Results:
             versions=results.meta["versions"],
         )
     report.add_ratios(results, list(sizes.rates))
+    report.fill_headline(results, sizes.stream_long)
     results.meta["duration_s"] = round(time.monotonic() - start, 1)
     return results
 

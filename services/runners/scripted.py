@@ -35,6 +35,8 @@ async def scripted(ctx: AttemptContext) -> dict[str, Any] | None:
         raise RunnerError(f"invalid scripted input: {exc}", retryable=False) from exc
     failure = next((f for f in script.fail if f.attempt == ctx.attempt), None)
     start = tokens_delivered(script.tokens, ctx.continuation)
+    loop = asyncio.get_running_loop()
+    due = loop.time()
     for emitted, token in enumerate(script.tokens[start:]):
         if failure is not None and emitted == failure.after_tokens:
             if failure.kind == "hang":
@@ -50,5 +52,7 @@ async def scripted(ctx: AttemptContext) -> dict[str, Any] | None:
         if script.checkpoint_every and (emitted + 1) % script.checkpoint_every == 0:
             await ctx.checkpoint({"tokens_delivered": start + emitted + 1})
         if script.token_delay_ms:
-            await ctx.sleep(script.token_delay_ms / 1000)
+            # A steady pace: one token every token_delay_ms, however long emitting took.
+            due += script.token_delay_ms / 1000
+            await ctx.sleep(max(0.0, due - loop.time()))
     return None

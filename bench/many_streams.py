@@ -1,0 +1,325 @@
+"""Scenario 10: many streams at once, through runwire and through Redis Streams.
+
+N runs each stream 100 tokens, one every 20 ms (N x 50 tokens/s offered). Their clients
+are `READERS` processes of their own (`bench.stream_readers`), each starting its share
+of the runs together and following every one to its end. runwire runs as in production,
+every service a process, every frame kept in Postgres; the peer is Redis Streams (XADD
+per token by `bench.redis_producer`, XREAD with resume by id, no persistence), the
+relay that LangGraph Platform and Vercel's `resumable-stream` use.
+
+Per level of N: the tokens per second delivered (each stream's own rate, summed: N x 50
+when every stream keeps its pace), how many streamed at once, the lag of every token
+(receipt minus the time its producer stamped on it), the first token's latency (start
+of the run → its first token), whether every transcript was exact, and the services'
+peak memory. A level is held when it delivers at least 95% of the offered rate, with a
+lag p99 under 100 ms, a first token p99 under 50 ms, every transcript exact and every
+service under 200 MiB; the table gives the largest level held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.results import Results, percentiles
+from bench.stack import ROOT, Servers, Stack, progress
+
+TOKENS = 100
+DELAY_MS = 20
+READERS = 2
+# What a level must reach to be held.
+MIN_DELIVERED = 0.95
+MAX_LAG_P99_MS = 100.0
+MAX_FIRST_P99_MS = 50.0
+MAX_RSS_MIB = 200.0
+START_DELAY_S = 2.0  # reader processes start and connect meanwhile
+LEVEL_TIMEOUT_S = 150.0
+
+
+@dataclass
+class Level:
+    """One level of N streams, as measured."""
+
+    runs: int
+    offered: float = 0.0
+    delivered: float = 0.0
+    window_rate: float = 0.0
+    at_once: int = 0
+    lag: dict[str, float | None] = field(default_factory=dict)
+    first: dict[str, float | None] = field(default_factory=dict)
+    exact: int = 0
+    finished: int = 0
+    rss: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def held(self) -> bool:
+        lag, first = self.lag.get("p99"), self.first.get("p99")
+        return (
+            self.error is None
+            and self.exact == self.runs
+            and self.delivered >= MIN_DELIVERED * self.offered
+            and lag is not None
+            and lag < MAX_LAG_P99_MS
+            and first is not None
+            and first < MAX_FIRST_P99_MS
+            and all(mib < MAX_RSS_MIB for mib in self.rss.values())
+        )
+
+
+def _peak_at_once(spans: list[tuple[float, float]]) -> int:
+    edges = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
+    now = peak = 0
+    for _, step in edges:
+        now += step
+        peak = max(peak, now)
+    return peak
+
+
+async def _readers(base: dict[str, Any], runs: int) -> Level:
+    """Run one level: READERS processes share the runs; their tallies make the level."""
+    level = Level(runs)
+    start_at = time.time() + START_DELAY_S
+    shares = [list(range(i, runs, READERS)) for i in range(READERS)]
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "bench.stream_readers",
+            json.dumps({**base, "runs": share, "start_at": start_at, "timeout_s": LEVEL_TIMEOUT_S}),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+        )
+        for share in shares
+        if share
+    ]
+    outs = await asyncio.gather(*(p.communicate() for p in procs))
+    tallies = [json.loads(out.decode() or "{}") for out, _ in outs]
+    entries = [e for t in tallies for e in t.get("runs", {}).values()]
+    lags = [lag for t in tallies for lag in t.get("lags_ms", [])]
+    errors = [t.get("error") for t in tallies if t.get("error")] or [
+        f"reader exited {p.returncode}" for p in procs if p.returncode
+    ]
+    level.error = errors[0] if errors else None
+    streamed = [e for e in entries if e.get("first") is not None]
+    level.offered = runs * 1000 / DELAY_MS
+    # Each stream's own rate (its tokens over its first to last token), summed.
+    level.delivered = sum(
+        (TOKENS - 1) / max(1e-6, e["last"] - e["first"]) for e in streamed if e["last"] > e["first"]
+    )
+    if streamed:
+        window = max(e["last"] for e in streamed) - min(e["first"] for e in streamed)
+        level.window_rate = len(lags) / max(1e-6, window)
+    level.at_once = _peak_at_once([(e["first"], e["last"]) for e in streamed])
+    level.lag = percentiles(lags)
+    level.first = percentiles([(e["first"] - e["started"]) * 1000 for e in streamed])
+    level.exact = sum(1 for e in entries if e.get("exact"))
+    level.finished = sum(1 for e in entries if e.get("status") == "finished")
+    return level
+
+
+def _record(results: Results, system: str, level: Level) -> None:
+    scenario = f"10 many streams ({system})"
+    n = level.runs
+    results.add(scenario, f"{n} streams: offered", round(level.offered), "tokens/s")
+    results.add(
+        scenario,
+        f"{n} streams: delivered",
+        round(level.delivered),
+        "tokens/s",
+        f"{level.delivered / max(1.0, level.offered):.0%} of offered; each stream's rate, summed",
+    )
+    results.add(scenario, f"{n} streams: streaming at once (peak)", level.at_once, "runs", "")
+    results.add(
+        scenario, f"{n} streams: lag p99", level.lag.get("p99"), "ms", "token stamped → client"
+    )
+    results.add(
+        scenario,
+        f"{n} streams: first token p99",
+        level.first.get("p99"),
+        "ms",
+        "start → first token",
+    )
+    results.add(scenario, f"{n} streams: exact transcripts", f"{level.exact} of {n}", "runs")
+    if level.rss:
+        name, mib = max(level.rss.items(), key=lambda kv: kv[1])
+        results.add(scenario, f"{n} streams: largest peak RSS", round(mib, 1), "MiB", name)
+    results.add(
+        scenario,
+        f"{n} streams: held",
+        "yes" if level.held else "no",
+        "",
+        level.error or "",
+    )
+
+
+async def _ladder(
+    results: Results, system: str, levels: list[int], run_level: Any
+) -> dict[int, Level]:
+    """Each level in turn, up to the first one not held; the last level always."""
+    found: dict[int, Level] = {}
+    for n in levels:
+        if found and not found[max(found)].held and n != levels[-1]:
+            continue
+        progress(f"10 many streams ({system}): {n} runs x {TOKENS} tokens every {DELAY_MS} ms")
+        try:
+            level = await run_level(n)
+        except Exception as exc:  # noqa: BLE001 - a failed level is a line of the table
+            level = Level(n, error=f"{type(exc).__name__}: {exc}"[:300])
+        found[n] = level
+        _record(results, system, level)
+        progress(
+            f"10 many streams ({system}): {n} runs: {level.delivered:.0f} of "
+            f"{level.offered:.0f} tokens/s, lag p99 {level.lag.get('p99')} ms, first token "
+            f"p99 {level.first.get('p99')} ms, exact {level.exact}/{n}, held {level.held}"
+        )
+        await asyncio.sleep(1.0)
+    held = [n for n, level in found.items() if level.held]
+    results.add(
+        f"10 many streams ({system})",
+        "most streams held within the bounds",
+        max(held) if held else 0,
+        "runs",
+        f"levels tried: {', '.join(str(n) for n in found)}",
+    )
+    return found
+
+
+async def measure_runwire(stack: Stack, results: Results, levels: list[int]) -> dict[int, Level]:
+    base = {
+        "system": "runwire",
+        "nats_url": stack.servers.nats_url,
+        "prefix": stack.prefix,
+        "tokens": TOKENS,
+        "delay_ms": DELAY_MS,
+    }
+
+    async def run_level(n: int) -> Level:
+        stack.sampler.begin(f"many streams {n}")
+        try:
+            level = await _readers(base, n)
+        finally:
+            peaks = stack.sampler.end()
+        level.rss = peaks
+        return level
+
+    return await _ladder(results, "runwire", levels, run_level)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _redis_server(servers: Servers) -> Any:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("redis-server is not installed (Debian's redis-server package)")
+    port = _free_port()
+    folder = servers.folder / "redis"
+    folder.mkdir(exist_ok=True)
+    proc = subprocess.Popen(
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(folder),
+            "--maxclients",
+            "20000",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                break
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError("redis-server did not start")
+            time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0", proc.pid
+    finally:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
+
+
+async def measure_redis(servers: Servers, results: Results, levels: list[int]) -> dict[int, Level]:
+    try:
+        import redis  # noqa: F401 - the bench's venv
+    except ImportError as exc:
+        raise RuntimeError("the redis Python client is not installed") from exc
+    from bench.memory import RssSampler
+
+    with _redis_server(servers) as (url, pid):
+        sampler = RssSampler()
+        sampler.watch("redis-server", pid)
+        sampler.start()
+
+        async def run_level(n: int) -> Level:
+            namespace = f"l{n}"
+            spec = {
+                "redis_url": url,
+                "namespace": namespace,
+                "tokens": TOKENS,
+                "delay_ms": DELAY_MS,
+            }
+            producer = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "bench.redis_producer",
+                json.dumps({**spec, "max_runs": n}),
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+            )
+            try:
+                assert producer.stdout is not None
+                await asyncio.wait_for(producer.stdout.readline(), 30)
+                sampler.watch("redis producer", producer.pid)
+                sampler.begin(f"redis {n}")
+                try:
+                    level = await _readers({"system": "redis", **spec}, n)
+                finally:
+                    peaks = sampler.end()
+                level.rss = peaks
+                return level
+            finally:
+                producer.kill()
+                await producer.wait()
+
+        try:
+            return await _ladder(results, "redis streams", levels, run_level)
+        finally:
+            sampler.stop()
+
+
+def add_comparison(results: Results, ours: dict[int, Level], theirs: dict[int, Level]) -> None:
+    """runwire's delivered tokens/s over the Redis relay's, at each level both ran."""
+    for n in sorted(set(ours) & set(theirs)):
+        a, b = ours[n].delivered, theirs[n].delivered
+        if a and b:
+            results.add(
+                "10 many streams (ratios)",
+                f"runwire / redis streams delivered tokens/s, {n} streams",
+                round(a / b, 2),
+                "ratio",
+                "above 1: runwire delivers more",
+            )
