@@ -44,8 +44,10 @@ async def main(spec: dict[str, Any]) -> None:
 
     async def pop() -> None:
         while True:
-            _, body = await db.blpop([jobs])
-            task = asyncio.create_task(stream(json.loads(body)["run"]))
+            popped = await db.blpop([jobs], timeout=1)
+            if popped is None:
+                continue
+            task = asyncio.create_task(stream(json.loads(popped[1])["run"]))
             running.add(task)
             task.add_done_callback(running.discard)
 

@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from runwire.client import Client
-from runwire.contracts.frames import FrameType
+from runwire.contracts.frames import FrameType, Transcript
 
 # Runs started at once by one process (submits in flight), as a burst of users would.
 STARTING = 64
@@ -61,14 +61,17 @@ async def _runwire(spec: dict[str, Any], tally: Tally) -> None:
         async with gate:
             entry = tally.started(run)
             reply = await client.submit(script)
-        text = []
+        # As a client shows it: a resumed attempt's `run` frame takes back what it redoes.
+        transcript = Transcript()
         async for frame in client.stream(reply.run.run_id):
+            transcript.apply(frame)
             if frame.type == FrameType.MESSAGE:
                 tally.token(entry, frame.at.timestamp())
-                text.append(frame.data["text"])
+            elif frame.type == FrameType.RUN:
+                entry["attempts"] = frame.data.get("attempt")
             elif frame.type == FrameType.DONE:
                 entry["status"] = frame.data.get("status")
-        entry["exact"] = "".join(text) == expected_text(run, tokens)
+        entry["exact"] = transcript.text == expected_text(run, tokens)
 
     try:
         await _at(spec["start_at"])
