@@ -63,6 +63,8 @@ OWNER_CHECK_S = 0.05
 # Stream messages read before the end of a run's gap-free segments when repairing (two
 # batches: retried publishes are stored at most that far out of order).
 REPAIR_MARGIN = 2 * FETCH_BATCH
+# Looks at a run whose repair met another relay's write of some of the same frames.
+REPAIR_PASSES = 3
 # The generation of a run's first attempt (a run is created with generation 0, and each
 # claim, or closing by recovery, adds one): no raw frame of a run is older than it.
 FIRST_GENERATION = 1
@@ -518,6 +520,19 @@ class Pipeline:
         """Copy frames that never reached a segment (a flush lost to a crash or a failed
         write) from the stream, so the run stays replayable after the stream drops it.
 
+        A relay that lost the partition may write some of the same frames meanwhile (it
+        flushes what it held when it wakes from a freeze): a repaired segment that
+        overlaps one is left out whole, so the run is looked at again, and what is
+        still missing repaired, until nothing is."""
+        for _ in range(REPAIR_PASSES):
+            if not await self._repair_once(count):
+                return  # the stream no longer has them
+            run = await self.store.get_run_by_id(count.run_id)
+            if run is None or run.frames_closed:
+                return
+
+    async def _repair_once(self, count: SegmentCount) -> bool:
+        """One pass of `_repair`; False when the stream no longer holds what is missing.
         Only the stream after the last segment that has no gap before it is read, and
         segments are looked at by their ranges: a long run costs what is missing, not
         the whole run, in memory."""
@@ -538,7 +553,7 @@ class Pipeline:
             last = await self.broker.last_on_subject(stream, subject)
             if last is None or last.stream_seq < read_from:
                 log.error("frames missing from segments and gone from the stream")
-                return
+                return False
             stored = await self.broker.read_subject(stream, subject, read_from, last.stream_seq)
             # In seq order, each once (a retried publish may have been stored late).
             by_seq: dict[int, StoredMsg] = {}
@@ -566,6 +581,7 @@ class Pipeline:
                 )
             await self.store.insert_segments(segments)
             log.warning("repaired %d frames missing from the run's segments", len(by_seq))
+            return True
 
     async def _flush_every(self) -> None:
         while True:

@@ -1,12 +1,18 @@
 """Several relays at once: each run's frames in order, none published twice."""
 
 import asyncio
+import json
+import uuid
 
 import asyncpg
 import pytest
 
+from runwire.contracts.subjects import Subjects
 from runwire.relay.partitions import PARTITION_LOCKS
-from runwire.runtime.broker import RELAY_PARTITIONS
+from runwire.relay.pipeline import Pipeline
+from runwire.runtime.broker import RELAY_PARTITIONS, Broker
+from runwire.runtime.settings import RelaySettings
+from runwire.runtime.store import Segment, SegmentCount
 from runwire.testing.waiting import eventually
 from tests.services import InProcessStack, assert_well_formed, collect
 
@@ -73,3 +79,78 @@ async def _started(stack: InProcessStack, ids: list[str]) -> bool:
         if len((await stack.client.join(run_id, 0)).replay) < 3:
             return False
     return True
+
+
+async def test_a_repair_that_meets_a_stale_relays_write_still_stores_every_frame_once(
+    stack: InProcessStack, db_url: str
+) -> None:
+    """The partition's new owner repairs a run's missing frames from the stream while the
+    relay that lost the partition, woken from a freeze, writes some of them: the repair's
+    segment that overlaps is left out, so it looks again and repairs what is left."""
+    reply = await stack.client.submit({"tokens": [f"t{i} " for i in range(12)]})
+    run_id = reply.run.run_id
+    frames, _ = await collect(stack.client, run_id)
+    await eventually(lambda: _frames_closed(stack, run_id), timeout=10)
+    last = len(frames)
+    # Frames 5 to 10 never reached a segment (their relay was frozen, then lost the
+    # partition); the new owner wrote the rest, `done` among them.
+    conn = await asyncpg.connect(db_url)
+    try:
+        stored = await conn.fetch(
+            "SELECT frames::text AS frames FROM frame_segments WHERE run_id = $1"
+            " ORDER BY first_seq",
+            uuid.UUID(run_id),
+        )
+        await conn.execute("DELETE FROM frame_segments WHERE run_id = $1", uuid.UUID(run_id))
+        await conn.execute(
+            "UPDATE runs SET frame_count = 0, frames_closed = false WHERE run_id = $1",
+            uuid.UUID(run_id),
+        )
+    finally:
+        await conn.close()
+    bodies = [json.dumps(f) for row in stored for f in json.loads(row["frames"])]
+    await stack.store.insert_segments(
+        [
+            Segment(run_id, 1, 4, 0, bodies[:4], closed=False),
+            Segment(run_id, 11, last, 0, bodies[10:], closed=True),
+        ]
+    )
+
+    broker = await Broker.connect(stack.nats_url, Subjects(stack.prefix), name="test-relay")
+    pipeline = Pipeline(stack.settings(RelaySettings, "relay"), stack.store, broker)
+    ranges = stack.store.segment_ranges
+
+    looks: list[int] = []
+
+    async def stale_write_after_reading(of_run: str) -> list[tuple[int, int, int]]:
+        found = await ranges(of_run)
+        looks.append(len(found))
+        if len(looks) == 1:  # right after the repair's first look, the stale relay writes
+            stale = Segment(run_id, 5, 7, 0, bodies[4:7], closed=False)
+            await stack.store.insert_segments([stale])
+        return found
+
+    stack.store.segment_ranges = stale_write_after_reading  # type: ignore[method-assign]
+    try:
+        count = SegmentCount(run_id, "default", last, 4 + last - 10, True)
+        await pipeline._repair(count)
+    finally:
+        stack.store.segment_ranges = ranges  # type: ignore[method-assign]
+        await broker.close()
+
+    run = await stack.store.get_run_by_id(run_id)
+    assert run is not None
+    assert (run.frames_closed, run.frame_count, run.last_seq) == (True, last, last)
+    assert looks == [2, 3]  # looked again after its segment 5..10 was left out
+    # Purged from the stream, the run is read whole from Postgres, each frame once.
+    await stack.client.nc.jetstream().purge_stream(
+        stack.client.subjects.run_frames_stream,
+        subject=stack.client.subjects.run_frames("default", run_id),
+    )
+    again = await stack.client.join(run_id, 0)
+    assert [f.seq for f in again.replay] == list(range(1, last + 1))
+
+
+async def _frames_closed(stack: InProcessStack, run_id: str) -> bool:
+    row = await stack.store.get_run_by_id(run_id)
+    return bool(row and row.frames_closed)
