@@ -16,6 +16,7 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from runwire.client import Client
@@ -74,9 +75,7 @@ async def _runwire(spec: dict[str, Any], tally: Tally) -> None:
         entry["exact"] = transcript.text == expected_text(run, tokens)
 
     try:
-        await _at(spec["start_at"])
-        gate = asyncio.Semaphore(STARTING)
-        await asyncio.gather(*(one(run, gate) for run in spec["runs"]))
+        await _start_all(spec, one)
     finally:
         await client.close()
 
@@ -113,16 +112,19 @@ async def _redis(spec: dict[str, Any], tally: Tally) -> None:
         entry["exact"] = "".join(text) == expected_text(run, tokens)
 
     try:
-        await _at(spec["start_at"])
-        gate = asyncio.Semaphore(STARTING)
-        await asyncio.gather(*(one(run, gate) for run in spec["runs"]))
+        await _start_all(spec, one)
     finally:
         await db.aclose()
         await pool.aclose()
 
 
-async def _at(wall: float) -> None:
-    await asyncio.sleep(max(0.0, wall - time.time()))
+async def _start_all(
+    spec: dict[str, Any], one: Callable[[int, asyncio.Semaphore], Awaitable[None]]
+) -> None:
+    """At `start_at`, start every run of the spec (STARTING at a time) and follow each."""
+    await asyncio.sleep(max(0.0, spec["start_at"] - time.time()))
+    gate = asyncio.Semaphore(STARTING)
+    await asyncio.gather(*(one(run, gate) for run in spec["runs"]))
 
 
 async def main(spec: dict[str, Any]) -> None:

@@ -10,6 +10,7 @@ import logging
 import random
 
 from runwire.runtime.errors import RunwireError
+from runwire.runtime.logs import fields
 from runwire.runtime.store import EXECUTOR_PRESENCE_LOCKS, LockSession
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ class Presence:
                 while not await session.try_lock(EXECUTOR_PRESENCE_LOCKS, self.key):
                     self.key = random.randrange(1, 2**31 - 1)
                 self._session = session
-                log.info("executor presence held", extra={"presence": self.key})
+                log.info("executor presence held", extra=fields(presence=self.key))
             else:
                 await self._session.ping()
         except RunwireError as exc:

@@ -194,6 +194,17 @@ async def _insert(
     return run
 
 
+async def _waiting_for_a_lock(conn: asyncpg.Connection, query: str = "%") -> bool:
+    """Whether another session's statement (like `query`) waits for a lock."""
+    return bool(
+        await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND pid <> pg_backend_pid() AND query LIKE $1",
+            query,
+        )
+    )
+
+
 async def test_one_replica_at_a_time_sweeps_the_outbox(db_url: str) -> None:
     """Two recovery replicas publishing disjoint batches at once could put a run's later
     event in the stream first: while one holds the outbox, the other gets nothing."""
@@ -241,15 +252,7 @@ async def test_a_statement_rolled_back_to_break_a_deadlock_runs_again(
             store.cancel_session("default", "s", CANCELED_ERROR, "test", grace_ms=0)
         )
 
-        async def waiting() -> bool:
-            return bool(
-                await other.fetchval(
-                    "SELECT count(*) FROM pg_stat_activity"
-                    " WHERE wait_event_type = 'Lock' AND query LIKE '%cancel_requested%'"
-                )
-            )
-
-        await eventually(waiting, timeout=10)
+        await eventually(lambda: _waiting_for_a_lock(other, "%cancel_requested%"), timeout=10)
         # Now the other transaction wants the first run: a deadlock, which Postgres breaks
         # by rolling the store's statement back; the store runs it again.
         taken = asyncio.create_task(
@@ -294,15 +297,7 @@ async def test_two_relays_writing_overlapping_segments_at_once_store_each_frame_
         )
         stale = asyncio.create_task(store.insert_segments([segment(3, 8)]))
 
-        async def waiting() -> bool:
-            return bool(
-                await other.fetchval(
-                    "SELECT count(*) FROM pg_stat_activity"
-                    " WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
-                )
-            )
-
-        await eventually(waiting, timeout=10)
+        await eventually(lambda: _waiting_for_a_lock(other), timeout=10)
         await tx.commit()
         await asyncio.wait_for(stale, 15)
         ranges = await store.segment_ranges(run_id)
