@@ -8,22 +8,41 @@ stream.
 
 import asyncio
 import json
+from typing import Any
 
-from pydantic import TypeAdapter
+from pydantic import PrivateAttr
 
 from runwire.contracts.commands import JoinCommand
-from runwire.contracts.frames import CHECKED, Frame, FrameType
-from runwire.contracts.replies import JoinReply, LiveCursor
-from runwire.runtime.broker import HDR_FRAME_TYPE, Broker, StoredMsg
+from runwire.contracts.frames import Frame, FrameType
+from runwire.contracts.replies import JoinReply, LiveCursor, RunSummary
+from runwire.runtime.broker import HDR_FRAME_SEQ, HDR_FRAME_TYPE, Broker, StoredMsg
 from runwire.runtime.errors import NotFound
 from runwire.runtime.settings import RelaySettings
 from runwire.runtime.store import Store, parse_run_id
 
-_FRAMES = TypeAdapter(list[Frame])
+
+def _seq(msg: StoredMsg) -> int:
+    """A stored frame's seq, from the header the relay published it with (else its body)."""
+    header = msg.headers.get(HDR_FRAME_SEQ)
+    return int(header) if header is not None else Frame.model_validate_json(msg.data).seq
 
 
-def _frame(msg: StoredMsg) -> Frame:
-    return Frame.model_validate_json(msg.data)
+class _SplicedReply(JoinReply):
+    """A join reply whose frames are the JSON text they were stored as, placed into the
+    reply's JSON as they are: a long run's replay costs the relay a copy, not a decode,
+    a validation and an encode of every frame. Clients parse it as any join reply."""
+
+    _frames: str = PrivateAttr(default="")
+
+    @classmethod
+    def of(cls, run: RunSummary, live: LiveCursor | None, frames: list[str]) -> "_SplicedReply":
+        reply = cls.model_construct(run=run, replay=[], live=live)
+        reply._frames = ",".join(frames)
+        return reply
+
+    def model_dump_json(self, **kwargs: Any) -> str:
+        head = super().model_dump_json(exclude={"replay"}, **kwargs)
+        return f'{head[:-1]},"replay":[{self._frames}]}}'
 
 
 class Joiner:
@@ -44,7 +63,7 @@ class Joiner:
         # subject's first when it has none yet).
         run, segments, last = await asyncio.gather(
             self.store.get_run(tenant, cmd.run_id),
-            self.store.segments_after(cmd.run_id, cmd.after),
+            self.store.segment_texts_after(cmd.run_id, cmd.after),
             self.broker.last_on_subject(stream, subject),
         )
         if run is None:
@@ -57,9 +76,14 @@ class Joiner:
             )
 
         # The reply must fit in one message, with the run summary (and its result) in it.
-        summary = len(run.summary().model_dump_json())
-        limit = min(self.settings.replay_max_bytes, self.broker.nc.max_payload - summary - 8192)
-        replay: list[Frame] = []
+        summary = run.summary()
+        limit = min(
+            self.settings.replay_max_bytes,
+            self.broker.nc.max_payload - len(summary.model_dump_json()) - 8192,
+        )
+        # The replay's frames as JSON text, in seq order: a segment that is kept whole is
+        # spliced into the reply as Postgres returns it, never decoded and encoded again.
+        parts: list[str] = []
         cursor = cmd.after
         size = 0
         full = False
@@ -70,24 +94,22 @@ class Joiner:
                 # A gap: frames a relay published but never wrote (it crashed before its
                 # flush). The stream has them; read it from the end of what is contiguous.
                 break
-            bodies = [body for body in segment.frames if body["seq"] > cursor]
-            if size + segment.size >= limit:
-                # The segment may not fit whole: measure frame by frame up to the limit.
-                kept = []
-                for body in bodies:
-                    kept.append(body)
-                    size += len(json.dumps(body))
+            if segment.first_seq > cursor and size + len(segment.frames) < limit:
+                parts.append(segment.frames[1:-1])  # the items of its JSON array
+                size += len(segment.frames)
+                cursor = segment.last_seq
+            else:
+                # The cursor, or the size limit, falls inside it: its frames one by one.
+                for body in json.loads(segment.frames):
+                    if body["seq"] <= cursor:
+                        continue
+                    text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+                    parts.append(text)
+                    size += len(text)
+                    cursor = body["seq"]
+                    closed = closed or body["type"] == FrameType.DONE.value
                     if size >= limit:
                         break
-                bodies = kept
-            else:
-                size += segment.size
-            # One call for the segment; the frames' data was checked when they were made.
-            kept_frames = _FRAMES.validate_python(bodies, context={CHECKED: True})
-            replay.extend(kept_frames)
-            if kept_frames:
-                cursor = kept_frames[-1].seq
-                closed = closed or kept_frames[-1].type == FrameType.DONE
             read_from = segment.last_stream_seq + 1
             if size >= limit:
                 # Cut inside a segment: the stream part must not be read from its end.
@@ -100,11 +122,12 @@ class Joiner:
                 stored = await self.broker.read_subject(stream, subject, read_from, last.stream_seq)
                 # By seq, each once: a publish the relay retried may have been stored
                 # after a later frame.
-                frames = {f.seq: f for f in map(_frame, stored) if f.seq > cursor}
-                for seq in sorted(frames):
-                    replay.append(frames[seq])
+                found = {_seq(m): m for m in stored}
+                for seq in sorted(s for s in found if s > cursor):
+                    text = found[seq].data.decode()
+                    parts.append(text)
                     cursor = seq
-                    size += len(frames[seq].model_dump_json())
+                    size += len(text)
                     if size >= limit:
                         full = True
                         break
@@ -116,4 +139,4 @@ class Joiner:
             if closed or full
             else LiveCursor(stream=stream, subject=subject, stream_seq=live_from)
         )
-        return JoinReply(run=run.summary(), replay=replay, live=live)
+        return _SplicedReply.of(summary, live, parts)

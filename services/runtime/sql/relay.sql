@@ -14,6 +14,14 @@ SELECT run_id, last_seq, frames_closed, frame_secret, generation, run_terminal(s
 SELECT * FROM write_segments($1::uuid[], $2::bigint[], $3::bigint[], $4::bigint[],
                              $5::text[], $6::boolean[]);
 
+-- name: segment_texts_after
+-- The segments after a cursor with their frames as JSON text: a join places them into
+-- its reply as they are.
+SELECT first_seq, last_seq, last_stream_seq, frames::text AS frames
+  FROM frame_segments
+ WHERE run_id = $1 AND last_seq > $2
+ ORDER BY first_seq;
+
 -- name: segments_after
 -- `size`: the segment's frames as JSON text, in bytes (for the join's reply limit).
 SELECT first_seq, last_seq, last_stream_seq, frames, octet_length(frames::text) AS size

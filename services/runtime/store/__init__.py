@@ -18,6 +18,7 @@ from runwire.runtime.store.rows import (
     Run,
     Segment,
     SegmentCount,
+    SegmentText,
     StoredSegment,
     parse_run_id,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "Run",
     "Segment",
     "SegmentCount",
+    "SegmentText",
     "Store",
     "StoredSegment",
     "load_queries",

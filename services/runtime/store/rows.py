@@ -233,6 +233,16 @@ class SegmentCount:
 
 
 @dataclass(frozen=True, slots=True)
+class SegmentText:
+    """A stored segment with its frames as the JSON text of an array."""
+
+    first_seq: int
+    last_seq: int
+    last_stream_seq: int
+    frames: str
+
+
+@dataclass(frozen=True, slots=True)
 class StoredSegment:
     first_seq: int
     last_seq: int

@@ -9,6 +9,7 @@ from runwire.runtime.store.rows import (
     FrameState,
     Segment,
     SegmentCount,
+    SegmentText,
     StoredSegment,
     parse_run_id,
 )
@@ -29,6 +30,17 @@ class RelayQueries(Queries):
             )
             for r in rows
         }
+
+    async def segment_texts_after(self, run_id: str, after: int) -> list[SegmentText]:
+        """The run's segments with a frame after `after`, each with its frames' JSON."""
+        key = parse_run_id(run_id)
+        if key is None:
+            return []
+        rows = await self._fetch("segment_texts_after", key, after)
+        return [
+            SegmentText(r["first_seq"], r["last_seq"], r["last_stream_seq"], r["frames"])
+            for r in rows
+        ]
 
     async def segments_after(self, run_id: str, after: int) -> list[StoredSegment]:
         rows = await self._fetch("segments_after", uuid.UUID(run_id), after)
