@@ -530,6 +530,12 @@ class Pipeline:
             run = await self.store.get_run_by_id(count.run_id)
             if run is None or run.frames_closed:
                 return
+            if run.frame_count >= run.last_seq:
+                # Every frame is stored now, the last of them by the other relay's flush,
+                # which did not hold `done` (segments never overlap: a count that reaches
+                # the last seq has every frame up to it, and `done` was written).
+                await self.store.mark_frames_closed(count.run_id)
+                return
 
     async def _repair_once(self, count: SegmentCount) -> bool:
         """One pass of `_repair`; False when the stream no longer holds what is missing.
