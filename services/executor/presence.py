@@ -27,8 +27,10 @@ class Presence:
 
     @property
     def held(self) -> int | None:
-        """The lock's key while it is held (claims record it), else None."""
-        return self.key if self._session is not None else None
+        """The lock's key while it is held (claims record it), else None: a claim made
+        while the lock is not held waits for its lease alone."""
+        session = self._session
+        return self.key if session is not None and session.open else None
 
     async def hold(self) -> None:
         """Take the lock (a new key if another executor holds this one), or check that it

@@ -5,20 +5,54 @@ died. What each implies (the job, the closing frames) is written by the same sta
 and leaves through the outbox.
 """
 
+import asyncio
 import logging
 
 from runwire.contracts.status import RunStatus
 from runwire.recovery.decisions import ACTOR, decision_span
 from runwire.runtime import tracing
 from runwire.runtime.broker import Broker
-from runwire.runtime.errors import CANCELED_ERROR, INTERRUPTED_ERROR
+from runwire.runtime.errors import CANCELED_ERROR, INTERRUPTED_ERROR, RunwireError
 from runwire.runtime.logs import bind
 from runwire.runtime.metrics import INTERRUPTED, RECOVERIES
 from runwire.runtime.outbox import Outbox
 from runwire.runtime.settings import RecoverySettings
-from runwire.runtime.store import Store
+from runwire.runtime.store import LockSession, Store
 
 log = logging.getLogger(__name__)
+
+
+class PresenceWatch:
+    """Whether executors' presence locks can be believed now.
+
+    A restart of Postgres ends every session at once: every executor loses its presence
+    lock and takes it again within a heartbeat, and a run must not be taken from a live
+    executor meanwhile. Recovery keeps a session of its own; presence locks are believed
+    only once that session has lived `presence_settle_ms` (leases alone tell before)."""
+
+    def __init__(self, dsn: str, settle_ms: int) -> None:
+        self._dsn = dsn
+        self._settle_s = settle_ms / 1000
+        self._session: LockSession | None = None
+        self._since = 0.0
+
+    async def believed(self) -> bool:
+        now = asyncio.get_running_loop().time()
+        try:
+            if self._session is None:
+                self._session = await LockSession.connect(self._dsn)
+                self._since = now
+            else:
+                await self._session.ping()
+        except RunwireError:
+            await self.close()
+            return False
+        return now - self._since >= self._settle_s
+
+    async def close(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
 
 
 class ExpiredLeases:
@@ -33,6 +67,7 @@ class ExpiredLeases:
         self.store = store
         self.broker = broker
         self.outbox = outbox
+        self.presence = PresenceWatch(settings.database_url, settings.presence_settle_ms)
 
     async def run(self) -> dict[str, int]:
         s = self.settings
@@ -43,6 +78,7 @@ class ExpiredLeases:
             error=INTERRUPTED_ERROR,
             canceled=CANCELED_ERROR,
             actor=ACTOR,
+            by_presence=await self.presence.believed(),
         )
         counts = {"recovering": 0, "interrupted": 0, "canceled": 0}
         for run in runs:

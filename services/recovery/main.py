@@ -89,9 +89,18 @@ class RecoveryService(Service[RecoverySettings]):
         publications.events(self)
 
     async def work(self, stop: asyncio.Event) -> None:
+        sweeping = asyncio.create_task(_sweep(self.settings, self.outbox, stop))
+        all_duties = duties(self.settings, self.store, self.broker, self.outbox)
+        try:
+            await self._tick_until(stop, all_duties)
+        finally:
+            for duty in all_duties:
+                if isinstance(duty, ExpiredLeases):
+                    await duty.presence.close()
+        await sweeping
+
+    async def _tick_until(self, stop: asyncio.Event, all_duties: list[Duty]) -> None:
         settings, broker = self.settings, self.broker
-        sweeping = asyncio.create_task(_sweep(settings, self.outbox, stop))
-        all_duties = duties(settings, self.store, broker, self.outbox)
         loop = asyncio.get_running_loop()
         streams_checked = loop.time()
         while not stop.is_set():
@@ -107,7 +116,6 @@ class RecoveryService(Service[RecoverySettings]):
                 log.info("recovery tick", extra=fields(**report))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), settings.recovery_interval_ms / 1000)
-        await sweeping
 
 
 async def _sweep(settings: RecoverySettings, outbox: Outbox, stop: asyncio.Event) -> None:

@@ -39,6 +39,9 @@ DEFAULT_REPLAY_MAX_BYTES = 4 * 1024 * 1024
 DEFAULT_PARTITION_TIMEOUT_MS = 10_000
 DEFAULT_RECOVERY_INTERVAL_MS = 1_000
 DEFAULT_RECOVERY_BACKOFF_MS = 200
+# After Postgres comes back (a restart ends every session, so every executor is taking
+# its presence lock again), presence locks are believed only after this long.
+DEFAULT_PRESENCE_SETTLE_MS = 10_000
 DEFAULT_MAX_RECOVERIES = 3
 DEFAULT_REPUBLISH_AFTER_MS = 30_000
 DEFAULT_OUTBOX_INTERVAL_MS = 100
@@ -157,6 +160,9 @@ class RecoverySettings(CommonSettings):
     recovery_interval_ms: int = Field(default=DEFAULT_RECOVERY_INTERVAL_MS, ge=10)
     recovery_backoff_ms: int = Field(default=DEFAULT_RECOVERY_BACKOFF_MS, ge=0)
     max_recoveries: int = Field(default=DEFAULT_MAX_RECOVERIES, ge=1)
+    # Executors' presence locks are believed only once recovery's own lock session has
+    # lived this long: after Postgres restarted, every executor takes its lock again.
+    presence_settle_ms: int = Field(default=DEFAULT_PRESENCE_SETTLE_MS, ge=0)
     republish_after_ms: int = Field(default=DEFAULT_REPUBLISH_AFTER_MS, ge=100)
     batch_size: int = Field(default=500, ge=1)
 

@@ -53,6 +53,7 @@ FAST = {
     "republish_after_ms": 2000,
     "outbox_grace_ms": 1000,
     "outbox_interval_ms": 50,
+    "presence_settle_ms": 1000,
     "db_pool_size": 4,
     "log_level": "INFO",
 }

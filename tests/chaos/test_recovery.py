@@ -1,9 +1,11 @@
 """No run left behind, whatever crashes: relay, submitter, NATS, the jobs stream, Postgres."""
 
 import asyncio
+import contextlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -146,11 +148,12 @@ async def own_servers(tmp_path: Path) -> AsyncIterator[tuple[EmbeddedNats, Embed
         postgres.stop()
 
 
-@pytest.fixture
-async def own_stack(
-    own_servers: tuple[EmbeddedNats, EmbeddedPostgres], tmp_path: Path
+@contextlib.asynccontextmanager
+async def _stack_on(
+    servers: tuple[EmbeddedNats, EmbeddedPostgres], folder: Path, **executor: Any
 ) -> AsyncIterator[ProcessStack]:
-    nats_server, postgres = own_servers
+    """The four services on these servers (the executor with `executor` settings)."""
+    nats_server, postgres = servers
     env = {
         **os.environ,
         "RUNWIRE_NATS_URL": nats_server.url,
@@ -159,14 +162,23 @@ async def own_stack(
         # Republish quickly a job whose publish failed while the server was away.
         "RUNWIRE_REPUBLISH_AFTER_MS": "1000",
     }
-    stack = ProcessStack(env, tmp_path)
-    for name in ("submitter", "relay", "recovery", "executor"):
+    stack = ProcessStack(env, folder)
+    for name in ("submitter", "relay", "recovery"):
         stack.start(name, republish_after_ms=1000)
+    stack.start("executor", republish_after_ms=1000, **executor)
     await stack.open()
     try:
         yield stack
     finally:
         await stack.close()
+
+
+@pytest.fixture
+async def own_stack(
+    own_servers: tuple[EmbeddedNats, EmbeddedPostgres], tmp_path: Path
+) -> AsyncIterator[ProcessStack]:
+    async with _stack_on(own_servers, tmp_path) as stack:
+        yield stack
 
 
 async def test_nats_server_restarted_while_runs_are_in_flight(
@@ -197,3 +209,25 @@ async def test_postgres_restarted_while_runs_are_in_flight(
     await _assert_all_finished(own_stack, ids, timeout=120)
     logs = "\n".join(p.logs() for p in own_stack.procs.values())
     assert "Postgres unavailable" in logs or "heartbeat not recorded" in logs
+
+
+async def test_a_postgres_restart_takes_no_run_from_a_live_executor(
+    own_servers: tuple[EmbeddedNats, EmbeddedPostgres], tmp_path: Path
+) -> None:
+    """A restart ends every session, the executor's presence lock among them, and the
+    executor takes it again: leases long enough to outlast the restart keep every run on
+    its first attempt (no run is taken over as if its executor had died)."""
+    _, postgres = own_servers
+    async with _stack_on(own_servers, tmp_path, lease_ttl_ms=30_000) as stack:
+        ids = [(await stack.client.submit(_script(i, 60))).run.run_id for i in range(3)]
+        await eventually(lambda: _some_frames(stack, ids[0], 4), timeout=20)
+
+        await asyncio.to_thread(postgres.stop)
+        await asyncio.sleep(1.0)
+        await asyncio.to_thread(postgres.start)
+
+        await _assert_all_finished(stack, ids, timeout=120)
+        for run_id in ids:
+            events = await stack.store.run_events(run_id)
+            assert [e["reason"] for e in events if e["event"] == "recovering"] == []
+            assert (await stack.client.get(run_id)).attempts == 1

@@ -4,10 +4,10 @@
 -- statement that also appends its run_events row.
 
 -- name: expire_leases
--- Running runs whose executor is gone: its lease ran out, or the presence lock its claim
--- recorded ($7: the locks' class) is no longer held because its process died. Recover
--- them, or close them as interrupted after too many recoveries without checkpoint
--- progress.
+-- Running runs whose executor is gone: its lease ran out, or ($8: when presence locks
+-- are believed) the presence lock its claim recorded ($7: the locks' class) is no longer
+-- held because its process died. Recover them, or close them as interrupted after too
+-- many recoveries without checkpoint progress.
 WITH present AS MATERIALIZED (
     SELECT l.objid::bigint AS presence FROM pg_locks l
      WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
@@ -20,7 +20,7 @@ WITH present AS MATERIALIZED (
       FROM runs
      WHERE status = 'running'
        AND (lease_expires_at < now()
-            OR (lease_presence IS NOT NULL
+            OR ($8 AND lease_presence IS NOT NULL
                 AND NOT EXISTS (SELECT 1 FROM present p WHERE p.presence = lease_presence)))
      ORDER BY lease_expires_at
      LIMIT $1

@@ -57,6 +57,11 @@ class LockSession:
     async def try_lock(self, space: int, key: int) -> bool:
         return bool(await self._value("lock_try", space, key))
 
+    @property
+    def open(self) -> bool:
+        """False as soon as the connection is known to be gone (its locks with it)."""
+        return not self._conn.is_closed()
+
     async def ping(self) -> None:
         """Unavailable when the session (and so every lock it held) is gone."""
         await self._value("lock_ping")

@@ -23,9 +23,10 @@ class RecoveryQueries(Queries):
         error: ErrorBody,
         canceled: ErrorBody,
         actor: str,
+        by_presence: bool = True,
     ) -> list[Run]:
-        """Recover runs whose lease expired, or whose executor's presence lock is gone;
-        close canceled and stalled ones instead."""
+        """Recover runs whose lease expired, or (`by_presence`) whose executor's presence
+        lock is gone; close canceled and stalled ones instead."""
         rows = await self._fetch(
             "expire_leases",
             limit,
@@ -35,6 +36,7 @@ class RecoveryQueries(Queries):
             actor,
             canceled.model_dump(mode="json"),
             EXECUTOR_PRESENCE_LOCKS,
+            by_presence,
         )
         return [Run.from_record(r) for r in rows]
 
