@@ -34,6 +34,8 @@ from bench.stack import Servers, Stack, progress, servers
 from runwire.runtime.settings import RecoverySettings
 
 CONCURRENCY = 64
+# Beyond recovery's presence_settle_ms, for its process to start and tick once.
+SETTLE_MARGIN_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -180,9 +182,10 @@ async def faults(srv: Servers, results: Results, sizes: Sizes) -> None:
             results, "7 overload", lambda: overload.measure(stack, results, sizes.overload_runs)
         )
         # Recovery believes executors' presence locks once its own lock session has lived
-        # presence_settle_ms (as it has, in a stack that runs for more than seconds).
+        # presence_settle_ms (as it has, in a stack that runs for more than seconds); its
+        # session opens at its first tick, a moment after its process started.
         settle_s = RecoverySettings.model_fields["presence_settle_ms"].default / 1000
-        await asyncio.sleep(max(0.0, started + settle_s - time.monotonic()))
+        await asyncio.sleep(max(0.0, started + settle_s + SETTLE_MARGIN_S - time.monotonic()))
         await guarded(
             results, "5 recovery", lambda: recovery.measure(stack, results, sizes.recovery_runs)
         )
