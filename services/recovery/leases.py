@@ -12,12 +12,12 @@ from runwire.contracts.status import RunStatus
 from runwire.recovery.decisions import ACTOR, decision_span
 from runwire.runtime import tracing
 from runwire.runtime.broker import Broker
-from runwire.runtime.errors import CANCELED_ERROR, INTERRUPTED_ERROR, RunwireError
+from runwire.runtime.errors import CANCELED_ERROR, INTERRUPTED_ERROR
 from runwire.runtime.logs import bind
 from runwire.runtime.metrics import INTERRUPTED, RECOVERIES
 from runwire.runtime.outbox import Outbox
 from runwire.runtime.settings import RecoverySettings
-from runwire.runtime.store import LockSession, Store
+from runwire.runtime.store import KeptLockSession, Store
 
 log = logging.getLogger(__name__)
 
@@ -31,28 +31,16 @@ class PresenceWatch:
     only once that session has lived `presence_settle_ms` (leases alone tell before)."""
 
     def __init__(self, dsn: str, settle_ms: int) -> None:
-        self._dsn = dsn
         self._settle_s = settle_ms / 1000
-        self._session: LockSession | None = None
-        self._since = 0.0
+        self._kept = KeptLockSession(dsn)
 
     async def believed(self) -> bool:
-        now = asyncio.get_running_loop().time()
-        try:
-            if self._session is None:
-                self._session = await LockSession.connect(self._dsn)
-                self._since = now
-            else:
-                await self._session.ping()
-        except RunwireError:
-            await self.close()
+        if await self._kept.check() is not None:
             return False
-        return now - self._since >= self._settle_s
+        return asyncio.get_running_loop().time() - self._kept.opened_at >= self._settle_s
 
     async def close(self) -> None:
-        session, self._session = self._session, None
-        if session is not None:
-            await session.close()
+        await self._kept.close()
 
 
 class ExpiredLeases:
@@ -61,13 +49,18 @@ class ExpiredLeases:
     name = "leases"
 
     def __init__(
-        self, settings: RecoverySettings, store: Store, broker: Broker, outbox: Outbox
+        self,
+        settings: RecoverySettings,
+        store: Store,
+        broker: Broker,
+        outbox: Outbox,
+        presence: PresenceWatch,
     ) -> None:
         self.settings = settings
         self.store = store
         self.broker = broker
         self.outbox = outbox
-        self.presence = PresenceWatch(settings.database_url, settings.presence_settle_ms)
+        self.presence = presence
 
     async def run(self) -> dict[str, int]:
         s = self.settings

@@ -15,7 +15,7 @@ import logging
 from typing import Protocol
 
 from runwire.recovery.budgets import OrphanedReservations
-from runwire.recovery.leases import ExpiredLeases
+from runwire.recovery.leases import ExpiredLeases, PresenceWatch
 from runwire.recovery.lost_jobs import LostJobs
 from runwire.recovery.queue_timeouts import QueueTimeouts
 from runwire.recovery.retention import Retention
@@ -46,10 +46,16 @@ class Duty(Protocol):
     async def run(self) -> dict[str, int]: ...
 
 
-def duties(settings: RecoverySettings, store: Store, broker: Broker, outbox: Outbox) -> list[Duty]:
+def duties(
+    settings: RecoverySettings,
+    store: Store,
+    broker: Broker,
+    outbox: Outbox,
+    presence: PresenceWatch,
+) -> list[Duty]:
     """Recovery's duties, in the order a tick runs them."""
     return [
-        ExpiredLeases(settings, store, broker, outbox),
+        ExpiredLeases(settings, store, broker, outbox, presence),
         QueueTimeouts(settings, store, outbox),
         SessionTurns(settings, store),
         WorkflowDeadlines(settings, store, outbox),
@@ -90,13 +96,12 @@ class RecoveryService(Service[RecoverySettings]):
 
     async def work(self, stop: asyncio.Event) -> None:
         sweeping = asyncio.create_task(_sweep(self.settings, self.outbox, stop))
-        all_duties = duties(self.settings, self.store, self.broker, self.outbox)
+        presence = PresenceWatch(self.settings.database_url, self.settings.presence_settle_ms)
+        all_duties = duties(self.settings, self.store, self.broker, self.outbox, presence)
         try:
             await self._tick_until(stop, all_duties)
         finally:
-            for duty in all_duties:
-                if isinstance(duty, ExpiredLeases):
-                    await duty.presence.close()
+            await presence.close()
         await sweeping
 
     async def _tick_until(self, stop: asyncio.Event, all_duties: list[Duty]) -> None:

@@ -95,6 +95,7 @@ class Joiner:
                 # flush). The stream has them; read it from the end of what is contiguous.
                 break
             if segment.first_seq > cursor and size + len(segment.frames) < limit:
+                # (A `done` in it closes the run's frames in Postgres: `frames_closed`.)
                 parts.append(segment.frames[1:-1])  # the items of its JSON array
                 size += len(segment.frames)
                 cursor = segment.last_seq

@@ -195,16 +195,23 @@ async def test_nats_server_restarted_while_runs_are_in_flight(
     await _assert_all_finished(own_stack, ids, timeout=120)
 
 
+async def _runs_through_a_postgres_restart(
+    stack: ProcessStack, postgres: EmbeddedPostgres, count: int
+) -> list[str]:
+    """`count` runs submitted; Postgres stopped for a second once they stream, then
+    started again. Returns their ids."""
+    ids = [(await stack.client.submit(_script(i, 60))).run.run_id for i in range(count)]
+    await eventually(lambda: _some_frames(stack, ids[0], 4), timeout=20)
+    await asyncio.to_thread(postgres.stop)
+    await asyncio.sleep(1.0)  # the outage itself: Postgres is away this long
+    await asyncio.to_thread(postgres.start)
+    return ids
+
+
 async def test_postgres_restarted_while_runs_are_in_flight(
     own_servers: tuple[EmbeddedNats, EmbeddedPostgres], own_stack: ProcessStack
 ) -> None:
-    _, postgres = own_servers
-    ids = [(await own_stack.client.submit(_script(i, 60))).run.run_id for i in range(4)]
-    await eventually(lambda: _some_frames(own_stack, ids[0], 4), timeout=20)
-
-    await asyncio.to_thread(postgres.stop)
-    await asyncio.sleep(1.0)
-    await asyncio.to_thread(postgres.start)
+    ids = await _runs_through_a_postgres_restart(own_stack, own_servers[1], 4)
 
     await _assert_all_finished(own_stack, ids, timeout=120)
     logs = "\n".join(p.logs() for p in own_stack.procs.values())
@@ -217,14 +224,8 @@ async def test_a_postgres_restart_takes_no_run_from_a_live_executor(
     """A restart ends every session, the executor's presence lock among them, and the
     executor takes it again: leases long enough to outlast the restart keep every run on
     its first attempt (no run is taken over as if its executor had died)."""
-    _, postgres = own_servers
     async with _stack_on(own_servers, tmp_path, lease_ttl_ms=30_000) as stack:
-        ids = [(await stack.client.submit(_script(i, 60))).run.run_id for i in range(3)]
-        await eventually(lambda: _some_frames(stack, ids[0], 4), timeout=20)
-
-        await asyncio.to_thread(postgres.stop)
-        await asyncio.sleep(1.0)
-        await asyncio.to_thread(postgres.start)
+        ids = await _runs_through_a_postgres_restart(stack, own_servers[1], 3)
 
         await _assert_all_finished(stack, ids, timeout=120)
         for run_id in ids:

@@ -7,7 +7,7 @@ transition is one guarded statement: a method returns the changed run, or None /
 LostRace when the guard did not hold (another writer or a newer attempt got there first).
 """
 
-from runwire.runtime.store.locks import EXECUTOR_PRESENCE_LOCKS, LockSession
+from runwire.runtime.store.locks import EXECUTOR_PRESENCE_LOCKS, KeptLockSession, LockSession
 from runwire.runtime.store.rows import (
     BudgetGrant,
     Effect,
@@ -31,6 +31,7 @@ __all__ = [
     "BudgetGrant",
     "Effect",
     "FrameState",
+    "KeptLockSession",
     "LockSession",
     "OutboxBatch",
     "OutboxKind",

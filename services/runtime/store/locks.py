@@ -1,12 +1,14 @@
 """Session-level advisory locks on a connection of their own (relay partitions, relay
 and executor presence)."""
 
+import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
 
-from runwire.runtime.errors import Unavailable
+from runwire.runtime.errors import RunwireError, Unavailable
 from runwire.runtime.store.schema import QUERIES
 
 log = logging.getLogger(__name__)
@@ -79,3 +81,43 @@ class LockSession:
                 await self._conn.close(timeout=LOCK_TIMEOUT_S)
             except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
                 self._conn.terminate()
+
+
+class KeptLockSession:
+    """A lock session kept for as long as its holder lives: opened (then `on_open`, which
+    takes the holder's locks) when there is none, pinged when there is one. An executor
+    keeps its presence lock this way; recovery, to know how long its own has lived."""
+
+    def __init__(
+        self, dsn: str, on_open: Callable[[LockSession], Awaitable[None]] | None = None
+    ) -> None:
+        self._dsn = dsn
+        self._on_open = on_open
+        self.session: LockSession | None = None
+        # Event-loop time at which the current session was opened.
+        self.opened_at = 0.0
+
+    async def check(self) -> RunwireError | None:
+        """None when the session is there now; else why not (and it is closed)."""
+        try:
+            if self.session is None:
+                session = await LockSession.connect(self._dsn)
+                try:
+                    if self._on_open is not None:
+                        await self._on_open(session)
+                except BaseException:
+                    await session.close()
+                    raise
+                self.session = session
+                self.opened_at = asyncio.get_running_loop().time()
+            else:
+                await self.session.ping()
+        except RunwireError as exc:
+            await self.close()
+            return exc
+        return None
+
+    async def close(self) -> None:
+        session, self.session = self.session, None
+        if session is not None:
+            await session.close()
