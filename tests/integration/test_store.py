@@ -195,7 +195,9 @@ async def _insert(
 
 
 async def _waiting_for_a_lock(conn: asyncpg.Connection, query: str = "%") -> bool:
-    """Whether another session's statement (like `query`) waits for a lock."""
+    """Whether another session's statement (like `query`) waits for a lock. (Inside a
+    transaction Postgres shows the sessions as it first saw them: look afresh each time.)"""
+    await conn.execute("SELECT pg_stat_clear_snapshot()")
     return bool(
         await conn.fetchval(
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
