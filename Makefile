@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_WORKERS ?= 2
 START_TIMEOUT ?=
-STACK_OPTIONS := $(if $(START_TIMEOUT),--start-timeout $(START_TIMEOUT))
+CLUSTER ?=
+STACK_OPTIONS := $(if $(START_TIMEOUT),--start-timeout $(START_TIMEOUT)) $(if $(CLUSTER),--cluster $(CLUSTER))
 
 .PHONY: install run up down logs status browser bench-peers test test-soak fuzz lint typecheck unit integration chaos schemas docs bench clean
 

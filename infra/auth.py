@@ -6,7 +6,8 @@ exactly the subjects it needs, written as a nats-server `authorization` block.
   only what it sends (only executors and the outbox publish raw frames, only relays
   publish client frames, only the submitter sends cancel notices, only the outbox and
   recovery publish jobs and run events); each answers requests through
-  `allow_responses`. They manage the streams and consumers (`$JS.API.>`).
+  `allow_responses`, and may ask its own service's health (its replicas' probes do).
+  They manage the streams and consumers (`$JS.API.>`).
 - **Tenants** (`tenant-<name>`): request their own commands (`<prefix>.<tenant>.cmd.>`,
   but not `set_budget`, `set_policy` or `resolve_effect`: an operator's), receive
   replies only on their own inbox prefix (`_INBOX_<tenant>.>`), and read only their own
@@ -153,7 +154,9 @@ def service_permissions(service: str, subjects: Subjects) -> dict[str, Any]:
     """What a service may publish and subscribe to."""
     p = subjects.prefix
     subscribe = ["_INBOX.>", subjects.health(service)]
-    publish = ["$JS.API.>", "$JS.ACK.>"]
+    # Its own health too: a replica's readiness probe asks it as the service's identity
+    # (`runwire health <service> --local`, with replies on NATS's default inbox).
+    publish = ["$JS.API.>", "$JS.ACK.>", subjects.health(service)]
     if service == "submitter":
         subscribe += [f"{p}.*.cmd.{name}" for name in COMMANDS if name != "join"]
         publish += [f"{p}.jobs.>", f"{p}.frames.in.>", f"{p}.ctl.cancel.>"]
@@ -316,7 +319,10 @@ def _apply(root: Path, identities: Identities) -> bool:
     identities.save(root / IDENTITIES_FILE)
     prefix = _stack_env(root).get("RUNWIRE_PREFIX") or "rw"
     write_private(root / AUTH_FILE, render(identities, Subjects(prefix)))
-    return reload_server(root / NATS_PID_FILE)
+    # One server, or each server of a clustered stack (`nats/n1/`, ...).
+    servers = [root / NATS_PID_FILE, *sorted((root / "nats").glob("n*/nats-server.pid"))]
+    told = [reload_server(pid_file) for pid_file in servers]
+    return any(told)
 
 
 def add_tenant(root: Path, tenant: str) -> tuple[Path, bool]:

@@ -12,6 +12,7 @@ test run does not leave them behind.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import hashlib
 import importlib
@@ -27,13 +28,16 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 NATS_MAX_PAYLOAD = "8MB"
-NATS_PING_INTERVAL = '"10s"'
+NATS_PING_INTERVAL_S = 10
 NATS_PING_MAX = 3
 PG_MAX_CONNECTIONS = 300
 PG_SUPERUSER = "postgres"
@@ -126,6 +130,21 @@ class _Process:
     def exited(self) -> int | None:
         return None if self.popen is None else self.popen.poll()
 
+    def signal(self, sig: signal.Signals) -> None:
+        if self.popen is None:
+            raise ProcessLookupError(f"{self.name} is not running")
+        self.popen.send_signal(sig)
+
+    def kill(self) -> None:
+        """SIGKILL the whole group at once and forget the process."""
+        popen = self.popen
+        if popen is None:
+            return
+        self.popen = None
+        atexit.unregister(self.stop)
+        _kill_group(popen.pid)
+        popen.wait()
+
     def stop(self, timeout: float = 15.0) -> None:
         popen = self.popen
         if popen is None:
@@ -201,18 +220,43 @@ def _tail(path: Path, lines: int = 30) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+@dataclass(frozen=True)
+class ClusterNode:
+    """Where one server of a JetStream cluster sits among the others."""
+
+    cluster: str
+    server_name: str
+    # The port this server takes routes on, and those of every server of the cluster.
+    route_port: int
+    route_ports: tuple[int, ...]
+    # The HTTP monitoring port (`/jsz`, `/healthz`): how a cluster is seen to be ready.
+    monitor_port: int
+
+
 class EmbeddedNats:
-    """A single JetStream-enabled nats-server listening on 127.0.0.1."""
+    """A JetStream-enabled nats-server listening on 127.0.0.1: alone, or one server of
+    an `EmbeddedNatsCluster` when `node` is given."""
 
     def __init__(
-        self, data_dir: Path, port: int | None = None, *, authorization: Path | None = None
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        *,
+        authorization: Path | None = None,
+        node: ClusterNode | None = None,
+        ping_interval_s: int = NATS_PING_INTERVAL_S,
     ) -> None:
         self.data_dir = data_dir.absolute()
+        # How often the server pings its clients and routes (it drops one after
+        # NATS_PING_MAX unanswered): how long a frozen peer goes unnoticed.
+        self.ping_interval_s = ping_interval_s
         self.port = port if port is not None else find_free_port()
         # A file with the `authorization` block of the identities the server accepts
         # (infra/auth.py), included by its configuration; None: no authentication.
         self.authorization = authorization.absolute() if authorization is not None else None
-        self._process = _Process("nats-server", signal.SIGTERM)
+        self.node = node
+        name = "nats-server" if node is None else f"nats-server {node.server_name}"
+        self._process = _Process(name, signal.SIGTERM)
 
     @property
     def url(self) -> str:
@@ -250,12 +294,13 @@ class EmbeddedNats:
             # A client that stops answering (a frozen service) is dropped after about
             # 30 s rather than the default 4 minutes: until then it gets its share of
             # the commands of its queue group and answers none.
-            f"ping_interval: {NATS_PING_INTERVAL}\n"
+            f'ping_interval: "{self.ping_interval_s}s"\n'
             f"ping_max: {NATS_PING_MAX}\n"
             f"pid_file: {json.dumps(str(self.pid_file))}\n"
             "jetstream {\n"
             f"  store_dir: {json.dumps(str(store))}\n"
             "}\n"
+            + (self._cluster_config() if self.node is not None else "")
             # nats-server reads an include's path relative to the configuration's folder.
             + (
                 f"include {json.dumps(os.path.relpath(self.authorization, self.data_dir))}\n"
@@ -264,6 +309,56 @@ class EmbeddedNats:
             )
         )
         return [str(nats_server_binary()), "-c", str(self.config_path)]
+
+    def _cluster_config(self) -> str:
+        node = self.node
+        assert node is not None
+        routes = ", ".join(f"nats-route://127.0.0.1:{port}" for port in node.route_ports)
+        return (
+            f"server_name: {node.server_name}\n"
+            f"http: 127.0.0.1:{node.monitor_port}\n"
+            "cluster {\n"
+            f"  name: {node.cluster}\n"
+            f"  listen: 127.0.0.1:{node.route_port}\n"
+            # Its own address among the routes is ignored: one list serves every server.
+            f"  routes: [{routes}]\n"
+            "}\n"
+        )
+
+    def jetstream_state(self) -> dict[str, Any] | None:
+        """What the server's monitoring endpoint says of JetStream (`/jsz`), or None when
+        it does not answer (a server stopped, paused or not started; alone, it has none)."""
+        if self.node is None:
+            return None
+        url = f"http://127.0.0.1:{self.node.monitor_port}/jsz"
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as response:
+                state: dict[str, Any] = json.loads(response.read())
+        except (OSError, ValueError):
+            return None
+        return state
+
+    def healthy(self) -> bool:
+        """The server's own health check (`/healthz`) passes: JetStream is up and every
+        stream and consumer replica it holds has caught up (a restarted server of a
+        cluster is not healthy until then)."""
+        if self.node is None:
+            return self.ready()
+        url = f"http://127.0.0.1:{self.node.monitor_port}/healthz"
+        try:
+            with urllib.request.urlopen(url, timeout=2.0) as response:
+                return bool(json.loads(response.read()).get("status") == "ok")
+        except (OSError, ValueError):
+            return False
+
+    def meta_leader(self) -> str | None:
+        """The server name of the cluster's JetStream meta leader, as this server sees
+        it (None: no leader elected, or this server does not answer)."""
+        state = self.jetstream_state()
+        if state is None:
+            return None
+        leader = (state.get("meta_cluster") or {}).get("leader")
+        return str(leader) if leader else None
 
     def reload(self) -> None:
         """Have the running server read its configuration again (the identities among
@@ -290,17 +385,158 @@ class EmbeddedNats:
         return bool(info.get("jetstream"))
 
     def start(self, timeout: float = 30.0) -> str:
-        """Run the server in the background, wait until JetStream answers, return its URL."""
+        """Run the server in the background, wait until JetStream answers, return its URL
+        (a server of a cluster: until it accepts clients, whatever the others do)."""
         if self._process.pid is not None:
             return self.url
-        argv = self.command()
-        self._process.spawn(argv, self.log_path, user=None, cwd=self.data_dir)
+        self.start_process()
         _wait_until(self.ready, self._process, timeout, self.log_path)
         return self.url
+
+    def start_process(self) -> None:
+        """Run the server in the background without waiting for it."""
+        if self._process.pid is None:
+            self._process.spawn(self.command(), self.log_path, user=None, cwd=self.data_dir)
 
     def stop(self, timeout: float = 15.0) -> None:
         """Stop the server started by `start()` (SIGTERM, then SIGKILL after `timeout`)."""
         self._process.stop(timeout)
+
+    @property
+    def name(self) -> str:
+        """The server's name in its cluster (`n1`, ...), or `nats` alone."""
+        return self.node.server_name if self.node is not None else "nats"
+
+    def exited(self) -> int | None:
+        """The exit status of the server started here, once it has ended."""
+        return self._process.exited()
+
+    def kill(self) -> None:
+        """kill -9 the server started by `start()`: no goodbye to its clients or routes."""
+        self._process.kill()
+
+    def pause(self) -> None:
+        """SIGSTOP the server: its connections stay open and nothing answers on them, as
+        when a network partition cuts it off."""
+        self._process.signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT a paused server."""
+        self._process.signal(signal.SIGCONT)
+
+
+class EmbeddedNatsCluster:
+    """`size` JetStream servers routed to each other on loopback (`n1`, `n2`, ...), each
+    with a folder of its own under `data_dir`.
+
+    Clients take `url`, every server's URL separated by commas (`server_urls` splits
+    it); each server's own is `nodes[i].url`. The cluster is ready once every server
+    answers and all of them name the same JetStream meta leader.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        size: int = 3,
+        *,
+        ports: list[int] | None = None,
+        authorization: Path | None = None,
+        name: str = "runwire",
+        ping_interval_s: int = NATS_PING_INTERVAL_S,
+    ) -> None:
+        if size < 1:
+            raise ValueError("a cluster has at least one server")
+        self.data_dir = data_dir.absolute()
+        # Per server: client, route and monitoring port (kept across restarts of the stack).
+        chosen = list(ports) if ports is not None else []
+        while len(chosen) < 3 * size:
+            port = find_free_port()
+            if port not in chosen:
+                chosen.append(port)
+        clients, routes, monitors = chosen[:size], chosen[size : 2 * size], chosen[2 * size :]
+        self.nodes = [
+            EmbeddedNats(
+                self.data_dir / f"n{i + 1}",
+                clients[i],
+                authorization=authorization,
+                node=ClusterNode(name, f"n{i + 1}", routes[i], tuple(routes), monitors[i]),
+                ping_interval_s=ping_interval_s,
+            )
+            for i in range(size)
+        ]
+
+    @property
+    def ports(self) -> list[int]:
+        """Every port the cluster uses: client ports, then route ports, then monitoring."""
+        nodes = [node.node for node in self.nodes if node.node is not None]
+        return (
+            [node.port for node in self.nodes]
+            + [node.route_port for node in nodes]
+            + [node.monitor_port for node in nodes]
+        )
+
+    @property
+    def url(self) -> str:
+        """Every server's client URL, separated by commas."""
+        return ",".join(node.url for node in self.nodes)
+
+    def node(self, server_name: str) -> EmbeddedNats:
+        """The server called `server_name` (`n1`, ...)."""
+        for node in self.nodes:
+            if node.node is not None and node.node.server_name == server_name:
+                return node
+        raise KeyError(server_name)
+
+    def meta_leader(self) -> EmbeddedNats | None:
+        """The server that leads JetStream's meta group now, as the servers agree."""
+        seen = {node.meta_leader() for node in self.nodes}
+        seen.discard(None)
+        if len(seen) != 1:
+            return None
+        return self.node(str(seen.pop()))
+
+    def ready(self, nodes: list[EmbeddedNats] | None = None) -> bool:
+        """Every server (or each of `nodes`) accepts clients with JetStream and names the
+        same meta leader, which is among them."""
+        nodes = self.nodes if nodes is None else nodes
+        if not all(node.ready() for node in nodes):
+            return False
+        leaders = {node.meta_leader() for node in nodes}
+        return len(leaders) == 1 and None not in leaders
+
+    def healthy(self) -> bool:
+        """Ready, and every server's health check passes (all replicas caught up): only
+        then can the cluster lose another server and keep a majority of every stream."""
+        return self.ready() and all(node.healthy() for node in self.nodes)
+
+    def start(self, timeout: float = 60.0) -> str:
+        """Start every server, wait until the cluster is ready, return `url`."""
+        for node in self.nodes:
+            if node.pid is None:
+                node.start_process()
+        deadline = time.monotonic() + timeout
+        while not self.ready():
+            for node in self.nodes:
+                code = node.exited()
+                if code is not None:
+                    raise RuntimeError(
+                        f"nats-server {node.name} exited with status {code} while starting:\n"
+                        f"{_tail(node.log_path)}"
+                    )
+            if time.monotonic() > deadline:
+                logs = "\n".join(_tail(node.log_path, 10) for node in self.nodes)
+                self.stop()
+                raise TimeoutError(f"the NATS cluster not ready after {timeout:.0f} s:\n{logs}")
+            time.sleep(_POLL_INTERVAL)
+        return self.url
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Stop every server (each resumed first, should a test have paused it)."""
+        for node in self.nodes:
+            if node.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    node.resume()
+            node.stop(timeout)
 
 
 class EmbeddedPostgres:

@@ -10,6 +10,7 @@ commands, so `runwire.infra.stack up` waits for a healthy answer from each servi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ import nats.errors
 from nats.aio.client import Client as NatsClient
 from pydantic import ValidationError
 
+from runwire.client.settings import server_urls
 from runwire.contracts.health import HealthReply
 from runwire.contracts.subjects import Subjects
 
@@ -25,6 +27,8 @@ from runwire.contracts.subjects import Subjects
 # NATS says so at once (no responders), so this only bounds a service stuck mid-answer.
 ASK_TIMEOUT_S = 1.0
 CONNECT_TIMEOUT_S = 5.0
+# Replicas answer one request each: collect their answers this long.
+REPLICAS_WINDOW_S = 0.3
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,7 @@ class HealthProbe:
         for minutes, whatever its options say)."""
         nc = await asyncio.wait_for(
             nats.connect(
-                nats_url,
+                server_urls(nats_url),
                 name="runwire-stack",
                 user=user,
                 password=password,
@@ -80,18 +84,47 @@ class HealthProbe:
             return Health(service, False, f"no answer within {timeout:g} s")
         except nats.errors.Error as exc:
             return Health(service, False, f"no answer (NATS: {exc or type(exc).__name__})")
-        try:
-            reply = HealthReply.model_validate_json(msg.data)
-        except ValidationError:
-            return Health(service, False, f"answers with something else: {msg.data[:80]!r}")
-        if reply.ok:
-            return Health(service, True, "answers")
-        down = [name for name, state in reply.dependencies.items() if state != "ok"]
-        return Health(service, False, f"answers, but {', '.join(down)} unavailable")
+        return _health(service, msg.data)
 
     async def ask_all(self, services: Iterable[str]) -> list[Health]:
         """Ask every service at once."""
         return list(await asyncio.gather(*(self.ask(service) for service in services)))
+
+    async def ask_replicas(self, service: str, window: float = REPLICAS_WINDOW_S) -> list[Health]:
+        """The health of every replica of `service` that answers within `window` (every
+        replica answers one request)."""
+        inbox = self.nc.new_inbox()
+        sub = await self.nc.subscribe(inbox)
+        found: list[Health] = []
+        try:
+            await self.nc.publish(self.subjects.health(service), b"{}", reply=inbox)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + window
+            while (left := deadline - loop.time()) > 0:
+                try:
+                    msg = await sub.next_msg(timeout=left)
+                except (nats.errors.TimeoutError, TimeoutError):
+                    break
+                if not msg.data and msg.headers and msg.headers.get("Status") == "503":
+                    break  # no responders: no replica subscribes yet
+                found.append(_health(service, msg.data))
+        except nats.errors.Error as exc:
+            found.append(Health(service, False, f"no answer (NATS: {exc or type(exc).__name__})"))
+        finally:
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
+        return found
+
+
+def _health(service: str, data: bytes) -> Health:
+    try:
+        reply = HealthReply.model_validate_json(data)
+    except ValidationError:
+        return Health(service, False, f"answers with something else: {data[:80]!r}")
+    if reply.ok:
+        return Health(service, True, "answers")
+    down = [name for name, state in reply.dependencies.items() if state != "ok"]
+    return Health(service, False, f"answers, but {', '.join(down)} unavailable")
 
 
 async def _ignore(exc: Exception) -> None:

@@ -11,9 +11,13 @@ The gateway (runwire's HTTP API) runs beside them on `RUNWIRE_GATEWAY_URL`, acce
 the API keys whose hashes are in `api-keys.json` (the default tenant's key is
 `RUNWIRE_API_KEY` in `env`).
 
+`up --cluster 3` starts a clustered stack instead: three nats-servers routed into one
+JetStream cluster, every stream at three replicas, and two replicas of every service and
+of the gateway, each replica connected first to a different server of the cluster.
+
 The services read the `RUNWIRE_*` settings of the shell that runs `up`, with two
 exceptions made here: the URLs of the stack's own servers, and `RUNWIRE_METRICS_PORT`,
-which is the first of four consecutive ports, one per service in `SERVICES` order.
+which is the first of consecutive ports, one per service replica in `SERVICES` order.
 """
 
 from __future__ import annotations
@@ -33,12 +37,12 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import asyncpg
 import nats.errors
 from pydantic import ValidationError
 
+from runwire.client.settings import server_urls
 from runwire.contracts.subjects import DEFAULT_PREFIX, DEFAULT_TENANT, Subjects
 from runwire.gateway.keys import add_key, new_key
 from runwire.gateway.settings import DEFAULT_PORT as DEFAULT_GATEWAY_PORT
@@ -60,15 +64,22 @@ from runwire.infra.auth import (
     write_env_file,
     write_private,
 )
-from runwire.infra.embedded import EmbeddedNats, EmbeddedPostgres, find_free_port, port_is_free
-from runwire.infra.health import HealthProbe
+from runwire.infra.embedded import (
+    EmbeddedNats,
+    EmbeddedNatsCluster,
+    EmbeddedPostgres,
+    find_free_port,
+    port_is_free,
+)
+from runwire.infra.health import Health, HealthProbe
 from runwire.infra.supervisor import Program, Supervisor, environment, venv_tool
 from runwire.runtime.settings import CommonSettings
 from runwire.runtime.store import migrate
 
 SERVICES = ("submitter", "executor", "relay", "recovery")
 GATEWAY_HOST = "127.0.0.1"
-SERVERS = ("nats", "postgres")
+# Replicas of every service (and of the gateway) on a clustered stack.
+CLUSTER_REPLICAS = 2
 DATABASE = "runwire"
 START_TIMEOUT = 60.0
 MAX_PORT = 65535
@@ -147,6 +158,11 @@ class Layout:
         return self.root / "services" / f"{service}.env"
 
     @property
+    def shape_file(self) -> Path:
+        """How many nats-servers the stack was started with."""
+        return self.root / "shape.json"
+
+    @property
     def ports_file(self) -> Path:
         return self.root / "ports.json"
 
@@ -173,11 +189,42 @@ class Layout:
 
 @dataclass(frozen=True)
 class Ports:
-    """The loopback ports of the two servers and of the gateway."""
+    """The loopback ports of the servers and of the gateway (and, on a clustered stack,
+    the cluster's servers' ports and the second gateway's)."""
 
     nats: int
     postgres: int
     gateway: int
+    # Per server of a cluster: client ports, then route ports, then monitoring ports.
+    cluster: tuple[int, ...] = ()
+    gateway_2: int = 0
+
+    def taken(self) -> set[int]:
+        return {self.nats, self.postgres, self.gateway, self.gateway_2, *self.cluster} - {0}
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One program of a service: its name under supervisord and the NATS URLs it uses
+    (on a cluster, a different server first for each replica)."""
+
+    program: str
+    service: str
+    nats_url: str
+
+
+def replicas(services: tuple[str, ...], servers: int, nats_urls: list[str]) -> list[Replica]:
+    """Every service's programs: one each on a single server; `CLUSTER_REPLICAS` each on
+    a cluster, spread over its servers in turn."""
+    if servers <= 1:
+        return [Replica(service, service, nats_urls[0]) for service in services]
+    chosen: list[Replica] = []
+    for service in services:
+        for i in range(CLUSTER_REPLICAS):
+            first = len(chosen) % len(nats_urls)
+            urls = nats_urls[first:] + nats_urls[:first]
+            chosen.append(Replica(f"{service}-{i + 1}", service, ",".join(urls)))
+    return chosen
 
 
 def _say(message: str) -> None:
@@ -224,15 +271,17 @@ def _supervisord_pid(layout: Layout) -> int | None:
     return None
 
 
-def _load_ports(layout: Layout) -> Ports:
+def _load_ports(layout: Layout, servers: int, gateway_port: int = 0) -> Ports:
     """Reuse the ports of the last start so URLs stay valid; pick new ones if taken (the
-    gateway's first choice is its default port)."""
+    gateway's first choice is `gateway_port` when given, else its default port)."""
     try:
         stored = json.loads(layout.ports_file.read_text())
         ports = Ports(
             nats=int(stored["nats"]),
             postgres=int(stored["postgres"]),
             gateway=int(stored.get("gateway", 0)),
+            cluster=tuple(int(port) for port in stored.get("cluster", ())),
+            gateway_2=int(stored.get("gateway_2", 0)),
         )
     except (OSError, ValueError, KeyError, TypeError):
         ports = None
@@ -245,24 +294,55 @@ def _load_ports(layout: Layout) -> Ports:
         while postgres == nats:
             postgres = find_free_port()
         ports = Ports(nats=nats, postgres=postgres, gateway=0)
-    gateway = ports.gateway
+    cluster = ports.cluster
+    if servers > 1 and (
+        len(cluster) != 3 * servers or not all(port_is_free(port) for port in cluster)
+    ):
+        cluster = _free_ports(3 * servers, {ports.nats, ports.postgres})
+    gateway = gateway_port or ports.gateway
     if not gateway or not port_is_free(gateway):
         gateway = DEFAULT_GATEWAY_PORT if port_is_free(DEFAULT_GATEWAY_PORT) else 0
-        while gateway in (0, ports.nats, ports.postgres):
+        while gateway in (0, ports.nats, ports.postgres, *cluster):
             gateway = find_free_port()
-        ports = Ports(nats=ports.nats, postgres=ports.postgres, gateway=gateway)
+    gateway_2 = ports.gateway_2
+    if servers > 1 and (not gateway_2 or not port_is_free(gateway_2) or gateway_2 == gateway):
+        (gateway_2,) = _free_ports(1, {ports.nats, ports.postgres, gateway, *cluster})
+    ports = Ports(ports.nats, ports.postgres, gateway, cluster, gateway_2)
     layout.ports_file.write_text(
-        json.dumps({"nats": ports.nats, "postgres": ports.postgres, "gateway": ports.gateway})
+        json.dumps(
+            {
+                "nats": ports.nats,
+                "postgres": ports.postgres,
+                "gateway": ports.gateway,
+                "cluster": list(ports.cluster),
+                "gateway_2": ports.gateway_2,
+            }
+        )
     )
     return ports
 
 
-def metrics_ports(first: int) -> dict[str, int]:
-    """Each service's `/metrics` port: `first`, `first` + 1, ... in `SERVICES` order
-    (none when `first` is 0, as `RUNWIRE_METRICS_PORT` unset means)."""
+def _free_ports(count: int, avoid: set[int]) -> tuple[int, ...]:
+    chosen: list[int] = []
+    while len(chosen) < count:
+        port = find_free_port()
+        if port not in avoid and port not in chosen:
+            chosen.append(port)
+    return tuple(chosen)
+
+
+def _cluster(layout: Layout, servers: int, ports: Ports) -> EmbeddedNatsCluster:
+    return EmbeddedNatsCluster(
+        layout.nats_dir, servers, ports=list(ports.cluster), authorization=layout.auth_file
+    )
+
+
+def metrics_ports(first: int, programs: tuple[str, ...] = SERVICES) -> dict[str, int]:
+    """Each service program's `/metrics` port: `first`, `first` + 1, ... in `programs`
+    order (none when `first` is 0, as `RUNWIRE_METRICS_PORT` unset means)."""
     if first == 0:
         return {}
-    return {service: first + i for i, service in enumerate(SERVICES)}
+    return {program: first + i for i, program in enumerate(programs)}
 
 
 def _metrics_url(host: str, port: int) -> str:
@@ -274,49 +354,99 @@ def _metrics_url(host: str, port: int) -> str:
     return f"http://{host}:{port}/metrics"
 
 
+@dataclass(frozen=True)
+class Topology:
+    """What the stack runs: its nats-servers (one, or a cluster's), each service's
+    replicas, and the gateways' ports."""
+
+    nats: list[EmbeddedNats]
+    replicas: list[Replica]
+    gateway_ports: list[int]
+
+    @property
+    def clustered(self) -> bool:
+        return len(self.nats) > 1
+
+    @property
+    def nats_url(self) -> str:
+        """Every server's URL, separated by commas (what clients take)."""
+        return ",".join(node.url for node in self.nats)
+
+    @property
+    def programs(self) -> tuple[str, ...]:
+        """The service programs' names, in `SERVICES` order."""
+        return tuple(replica.program for replica in self.replicas)
+
+    def count(self, service: str) -> int:
+        """How many replicas of `service` run."""
+        return sum(replica.service == service for replica in self.replicas)
+
+    def nats_programs(self) -> dict[str, EmbeddedNats]:
+        """supervisord's name of each nats-server."""
+        if not self.clustered:
+            return {"nats": self.nats[0]}
+        return {f"nats-{node.name}": node for node in self.nats}
+
+
+def topology(layout: Layout, servers: int, ports: Ports) -> Topology:
+    """The stack's shape for `servers` nats-servers (1: a single server) on `ports`."""
+    if servers <= 1:
+        nodes = [EmbeddedNats(layout.nats_dir, ports.nats, authorization=layout.auth_file)]
+        gateways = [ports.gateway]
+    else:
+        nodes = _cluster(layout, servers, ports).nodes
+        gateways = [ports.gateway, ports.gateway_2]
+    urls = [node.url for node in nodes]
+    return Topology(nodes, replicas(SERVICES, servers, urls), gateways)
+
+
 def _programs(
     layout: Layout,
-    nats: EmbeddedNats,
+    shape: Topology,
     pg: EmbeddedPostgres,
     database_url: str,
     settings: CommonSettings,
     identities: Identities,
-    gateway_port: int,
 ) -> list[Program]:
-    """nats-server and Postgres first, then the four services and the gateway wired to
-    them."""
-    nats_program = Program(
-        "nats",
-        nats.command(),
-        layout.nats_dir,
-        {"priority": "10", "stopsignal": "TERM", "stopwaitsecs": "15"},
-    )
+    """nats-server(s) and Postgres first, then every service replica and the gateways
+    wired to them."""
+    programs = [
+        Program(
+            name,
+            node.command(),
+            node.data_dir,
+            {"priority": "10", "stopsignal": "TERM", "stopwaitsecs": "15"},
+        )
+        for name, node in shape.nats_programs().items()
+    ]
     pg_options = {"priority": "10", "stopsignal": "INT", "stopwaitsecs": "30"}
     user = pg.run_as_user()
     if user is not None:
         pg_options["user"] = user
-    programs = [nats_program, Program("postgres", pg.command(), layout.pg_dir, pg_options)]
+    programs.append(Program("postgres", pg.command(), layout.pg_dir, pg_options))
     wiring = {
-        "RUNWIRE_NATS_URL": nats.url,
         "RUNWIRE_DATABASE_URL": database_url,
         "RUNWIRE_PREFIX": settings.prefix,
         "PYTHONUNBUFFERED": "1",
         # Trace export settings of the shell that starts the stack.
         **{k: v for k, v in os.environ.items() if k.startswith("OTEL_")},
     }
-    ports = metrics_ports(settings.metrics_port)
-    for service in SERVICES:
+    if shape.clustered:
+        wiring["RUNWIRE_STREAM_REPLICAS"] = str(len(shape.nats))
+    ports = metrics_ports(settings.metrics_port, shape.programs)
+    for replica in shape.replicas:
         # One port each: on the shell's one port, all but the first would crash-loop.
-        metrics = {"RUNWIRE_METRICS_PORT": str(ports.get(service, 0))}
-        identity = _service_identity(identities, service, database_url)
+        metrics = {"RUNWIRE_METRICS_PORT": str(ports.get(replica.program, 0))}
+        identity = _service_identity(identities, replica.service, database_url)
+        nats = {"RUNWIRE_NATS_URL": replica.nats_url}
         programs.append(
             Program(
-                service,
-                [str(venv_tool("python")), "-m", f"runwire.{service}"],
+                replica.program,
+                [str(venv_tool("python")), "-m", f"runwire.{replica.service}"],
                 layout.repo,
                 {
                     "priority": "100",
-                    "environment": environment({**wiring, **metrics, **identity}),
+                    "environment": environment({**wiring, **nats, **metrics, **identity}),
                     # Services wait for NATS and Postgres themselves; a few quick exits
                     # while the servers come up must not mark them FATAL.
                     "startretries": "10",
@@ -326,29 +456,34 @@ def _programs(
             )
         )
     gateway = service_user(GATEWAY)
-    programs.append(
-        Program(
-            GATEWAY,
-            [str(venv_tool("python")), "-m", "runwire.gateway"],
-            layout.repo,
-            {
-                "priority": "100",
-                "environment": environment(
-                    {
-                        **wiring,
-                        "RUNWIRE_NATS_USER": gateway,
-                        "RUNWIRE_NATS_PASSWORD": identities.passwords[gateway],
-                        "RUNWIRE_GATEWAY_HOST": GATEWAY_HOST,
-                        "RUNWIRE_GATEWAY_PORT": str(gateway_port),
-                        "RUNWIRE_GATEWAY_KEYS_FILE": str(layout.api_keys_file),
-                    }
-                ),
-                "startretries": "10",
-                "stopsignal": "TERM",
-                "stopwaitsecs": "10",
-            },
+    urls = server_urls(shape.nats_url)
+    for i, port in enumerate(shape.gateway_ports):
+        name = GATEWAY if len(shape.gateway_ports) == 1 else f"{GATEWAY}-{i + 1}"
+        first = i % len(urls)
+        programs.append(
+            Program(
+                name,
+                [str(venv_tool("python")), "-m", "runwire.gateway"],
+                layout.repo,
+                {
+                    "priority": "100",
+                    "environment": environment(
+                        {
+                            **wiring,
+                            "RUNWIRE_NATS_URL": ",".join(urls[first:] + urls[:first]),
+                            "RUNWIRE_NATS_USER": gateway,
+                            "RUNWIRE_NATS_PASSWORD": identities.passwords[gateway],
+                            "RUNWIRE_GATEWAY_HOST": GATEWAY_HOST,
+                            "RUNWIRE_GATEWAY_PORT": str(port),
+                            "RUNWIRE_GATEWAY_KEYS_FILE": str(layout.api_keys_file),
+                        }
+                    ),
+                    "startretries": "10",
+                    "stopsignal": "TERM",
+                    "stopwaitsecs": "10",
+                },
+            )
         )
-    )
     return programs
 
 
@@ -428,10 +563,11 @@ def _operator(layout: Layout) -> tuple[str | None, str | None]:
     return OPERATOR, Identities.load(layout.identities_file).passwords.get(OPERATOR)
 
 
-async def _unanswered(layout: Layout, nats_url: str, prefix: str, timeout: float) -> _NotUp | None:
-    """Ask every service for its health until each has answered once (None), giving up
-    at `timeout` or when supervisord stops restarting one of them."""
-    server = EmbeddedNats(layout.nats_dir, urlsplit(nats_url).port or 4222)
+async def _unanswered(
+    layout: Layout, shape: Topology, prefix: str, timeout: float
+) -> _NotUp | None:
+    """Ask every service for its health until each of its replicas has answered (None),
+    giving up at `timeout` or when supervisord stops restarting one of them."""
     progress = _Progress("the services to answer")
     seen = dict.fromkeys(SERVICES, "no answer")
     probe: HealthProbe | None = None
@@ -440,24 +576,32 @@ async def _unanswered(layout: Layout, nats_url: str, prefix: str, timeout: float
             pending = [service for service in SERVICES if seen[service] != "answers"]
             if probe is None:
                 # The NATS client retries a server that is down for minutes: look first.
-                if not await asyncio.to_thread(server.ready):
-                    seen.update(dict.fromkeys(pending, f"NATS at {nats_url} does not answer"))
+                if not any(await asyncio.to_thread(lambda: [n.ready() for n in shape.nats])):
+                    gone = f"NATS at {shape.nats_url} does not answer"
+                    seen.update(dict.fromkeys(pending, gone))
                 else:
                     try:
-                        probe = await HealthProbe.connect(nats_url, prefix, *_operator(layout))
+                        probe = await HealthProbe.connect(
+                            shape.nats_url, prefix, *_operator(layout)
+                        )
                     except (TimeoutError, OSError, nats.errors.Error) as exc:
                         seen.update(dict.fromkeys(pending, f"NATS refuses clients ({exc!r})"))
             if probe is not None:
-                for health in await probe.ask_all(pending):
-                    seen[health.service] = health.state
-                    if health.ok:
-                        _say(f"  {health.service} answers ({progress.elapsed:.1f} s)")
+                answers = await asyncio.gather(*(probe.ask_replicas(name) for name in pending))
+                for service, healths in zip(pending, answers, strict=True):
+                    seen[service] = _replicas_state(healths, shape.count(service))
+                    if seen[service] == "answers":
+                        _say(f"  {_counted(service, shape)} answers ({progress.elapsed:.1f} s)")
             pending = [service for service in SERVICES if seen[service] != "answers"]
             if not pending:
                 return None
             states = await asyncio.to_thread(layout.supervisor.states)
-            report = {name: f"{states.get(name, 'unknown')}, {seen[name]}" for name in pending}
-            fatal = [name for name in pending if states.get(name) == "FATAL"]
+            report = {
+                name: f"{states.get(name, 'unknown')}, {seen[service]}"
+                for name, service in ((r.program, r.service) for r in shape.replicas)
+                if service in pending
+            }
+            fatal = [name for name in report if states.get(name) == "FATAL"]
             if fatal:
                 return _NotUp(f"supervisord stopped restarting {', '.join(fatal)}", report, False)
             if progress.elapsed > timeout:
@@ -470,6 +614,24 @@ async def _unanswered(layout: Layout, nats_url: str, prefix: str, timeout: float
             await probe.close()
 
 
+def _replicas_state(healths: list[Health], wanted: int) -> str:
+    """ "answers" once `wanted` replicas answer healthy; else what is seen of them."""
+    healthy = sum(health.ok for health in healths)
+    if healthy >= wanted:
+        return "answers"
+    if not healths:
+        return "no answer"
+    if wanted == 1:
+        return healths[0].state
+    others = sorted({health.state for health in healths if not health.ok})
+    return f"{healthy} of {wanted} replicas answer" + (f" ({'; '.join(others)})" if others else "")
+
+
+def _counted(service: str, shape: Topology) -> str:
+    count = shape.count(service)
+    return service if count == 1 else f"{service} ({count} replicas)"
+
+
 def _tail(path: Path, lines: int = 15) -> str:
     try:
         text = path.read_text(errors="replace")
@@ -478,19 +640,27 @@ def _tail(path: Path, lines: int = 15) -> str:
     return "\n".join(f"    {line}" for line in text.splitlines()[-lines:])
 
 
-def _summary(layout: Layout, env: dict[str, str]) -> None:
+def _summary(layout: Layout, shape: Topology, env: dict[str, str]) -> None:
     runwire = venv_tool("runwire")
     metrics = "".join(
-        f"  metrics    {env[key]} ({service})\n"
-        for service in SERVICES
-        if (key := f"{METRICS_URL}{service.upper()}") in env
+        f"  metrics    {env[key]} ({program})\n"
+        for program in shape.programs
+        if (key := f"{METRICS_URL}{program.upper().replace('-', '_')}") in env
     )
+    nats = (
+        env["RUNWIRE_NATS_URL"]
+        if not shape.clustered
+        else f"{env['RUNWIRE_NATS_URL']}\n"
+        f"             (a JetStream cluster of {len(shape.nats)}, streams at "
+        f"{len(shape.nats)} replicas; {CLUSTER_REPLICAS} replicas of every service)"
+    )
+    gateway = env.get("RUNWIRE_GATEWAY_URLS") or env.get("RUNWIRE_GATEWAY_URL", "(none)")
     _say(
         f"""
 runwire stack is up; every service answers.
-  NATS       {env["RUNWIRE_NATS_URL"]}
+  NATS       {nats}
   Postgres   {env["RUNWIRE_DATABASE_URL"]}
-{metrics}  gateway    {env.get("RUNWIRE_GATEWAY_URL", "(none)")} (HTTP; key: RUNWIRE_API_KEY)
+{metrics}  gateway    {gateway} (HTTP; key: RUNWIRE_API_KEY)
   env file   {layout.env_file} (the default tenant's)
   operator   {layout.operator_env_file} (admin commands: runwire --env FILE budget ...)
 
@@ -518,9 +688,9 @@ def _shell_settings() -> CommonSettings | None:
         return None
 
 
-def _metrics_ports_free(settings: CommonSettings) -> bool:
+def _metrics_ports_free(settings: CommonSettings, programs: tuple[str, ...]) -> bool:
     """Tell whether every service's metrics port is usable; say why not if not."""
-    ports = metrics_ports(settings.metrics_port)
+    ports = metrics_ports(settings.metrics_port, programs)
     if not ports:
         return True
     first, last = settings.metrics_port, max(ports.values())
@@ -563,16 +733,15 @@ def _identities(layout: Layout, settings: CommonSettings) -> Identities:
 
 def _write_env(
     layout: Layout,
-    nats_url: str,
+    shape: Topology,
     database_url: str,
     settings: CommonSettings,
     identities: Identities,
-    gateway_port: int,
 ) -> dict[str, str]:
     """Write `.runwire/env` (where the stack is, and the default tenant's identity and
     API key, for the CLI and for scripts), the operator's settings and each service's."""
     where = {
-        "RUNWIRE_NATS_URL": nats_url,
+        "RUNWIRE_NATS_URL": shape.nats_url,
         "RUNWIRE_DATABASE_URL": database_url,
         "RUNWIRE_PREFIX": settings.prefix,
     }
@@ -583,11 +752,16 @@ def _write_env(
     env = {
         **where,
         **tenant_settings(identities, DEFAULT_TENANT),
-        "RUNWIRE_GATEWAY_URL": f"http://{GATEWAY_HOST}:{gateway_port}",
+        "RUNWIRE_GATEWAY_URL": f"http://{GATEWAY_HOST}:{shape.gateway_ports[0]}",
         "RUNWIRE_API_KEY": key,
     }
-    for service, port in metrics_ports(settings.metrics_port).items():
-        env[f"{METRICS_URL}{service.upper()}"] = _metrics_url(settings.metrics_host, port)
+    if shape.clustered:
+        env["RUNWIRE_GATEWAY_URLS"] = ",".join(
+            f"http://{GATEWAY_HOST}:{port}" for port in shape.gateway_ports
+        )
+    for program, port in metrics_ports(settings.metrics_port, shape.programs).items():
+        name = program.upper().replace("-", "_")
+        env[f"{METRICS_URL}{name}"] = _metrics_url(settings.metrics_host, port)
     write_env_file(layout.env_file, env)
     operator = {
         "RUNWIRE_NATS_USER": OPERATOR,
@@ -596,31 +770,49 @@ def _write_env(
     write_env_file(
         layout.operator_env_file, {**where, "RUNWIRE_TENANT": DEFAULT_TENANT, **operator}
     )
+    # A service started by hand beside a clustered stack declares its streams alike.
+    streams = {"RUNWIRE_STREAM_REPLICAS": str(len(shape.nats))} if shape.clustered else {}
     for service in SERVICES:
         write_env_file(
             layout.service_env_file(service),
-            {**where, **_service_identity(identities, service, database_url)},
+            {**where, **streams, **_service_identity(identities, service, database_url)},
         )
     return env
 
 
-def up(layout: Layout, start_timeout: float = START_TIMEOUT) -> int:
-    """Start the stack unless it runs; return once every service answers its health
-    request (or exit 1 after `start_timeout` seconds, naming those that did not)."""
+def up(layout: Layout, start_timeout: float = START_TIMEOUT, servers: int = 1) -> int:
+    """Start the stack unless it runs (with `servers` nats-servers in a cluster when more
+    than 1); return once every service answers its health request (or exit 1 after
+    `start_timeout` seconds, naming those that did not)."""
     if _supervisord_pid(layout) is not None:
+        running = _stored_servers(layout)
+        if running != servers:
+            _say(
+                f"runwire stack is already running with {_servers(running)}, not "
+                f"{_servers(servers)}: `make down` first."
+            )
+            return 1
         _say("runwire stack is already running.")
-        return _wait_for_services(layout, _read_env(layout), start_timeout)
+        shape = topology(layout, running, _load_ports(layout, running, settings_port()))
+        return _wait_for_services(layout, shape, _read_env(layout), start_timeout)
     settings = _shell_settings()
-    if settings is None or not _metrics_ports_free(settings):
+    if settings is None:
         return 1
     if _known_pids(layout):
         # supervisord died but its programs did not; they would hold the ports and folders.
         down(layout)
     for folder in (layout.root, layout.logs, layout.nats_dir):
         folder.mkdir(parents=True, exist_ok=True)
-    ports = _load_ports(layout)
+    wanted = settings_port()
+    if wanted and not port_is_free(wanted):
+        _say(f"RUNWIRE_GATEWAY_PORT={wanted} is taken by another program; pick another port.")
+        return 1
+    ports = _load_ports(layout, servers, wanted)
+    shape = topology(layout, servers, ports)
+    if not _metrics_ports_free(settings, shape.programs):
+        return 1
+    _store_servers(layout, servers)
     identities = _identities(layout, settings)
-    nats = EmbeddedNats(layout.nats_dir, ports.nats, authorization=layout.auth_file)
     pg = EmbeddedPostgres(layout.pg_dir, ports.postgres)
     if not (layout.pg_dir / "PG_VERSION").exists():
         _say(f"Creating the Postgres cluster in {layout.pg_dir} ...")
@@ -630,9 +822,9 @@ def up(layout: Layout, start_timeout: float = START_TIMEOUT) -> int:
         logs=layout.logs,
         pid_file=layout.supervisord_pid_file,
         directory=layout.repo,
-        programs=_programs(layout, nats, pg, database_url, settings, identities, ports.gateway),
+        programs=_programs(layout, shape, pg, database_url, settings, identities),
     )
-    env = _write_env(layout, nats.url, database_url, settings, identities, ports.gateway)
+    env = _write_env(layout, shape, database_url, settings, identities)
 
     _say("Starting supervisord ...")
     started = layout.supervisor.start()
@@ -640,16 +832,18 @@ def up(layout: Layout, start_timeout: float = START_TIMEOUT) -> int:
         _say(f"supervisord failed to start:\n{started.stdout}{started.stderr}")
         return 1
 
-    _say(f"Waiting for nats-server ({nats.url}) and Postgres (port {ports.postgres}) ...")
-    checks = {"nats": nats.ready, "postgres": pg.ready}
+    what = "nats-server" if not shape.clustered else f"the NATS cluster of {len(shape.nats)}"
+    _say(f"Waiting for {what} ({shape.nats_url}) and Postgres (port {ports.postgres}) ...")
+    nats_ready = _cluster(layout, servers, ports).ready if shape.clustered else shape.nats[0].ready
+    checks = {**dict.fromkeys(shape.nats_programs(), nats_ready), "postgres": pg.ready}
 
     def server_states() -> str:
         states = layout.supervisor.states()
-        return ", ".join(f"{name} {states.get(name, '?')}" for name in SERVERS)
+        return ", ".join(f"{name} {states.get(name, '?')}" for name in checks)
 
     servers_up = _wait(
-        "nats-server and Postgres",
-        lambda: all(ready() for ready in checks.values()),
+        f"{what} and Postgres",
+        lambda: all(ready() for ready in set(checks.values())),
         server_states,
         start_timeout,
     )
@@ -666,42 +860,71 @@ def up(layout: Layout, start_timeout: float = START_TIMEOUT) -> int:
     # As the owner: the services connect as their own roles, which may not migrate.
     asyncio.run(_prepare_database(database_url))
     _say(f"Database {DATABASE!r} is ready.")
-    return _wait_for_services(layout, env, start_timeout)
+    return _wait_for_services(layout, shape, env, start_timeout)
 
 
-def _wait_for_services(layout: Layout, env: dict[str, str], timeout: float) -> int:
+def settings_port() -> int:
+    """The gateway's port that the shell asks for (`RUNWIRE_GATEWAY_PORT`), or 0."""
+    try:
+        return int(os.environ.get("RUNWIRE_GATEWAY_PORT", "0"))
+    except ValueError:
+        return 0
+
+
+def _servers(count: int) -> str:
+    return "one nats-server" if count <= 1 else f"a cluster of {count} nats-servers"
+
+
+def _stored_servers(layout: Layout) -> int:
+    """How many nats-servers the running stack was started with."""
+    try:
+        return int(json.loads(layout.shape_file.read_text())["servers"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 1
+
+
+def _store_servers(layout: Layout, servers: int) -> None:
+    layout.shape_file.write_text(json.dumps({"servers": servers}))
+
+
+def _wait_for_services(layout: Layout, shape: Topology, env: dict[str, str], timeout: float) -> int:
     """Wait until every service answers its health request, then say where things are."""
     _say("Waiting for every service to answer its health request ...")
     prefix = env.get("RUNWIRE_PREFIX", DEFAULT_PREFIX)
-    not_up = asyncio.run(_unanswered(layout, env["RUNWIRE_NATS_URL"], prefix, timeout))
-    if not_up is None and "RUNWIRE_GATEWAY_URL" in env:
-        not_up = _gateway_unanswered(layout, env["RUNWIRE_GATEWAY_URL"], timeout)
+    not_up = asyncio.run(_unanswered(layout, shape, prefix, timeout))
+    gateways = [f"http://{GATEWAY_HOST}:{port}" for port in shape.gateway_ports]
+    for i, url in enumerate(gateways):
+        if not_up is not None:
+            break
+        name = GATEWAY if len(gateways) == 1 else f"{GATEWAY}-{i + 1}"
+        not_up = _gateway_unanswered(layout, name, url, timeout)
     if not_up is not None:
         return _failed(layout, not_up)
     _record_pids(layout)
-    _summary(layout, env)
+    _summary(layout, shape, env)
     return 0
 
 
-def _gateway_unanswered(layout: Layout, url: str, timeout: float) -> _NotUp | None:
-    """Ask the gateway's /healthz until it answers (None), as `_unanswered` does."""
+def _gateway_unanswered(layout: Layout, name: str, url: str, timeout: float) -> _NotUp | None:
+    """Ask gateway program `name`'s /healthz until it answers (None), as `_unanswered`
+    does."""
     progress = _Progress("the gateway to answer")
     while True:
         try:
             with urllib.request.urlopen(f"{url}/healthz", timeout=2) as response:
                 if response.status == 200:
-                    _say(f"  gateway answers at {url} ({progress.elapsed:.1f} s)")
+                    _say(f"  {name} answers at {url} ({progress.elapsed:.1f} s)")
                     return None
                 seen = f"HTTP {response.status}"
         except (OSError, ValueError) as exc:
             seen = f"no answer ({exc.__class__.__name__})"
-        state = layout.supervisor.states().get(GATEWAY, "unknown")
-        report = {GATEWAY: f"{state}, {seen}"}
+        state = layout.supervisor.states().get(name, "unknown")
+        report = {name: f"{state}, {seen}"}
         if state == "FATAL":
-            return _NotUp(f"supervisord stopped restarting {GATEWAY}", report, False)
+            return _NotUp(f"supervisord stopped restarting {name}", report, False)
         if progress.elapsed > timeout:
-            return _NotUp(f"the gateway did not answer at {url} within {timeout:g} s", report, True)
-        progress.tick(f"gateway {state}, {seen}")
+            return _NotUp(f"{name} did not answer at {url} within {timeout:g} s", report, True)
+        progress.tick(f"{name} {state}, {seen}")
         time.sleep(_POLL)
 
 
@@ -737,8 +960,9 @@ def _known_pids(layout: Layout) -> set[int]:
     postmaster = layout.pg_dir / "postmaster.pid"
     with contextlib.suppress(OSError, ValueError, IndexError):
         pids.add(int(postmaster.read_text().split()[0]))
-    with contextlib.suppress(OSError, ValueError):
-        pids.add(int(layout.nats_pid_file.read_text().strip()))
+    for pid_file in (layout.nats_pid_file, *layout.nats_dir.glob("n*/nats-server.pid")):
+        with contextlib.suppress(OSError, ValueError):
+            pids.add(int(pid_file.read_text().strip()))
     return {pid for pid in pids if _pid_alive(pid) and _is_ours(pid, layout)}
 
 
@@ -813,9 +1037,9 @@ def status(layout: Layout) -> int:
     return done.returncode
 
 
-def run(layout: Layout, start_timeout: float = START_TIMEOUT) -> int:
+def run(layout: Layout, start_timeout: float = START_TIMEOUT, servers: int = 1) -> int:
     """Bring the stack up, stream a demo run, keep the stack up until SIGINT/SIGTERM."""
-    code = up(layout, start_timeout)
+    code = up(layout, start_timeout, servers)
     if code != 0:
         return code
     demo = [
@@ -874,15 +1098,27 @@ def main(argv: list[str] | None = None) -> int:
         help=f"how long `up` waits for the servers, then for the services (default "
         f"{START_TIMEOUT:g})",
     )
+    parser.add_argument(
+        "--cluster",
+        type=int,
+        default=0,
+        metavar="SERVERS",
+        help="`up` and `run`: a JetStream cluster of SERVERS nats-servers (3 or 5), every "
+        f"stream replicated on each, {CLUSTER_REPLICAS} replicas of every service "
+        "(default: one nats-server, one of each)",
+    )
     args = parser.parse_args(argv)
+    if args.cluster not in (0, 1, 3, 5):
+        parser.error("--cluster takes 3 or 5 servers (a JetStream cluster needs a majority)")
+    servers = max(args.cluster, 1)
     root = None if args.root is None else args.root.absolute()
     layout = Layout(repo=Path.cwd().absolute(), folder=root)
     commands: dict[str, Callable[[Layout], int]] = {
-        "up": lambda layout: up(layout, args.start_timeout),
+        "up": lambda layout: up(layout, args.start_timeout, servers),
         "down": down,
         "logs": logs,
         "status": status,
-        "run": lambda layout: run(layout, args.start_timeout),
+        "run": lambda layout: run(layout, args.start_timeout, servers),
     }
     return commands[args.command](layout)
 

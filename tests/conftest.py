@@ -48,6 +48,7 @@ def service_env(infra: Servers, db_url: str, prefix: str) -> dict[str, str]:
         "RUNWIRE_NATS_URL": infra.nats_url,
         "RUNWIRE_DATABASE_URL": db_url,
         "RUNWIRE_PREFIX": prefix,
+        "RUNWIRE_STREAM_REPLICAS": str(infra.stream_replicas),
     }
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from runwire.client import Client
 from runwire.infra.auth import read_env_file
+from runwire.infra.embedded import find_free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 # Longer than `up` itself may wait (for the servers, then for the services).
@@ -99,17 +100,27 @@ async def stack_command(
 
 @asynccontextmanager
 async def local_stack(
-    folder: Path, *, start_timeout: float = 60, slow_start_s: float = 0, **settings: str
+    folder: Path,
+    *,
+    start_timeout: float = 60,
+    slow_start_s: float = 0,
+    cluster: int = 0,
+    **settings: str,
 ) -> AsyncIterator[LocalStack]:
-    """`up` with these `RUNWIRE_*` settings; `down` at the end, whatever `up` did."""
-    shell = clean_shell(**settings)
+    """`up` (`--cluster N` when given) with these `RUNWIRE_*` settings; `down` at the end,
+    whatever `up` did."""
+    # A gateway port of its own: stacks of parallel tests must not find each other's.
+    shell = clean_shell(RUNWIRE_GATEWAY_PORT=str(find_free_port()), **settings)
     if slow_start_s:
         hook = folder / "slow-start"
         hook.mkdir()
         text = SLOW_START.format(delay=slow_start_s, modules=SERVICE_MODULES)
         (hook / "sitecustomize.py").write_text(text)
         shell["PYTHONPATH"] = str(hook)
-    code, output = await stack_command(folder, "up", shell, "--start-timeout", str(start_timeout))
+    options = ["--start-timeout", str(start_timeout)]
+    if cluster:
+        options += ["--cluster", str(cluster)]
+    code, output = await stack_command(folder, "up", shell, *options)
     try:
         yield LocalStack(folder, shell, code, output)
     finally:

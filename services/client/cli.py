@@ -1,4 +1,5 @@
-"""The `runwire` command: submit runs, watch their frames, get and cancel them, and `top`.
+"""The `runwire` command: submit runs, watch their frames, get and cancel them, `top`, and
+`health` (what a readiness probe runs).
 
 It finds the stack from `--nats-url`, `RUNWIRE_NATS_URL`, or the `.runwire/env` file
 that `make up` writes.
@@ -8,20 +9,31 @@ import argparse
 import asyncio
 import json
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Any
 
-from runwire.client.sdk import Client, ClientError, Transcript
+from runwire.client.sdk import HEALTH_WAIT_S, Client, ClientError, Transcript
 from runwire.client.settings import ENV_FILE_VARIABLE, find_env_file, load_settings
 from runwire.client.top import run_top
 from runwire.contracts.frames import Frame, FrameType
+from runwire.contracts.health import HealthReply
 from runwire.contracts.replies import RunSummary
 from runwire.contracts.workflows import NodeRunData
-from runwire.infra.auth import IDENTITIES_FILE, Identities, add_tenant, remove_tenant
+from runwire.infra.auth import (
+    IDENTITIES_FILE,
+    SERVICES,
+    Identities,
+    add_tenant,
+    remove_tenant,
+    service_user,
+)
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+# NATS's own inbox prefix: the only one where a service's identity may hear replies.
+DEFAULT_INBOX = "_INBOX"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -98,6 +110,25 @@ def _parser() -> argparse.ArgumentParser:
 
     top = sub.add_parser("top", help="live view: queue, executors, throughput, recent runs")
     top.add_argument("--once", action="store_true", help="print one snapshot as text and exit")
+
+    health = sub.add_parser(
+        "health",
+        help="ask every replica of a service for its health; exit 0 when one is ok "
+        "(with --local: a readiness probe)",
+    )
+    health.add_argument("service", choices=SERVICES, help="the service whose replicas to ask")
+    health.add_argument(
+        "--local",
+        action="store_true",
+        help="count only the replicas on this host (in Kubernetes, this pod's own)",
+    )
+    health.add_argument(
+        "--timeout",
+        type=float,
+        default=HEALTH_WAIT_S,
+        metavar="S",
+        help="how long to wait for the replicas' answers (default: %(default)s s)",
+    )
     return parser
 
 
@@ -180,14 +211,57 @@ def _print_frame(frame: Frame, transcript: Transcript) -> None:
         print(f"\n[error {frame.data.get('code')}: {frame.data.get('message')}]", flush=True)
 
 
+def _health_line(reply: HealthReply) -> str:
+    dependencies = ", ".join(f"{name} {state}" for name, state in reply.dependencies.items())
+    runners = f"  runners {', '.join(reply.runners)}" if reply.runners else ""
+    return (
+        f"{reply.instance}  {'ok' if reply.ok else 'not ok'}  version {reply.version}  "
+        f"up {reply.uptime_s:.1f} s  {dependencies}{runners}"
+    )
+
+
+async def _health(client: Client, service: str, *, local: bool, wait: float) -> int:
+    """Print the health of each replica that answers; 0 when one of those that count is
+    ok. With `local`, only the replicas on this host count (a replica's instance is
+    `<hostname>:<pid>`), so a probe in a pod checks that pod's service, not another's."""
+    replies = await client.health(service, wait=wait)
+    host = socket.gethostname()
+    counted = [r for r in replies if not local or r.instance.rpartition(":")[0] == host]
+    for reply in counted:
+        print(_health_line(reply), flush=True)
+    if any(reply.ok for reply in counted):
+        return 0
+    if not replies:
+        problem = (
+            f"no replica of {service} answered within {wait:g} s "
+            f"(prefix {client.subjects.prefix}: is {service} running?)"
+        )
+    elif not counted:
+        problem = (
+            f"no replica of {service} on this host ({host}) answered; "
+            f"{len(replies)} on other hosts did"
+        )
+    else:
+        problem = f"no replica of {service}{' on this host' if local else ''} is ok"
+    print(f"runwire: {problem}", file=sys.stderr)
+    return EXIT_FAILED
+
+
 async def _main(args: argparse.Namespace) -> int:
     settings = load_settings()
     url = args.nats_url or settings.nats_url
     tenant = args.tenant or settings.tenant
     password = settings.nats_password.get_secret_value() if settings.nats_password else None
+    # A replica's probe asks as its service's identity, which hears no tenant's inbox.
+    probing = args.command == "health" and settings.nats_user == service_user(args.service)
     try:
         client = await Client.connect(
-            url, tenant=tenant, prefix=settings.prefix, user=settings.nats_user, password=password
+            url,
+            tenant=tenant,
+            prefix=settings.prefix,
+            user=settings.nats_user,
+            password=password,
+            inbox=DEFAULT_INBOX if probing else None,
         )
     except (OSError, TimeoutError) as exc:
         print(
@@ -275,6 +349,8 @@ async def _main(args: argparse.Namespace) -> int:
             run = await client.cancel(args.run_id)
             print(f"run {run.run_id} {run.status}")
             return 0
+        if args.command == "health":
+            return await _health(client, args.service, local=args.local, wait=args.timeout)
     return EXIT_USAGE
 
 

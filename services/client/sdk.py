@@ -23,7 +23,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from opentelemetry import propagate
 from pydantic import BaseModel, ValidationError
 
-from runwire.client.settings import load_settings
+from runwire.client.settings import load_settings, server_urls
 from runwire.contracts.commands import (
     AbortSessionCommand,
     CancelCommand,
@@ -164,6 +164,7 @@ class Client:
         user: str | None = None,
         password: str | None = None,
         connect_timeout: float = CONNECT_TIMEOUT_S,
+        inbox: str | None = None,
     ) -> "Client":
         """Connect to NATS; after the first connection, reconnect for as long as it takes.
 
@@ -172,7 +173,9 @@ class Client:
         `RUNWIRE_NATS_USER` and `RUNWIRE_NATS_PASSWORD` (on a broker that enforces
         identities: the tenant's, which `runwire tenant add` writes), then the nearest
         `.runwire/env` (which `make up` writes), then the defaults. Refused credentials
-        raise ClientError(UNAUTHORIZED).
+        raise ClientError(UNAUTHORIZED). Replies arrive under the tenant's inbox prefix
+        (`_INBOX_<tenant>`), or `inbox`: an identity that is not a tenant's (a service's,
+        asking its own health) hears replies only under NATS's default, `_INBOX`.
         """
         if url is None or tenant is None or prefix is None:
             found = load_settings()
@@ -186,11 +189,12 @@ class Client:
         refusals = _Refusals()
         connecting = asyncio.ensure_future(
             nats.connect(
-                url,
+                server_urls(url),
+                dont_randomize=True,
                 name="runwire-client",
                 max_reconnect_attempts=-1,
                 error_cb=refusals.on_error,
-                inbox_prefix=inbox_prefix(tenant),
+                inbox_prefix=inbox or inbox_prefix(tenant),
                 user=user,
                 password=password,
             )

@@ -23,6 +23,15 @@ def find_env_file(start: Path | None = None) -> Path | None:
     return None
 
 
+def server_urls(url: str) -> list[str]:
+    """The NATS servers named by a `RUNWIRE_NATS_URL`: one URL, or several separated by
+    commas (servers of one cluster, tried in that order)."""
+    urls = [part.strip() for part in url.split(",") if part.strip()]
+    if not urls:
+        raise ValueError(f"no NATS server URL in {url!r}")
+    return urls
+
+
 class ClientSettings(BaseSettings):
     """Client connection settings; environment variables win over `.runwire/env`."""
 

@@ -237,7 +237,9 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     tenants = Tenants(settings)
     feeds = RunFeeds()
     password = settings.nats_password.get_secret_value() if settings.nats_password else None
-    threads = Threads(settings.nats_url, settings.prefix, settings.nats_user, password)
+    threads = Threads(
+        settings.nats_url, settings.prefix, settings.nats_user, password, settings.stream_replicas
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -32,6 +32,7 @@ from nats.js.kv import KeyValue
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from runwire.client.sdk import Client, ClientError
+from runwire.client.settings import server_urls
 from runwire.contracts.commands import Multitask, SubmitCommand
 from runwire.contracts.errors import ErrorCode
 from runwire.contracts.frames import FrameType, Transcript
@@ -108,8 +109,11 @@ class Threads:
     """Threads of every tenant, in the broker's key-value bucket `<PREFIX>_THREADS`
     (keys `<tenant>.<thread_id>`), through a connection of the gateway's own."""
 
-    def __init__(self, url: str, prefix: str, user: str | None, password: str | None) -> None:
+    def __init__(
+        self, url: str, prefix: str, user: str | None, password: str | None, replicas: int = 1
+    ) -> None:
         self.url, self.prefix, self.user, self.password = url, prefix, user, password
+        self.replicas = replicas
         self._kv: KeyValue | None = None
         self._nc: Any = None
         self._lock = asyncio.Lock()
@@ -120,7 +124,8 @@ class Threads:
         async with self._lock:
             if self._kv is None:
                 self._nc = await nats.connect(
-                    self.url,
+                    server_urls(self.url),
+                    dont_randomize=True,
                     user=self.user,
                     password=self.password,
                     inbox_prefix=GATEWAY_INBOX,
@@ -128,7 +133,9 @@ class Threads:
                 )
                 js = self._nc.jetstream()
                 self._kv = await js.create_key_value(
-                    bucket=Subjects(self.prefix).threads_bucket, history=1
+                    bucket=Subjects(self.prefix).threads_bucket,
+                    history=1,
+                    replicas=self.replicas,
                 )
             return self._kv
 

@@ -191,6 +191,7 @@ class Service(Generic[S]):
                 password=(
                     settings.nats_password.get_secret_value() if settings.nats_password else None
                 ),
+                ping_interval_s=settings.nats_ping_interval_ms / 1000,
             )
             await self._broker.ensure_streams(StreamLimits.of(settings))
         except BaseException:

@@ -28,6 +28,7 @@ from nats.js.api import (
     SubjectTransform,
 )
 
+from runwire.client.settings import server_urls
 from runwire.contracts.frames import Frame, RawFrame
 from runwire.contracts.headers import TRACEPARENT
 from runwire.contracts.subjects import Subjects
@@ -41,7 +42,9 @@ CONNECT_TIMEOUT_S = 60.0
 PUBLISH_TIMEOUT_S = 5.0
 DUPLICATE_WINDOW_S = 120.0
 FRAME_HEADROOM_BYTES = 4096
-DECLARE_TRIES = 5
+DECLARE_TRIES = 8
+PING_MAX = 3
+DECLARE_TIMEOUT_S = 1.0
 EVENTS_MAX_AGE_S = 7 * 24 * 3600
 ERR_STREAM_FULL = 10077
 ERR_MSG_TOO_LARGE = 10054
@@ -121,6 +124,8 @@ class Broker:
     def __init__(self, nc: NatsClient, subjects: Subjects) -> None:
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream(timeout=PUBLISH_TIMEOUT_S)
+        # Stream declarations wait less: an unanswered one is looked at again (below).
+        self._declaring = nc.jetstream(timeout=DECLARE_TIMEOUT_S)
         self.subjects = subjects
         self._state = {"closing": False}
         # Publish acknowledgements: one reply subscription, a future per publish.
@@ -141,6 +146,7 @@ class Broker:
         timeout: float = CONNECT_TIMEOUT_S,
         user: str | None = None,
         password: str | None = None,
+        ping_interval_s: float = 10.0,
     ) -> "Broker":
         """Connect (as `user`, on a broker that enforces identities), retrying with
         backoff until `timeout`; then reconnect forever. Refused credentials fail at once."""
@@ -167,7 +173,9 @@ class Broker:
             try:
                 connecting = asyncio.ensure_future(
                     nats.connect(
-                        url,
+                        server_urls(url),
+                        # The first server named first: replicas spread over a cluster.
+                        dont_randomize=True,
                         name=name,
                         max_reconnect_attempts=-1,
                         reconnect_time_wait=0.5,
@@ -177,6 +185,10 @@ class Broker:
                         reconnected_cb=on_reconnect,
                         user=user,
                         password=password,
+                        # A server that stops answering (frozen, cut off) is left for
+                        # another of the cluster after PING_MAX unanswered pings.
+                        ping_interval=ping_interval_s,
+                        max_outstanding_pings=PING_MAX,
                     )
                 )
                 gate = asyncio.ensure_future(refused.wait())
@@ -289,13 +301,15 @@ class Broker:
         for attempt in range(DECLARE_TRIES):
             try:
                 try:
-                    await self.js.stream_info(config.name)
+                    await self._declaring.stream_info(config.name)
                 except nats.js.errors.NotFoundError:
-                    await self.js.add_stream(config)
+                    await self._declaring.add_stream(config)
                     return
-                await self.js.update_stream(config)
+                await self._declaring.update_stream(config)
                 return
-            except nats.js.errors.APIError:
+            except (nats.js.errors.APIError, nats.errors.TimeoutError):
+                # On a cluster the meta leader leaves a create unanswered while another
+                # replica's create of the same stream is under way: look again.
                 if attempt == DECLARE_TRIES - 1:
                     raise
                 await asyncio.sleep(0.05 * (attempt + 1))

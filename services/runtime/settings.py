@@ -12,6 +12,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from runwire.contracts.subjects import DEFAULT_PREFIX, PREFIX_PATTERN
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+DEFAULT_NATS_PING_INTERVAL_MS = 10_000
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/runwire"
 DEFAULT_QUEUE_CAPACITY = 10_000
 DEFAULT_FRAME_STREAM_MAX_AGE_S = 3_600
@@ -66,6 +67,9 @@ class CommonSettings(BaseSettings):
     log_format: Literal["auto", "json", "text"] = "auto"
     queue_capacity: int = Field(default=DEFAULT_QUEUE_CAPACITY, ge=1)
     frame_stream_max_age_s: int = Field(default=DEFAULT_FRAME_STREAM_MAX_AGE_S, ge=60)
+    # How often the service pings its NATS server; after 3 unanswered pings it takes the
+    # server for gone and connects to another of the cluster (a frozen or cut-off one).
+    nats_ping_interval_ms: int = Field(default=DEFAULT_NATS_PING_INTERVAL_MS, ge=100)
     # 3 on a JetStream cluster of three servers; every service declares the same value.
     stream_replicas: int = Field(default=1, ge=1, le=5)
     db_pool_size: int = Field(default=10, ge=1, le=100)

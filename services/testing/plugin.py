@@ -80,6 +80,7 @@ if _MISSING is None:
                 runwire_servers.nats_url,
                 db_url,
                 prefix,
+                overrides={"stream_replicas": runwire_servers.stream_replicas},
                 runners=runwire_runners,
                 tools=runwire_tools,
             ) as stack:

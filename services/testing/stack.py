@@ -54,6 +54,7 @@ FAST = {
     "outbox_grace_ms": 1000,
     "outbox_interval_ms": 50,
     "presence_settle_ms": 1000,
+    "nats_ping_interval_ms": 1000,
     "db_pool_size": 4,
     "log_level": "INFO",
 }

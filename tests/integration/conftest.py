@@ -16,7 +16,7 @@ async def stack(
     each connected to Postgres as its own role where the servers allow it; a test's
     `@pytest.mark.stack(...)` overrides their settings."""
     marker = request.node.get_closest_marker("stack")
-    overrides = dict(marker.kwargs) if marker else {}
+    overrides = {"stream_replicas": infra.stream_replicas, **(marker.kwargs if marker else {})}
     async with InProcessStack(
         infra.nats_url, db_url, prefix, overrides=overrides, db_roles=infra.service_roles
     ) as running:

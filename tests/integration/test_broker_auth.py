@@ -2,6 +2,9 @@
 the services work as their own identities, and tenants, outsiders and a stolen service
 identity are refused by the broker itself, not only by runwire's services."""
 
+import asyncio
+import os
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -22,6 +25,8 @@ from runwire.infra.embedded import EmbeddedNats
 from tests.services import InProcessStack, collect, eventually
 
 pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Broker:
@@ -276,3 +281,39 @@ async def test_a_removed_tenant_is_cut_off_at_once(broker: Broker, secured: InPr
     _, transcript = await collect(globex, reply.run.run_id)
     await globex.close()
     assert transcript.text == "after"
+
+
+async def test_a_replicas_probe_asks_its_own_service_as_its_identity(
+    broker: Broker, secured: InProcessStack, tmp_path: Path
+) -> None:
+    # What a pod's readiness probe runs: `runwire health executor --local`, with the
+    # executor's settings (its identity) and nothing else.
+    async def probe(service: str, identity: str) -> tuple[int, str]:
+        user = service_user(identity)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RUNWIRE_")}
+        env |= {
+            "PYTHONPATH": str(ROOT),
+            "RUNWIRE_NATS_URL": broker.server.url,
+            "RUNWIRE_PREFIX": broker.subjects.prefix,
+            "RUNWIRE_NATS_USER": user,
+            "RUNWIRE_NATS_PASSWORD": broker.identities.passwords[user],
+        }
+        proc = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "runwire.client.cli", "health", service, "--local"),
+            cwd=tmp_path,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode is not None
+        return proc.returncode, (out + err).decode()
+
+    for service in ("submitter", "executor", "relay", "recovery"):
+        code, said = await probe(service, service)
+        assert code == 0, said
+        assert " ok " in said
+    # Another service's health is not the executor's to ask: nobody answers it.
+    code, said = await probe("relay", "executor")
+    assert code == 1
+    assert "no replica of relay answered" in said

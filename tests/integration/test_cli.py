@@ -3,12 +3,16 @@
 import asyncio
 import json
 import os
+import socket
 import sys
 from pathlib import Path
 
 import pytest
+from nats.aio.msg import Msg
 
+from runwire.contracts.health import HealthReply
 from runwire.contracts.status import RunStatus
+from runwire.contracts.subjects import Subjects
 from tests.services import InProcessStack
 
 pytestmark = pytest.mark.integration
@@ -211,3 +215,64 @@ async def test_release_submit_and_the_node_tree_of_a_workflow(
     code, _, err = await _runwire("release", "loop", "1", "cyclic.json", cwd=stack_dir, env=env)
     assert code == 2
     assert "cycle" in err
+
+
+async def test_health_answers_for_every_replica_and_for_this_host(
+    stack: InProcessStack, stack_dir: Path
+) -> None:
+    # The stack's services run in this process: their instance is this host and pid.
+    instance = f"{socket.gethostname()}:{os.getpid()}"
+    code, out, err = await _runwire("health", "executor", cwd=stack_dir, env=_clean_env())
+    assert code == 0, err
+    assert out.split()[:2] == [instance, "ok"]
+    assert "postgres ok" in out
+
+    code, out, err = await _runwire(
+        "health", "executor", "--local", cwd=stack_dir, env=_clean_env()
+    )
+    assert code == 0, err
+    assert out.startswith(f"{instance}  ok  ")
+
+
+async def test_health_fails_when_no_replica_answers_here(
+    stack: InProcessStack, stack_dir: Path
+) -> None:
+    # A prefix no service serves: nobody answers.
+    elsewhere = {**_clean_env(), "RUNWIRE_PREFIX": f"{stack.prefix}x"}
+    code, out, err = await _runwire("health", "executor", cwd=stack_dir, env=elsewhere)
+    assert (code, out) == (1, "")
+    assert "no replica of executor answered" in err
+
+    # One replica answers there, from another host: it counts, but not for --local.
+    async def answer(msg: Msg) -> None:
+        reply = HealthReply(
+            ok=True,
+            service="executor",
+            instance="other-pod:7",
+            version="0.1.0",
+            uptime_s=3.0,
+            dependencies={"nats": "ok", "postgres": "ok"},
+        )
+        await msg.respond(reply.model_dump_json().encode())
+
+    replica = await stack.client.nc.subscribe(
+        Subjects(f"{stack.prefix}x").health("executor"), cb=answer
+    )
+    await stack.client.nc.flush()
+    try:
+        code, out, err = await _runwire("health", "executor", cwd=stack_dir, env=elsewhere)
+        assert code == 0, err
+        assert out.startswith("other-pod:7  ok  ")
+        code, out, err = await _runwire(
+            "health", "executor", "--local", cwd=stack_dir, env=elsewhere
+        )
+        assert (code, out) == (1, "")
+        assert f"no replica of executor on this host ({socket.gethostname()})" in err
+    finally:
+        await replica.unsubscribe()
+
+
+async def test_health_refuses_a_service_runwire_does_not_have(stack_dir: Path) -> None:
+    code, _, err = await _runwire("health", "scheduler", cwd=stack_dir, env=_clean_env())
+    assert code == 2
+    assert "invalid choice: 'scheduler'" in err

@@ -252,3 +252,51 @@ async def test_up_names_the_service_that_never_answers_and_its_log(tmp_path: Pat
         answered = {line.split()[0] for line in lines if " answers (" in line}
         assert answered == {"submitter", "relay", "recovery"}
         assert "make up START_TIMEOUT=120" in stack.output
+
+
+async def test_a_clustered_stack_replicates_every_stream_and_runs_two_of_each_service(
+    tmp_path: Path,
+) -> None:
+    async with local_stack(tmp_path, cluster=3, start_timeout=120) as stack:
+        assert stack.returncode == 0, stack.output
+        assert "a JetStream cluster of 3" in stack.output
+        env = stack.env()
+        urls = env["RUNWIRE_NATS_URL"].split(",")
+        assert len(set(urls)) == 3
+        code, out, err = await _cli(stack, "submit", "--tokens", "on", " three", "--watch")
+        assert code == 0, err
+        assert "on three" in out
+        operator = stack.env("operator.env")
+        client = await client_of(operator)
+        try:
+            js = client.nc.jetstream()
+            prefix = env["RUNWIRE_PREFIX"].upper()
+            for name in ("JOBS", "FRAMES_IN", "EVENTS", "RUN_FRAMES"):
+                info = await js.stream_info(f"{prefix}_{name}")
+                assert info.config.num_replicas == 3, name
+                assert info.cluster is not None
+                assert len(info.cluster.replicas or []) == 2, name  # beside the leader
+            for service in SERVICES:
+                replies = await client.health(service)
+                assert len({reply.instance for reply in replies}) == 2, service
+                assert all(reply.ok for reply in replies), replies
+        finally:
+            await client.close()
+        # Each replica of a service is connected first to a server of its own.
+        conf = (stack.root / "supervisord.conf").read_text()
+        for service in SERVICES:
+            firsts = {
+                line.split("RUNWIRE_NATS_URL=")[1].split(",")[0].strip('"')
+                for line in _program_environments(conf, service)
+            }
+            assert len(firsts) == 2, (service, firsts)
+
+
+def _program_environments(conf: str, service: str) -> list[str]:
+    """The `environment=` lines of supervisord's programs `<service>-1`, `<service>-2`."""
+    found = []
+    for block in conf.split("[program:")[1:]:
+        name, _, body = block.partition("]")
+        if name.rsplit("-", 1)[0] == service:
+            found += [line for line in body.splitlines() if "RUNWIRE_NATS_URL=" in line]
+    return found
