@@ -24,6 +24,7 @@ run: $(STAMP)
 
 ## Start the local stack in the background; returns once every service answers its
 ## health request (at most START_TIMEOUT seconds, 60 by default); writes .runwire/env.
+## CLUSTER=3: on a JetStream cluster of three nats-servers, two replicas of every service.
 up: $(STAMP)
 	$(BIN)/python -m runwire.infra.stack up $(STACK_OPTIONS)
 

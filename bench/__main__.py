@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench import (
+    cluster,
     latency,
     many_streams,
     overload,
@@ -54,10 +55,24 @@ class Sizes:
     overload_queue: int
     workflow_runs: int
     stream_levels: tuple[int, ...]
+    # Streams at once in the sizing scenario on the cluster (one of `stream_levels`).
+    cluster_streams: int
 
 
 QUICK = Sizes(
-    "quick", 2_000, (50, 200), 6.0, 5_000, 100_000, 10_000, 8, 300, 50, 20, (100, 250, 500, 1000)
+    "quick",
+    2_000,
+    (50, 200),
+    6.0,
+    5_000,
+    100_000,
+    10_000,
+    8,
+    300,
+    50,
+    20,
+    (100, 250, 500, 1000),
+    500,
 )
 FULL = Sizes(
     "full",
@@ -72,6 +87,7 @@ FULL = Sizes(
     200,
     100,
     (100, 250, 500, 1000, 2000),
+    1000,
 )
 
 # Every stack: inputs big enough for the streaming scripts, a queue deep enough for
@@ -144,18 +160,19 @@ async def two_executors(srv: Servers, results: Results, sizes: Sizes) -> None:
         await stack.close()
 
 
-async def streams(srv: Servers, results: Results, sizes: Sizes) -> None:
+async def streams(
+    srv: Servers, results: Results, sizes: Sizes, ours: dict[int, many_streams.Level]
+) -> None:
     """Scenario 10 on runwire (a stack of its own, with room for every stream at once),
-    then on the Redis Streams peer."""
+    then on the Redis Streams peer; runwire's levels are left in `ours`."""
     most = max(sizes.stream_levels)
     settings = {**BASE_SETTINGS, "max_in_flight": most}
     stack = Stack(srv, "streams", settings, executors=1)
-    ours: dict[int, many_streams.Level] = {}
     try:
         progress("starting runwire for many streams at once")
         await stack.start()
         await throughput.warm_up(stack)
-        ours = await many_streams.measure_runwire(stack, results, list(sizes.stream_levels))
+        ours.update(await many_streams.measure_runwire(stack, results, list(sizes.stream_levels)))
     finally:
         await stack.close()
     theirs = await many_streams.measure_redis(srv, results, list(sizes.stream_levels))
@@ -216,7 +233,15 @@ async def run(sizes: Sizes) -> Results:
             results, "1 throughput (2 executors)", lambda: two_executors(srv, results, sizes)
         )
         await guarded(results, "5/7 faults", lambda: faults(srv, results, sizes))
-        await guarded(results, "10 many streams", lambda: streams(srv, results, sizes))
+        levels: dict[int, many_streams.Level] = {}
+        await guarded(results, "10 many streams", lambda: streams(srv, results, sizes, levels))
+        await guarded(
+            results,
+            cluster.SCENARIO,
+            lambda: cluster.measure(
+                srv, results, BASE_SETTINGS, sizes.runs, sizes.cluster_streams, levels
+            ),
+        )
         await peers.measure(
             srv,
             results,

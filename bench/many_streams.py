@@ -208,10 +208,12 @@ async def _ladder(
     return found
 
 
-async def measure_runwire(stack: Stack, results: Results, levels: list[int]) -> dict[int, Level]:
+async def measure_runwire(
+    stack: Stack, results: Results, levels: list[int], system: str = "runwire"
+) -> dict[int, Level]:
     base = {
         "system": "runwire",
-        "nats_url": stack.servers.nats_url,
+        "nats_url": stack.nats_url,
         "prefix": stack.prefix,
         "tokens": TOKENS,
         "delay_ms": DELAY_MS,
@@ -226,7 +228,7 @@ async def measure_runwire(stack: Stack, results: Results, levels: list[int]) -> 
         level.rss = peaks
         return level
 
-    return await _ladder(results, "runwire", levels, run_level)
+    return await _ladder(results, system, levels, run_level)
 
 
 def _free_port() -> int:

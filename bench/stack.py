@@ -134,6 +134,10 @@ class Stack:
     name: str
     settings: dict[str, Any] = field(default_factory=dict)
     executors: int = 1
+    relays: int = 1
+    # The servers of a JetStream cluster: each service process connects first to the
+    # next one in turn (as `make up CLUSTER=3` does); None: the bench's one server.
+    cluster_urls: list[str] | None = None
     db_url: str = ""
     prefix: str = ""
     procs: dict[str, ServiceProcess] = field(default_factory=dict)
@@ -141,10 +145,15 @@ class Stack:
     db: asyncpg.Pool = field(init=False)
     sampler: RssSampler = field(default_factory=RssSampler)
 
+    @property
+    def nats_url(self) -> str:
+        """What a client of this stack connects to: every server, separated by commas."""
+        return ",".join(self.cluster_urls) if self.cluster_urls else self.servers.nats_url
+
     def env(self, **extra: Any) -> dict[str, str]:
         env = dict(os.environ)
         values = {
-            "nats_url": self.servers.nats_url,
+            "nats_url": self.nats_url,
             "database_url": self.db_url,
             "prefix": self.prefix,
             "log_format": "json",
@@ -161,6 +170,10 @@ class Stack:
             extra = {"executor_id": f"bench-{name}", **extra}
         log_dir = self.servers.folder / "logs" / self.name
         log_dir.mkdir(parents=True, exist_ok=True)
+        if self.cluster_urls:
+            first = len(self.procs) % len(self.cluster_urls)
+            urls = self.cluster_urls[first:] + self.cluster_urls[:first]
+            extra = {"nats_url": ",".join(urls), **extra}
         proc = ServiceProcess(name, MODULES[kind], self.env(**extra), log_dir).start()
         self.procs[name] = proc
         self.sampler.watch(name, proc.pid)
@@ -169,11 +182,13 @@ class Stack:
     async def start(self) -> Stack:
         self.db_url = await self.servers.create_database(f"rw_{self.name}")
         self.prefix = f"b{secrets.token_hex(4)}"
-        for name in ("submitter", "relay", "recovery"):
-            self.start_service(name)
+        self.start_service("submitter")
+        for i in range(1, self.relays + 1):
+            self.start_service("relay" if self.relays == 1 else f"relay-{i}")
+        self.start_service("recovery")
         for i in range(1, self.executors + 1):
             self.start_service(f"executor-{i}")
-        self.client = await Client.connect(self.servers.nats_url, prefix=self.prefix)
+        self.client = await Client.connect(self.nats_url, prefix=self.prefix)
         await self._wait_ready()
         self.db = await asyncpg.create_pool(self.db_url, min_size=1, max_size=4)
         self.sampler.start()

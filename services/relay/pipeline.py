@@ -298,6 +298,10 @@ class Pipeline:
         for run_id, cursor in found.items():
             self._remember(cursors, run_id, cursor)
 
+    async def _raw_on_subject(self, subject: str) -> list[tuple[int, int, int]] | None:
+        """The raw frames still stored on one run's subject (None: too many to look)."""
+        return await self.broker.raw_frames_on(self.broker.subjects.frames_in_stream, subject)
+
     async def _cursor(self, cursors: dict[str, RunCursor], raw: RawFrame) -> RunCursor:
         """The run's cursor, from memory or rebuilt from the last published frame."""
         cursor = cursors.get(raw.run_id)
@@ -344,17 +348,26 @@ class Pipeline:
         if verdict == Verdict.KEEP and raw.generation > max(cursor.generation, FIRST_GENERATION):
             await self._settle(cursors, batch)  # what came before is acknowledged first
             # A new generation (a resumed attempt, or the closing frames of recovery) starts
-            # only once every older raw frame of the run has been handled, including any
-            # that a crashed relay was holding: they are still in the work-queue stream.
-            # (The first generation has no older frames: nothing to wait for.)
-            oldest = await self.broker.first_seq_on_subject(
-                self.broker.subjects.frames_in_stream, msg.subject
-            )
-            if oldest is not None and oldest < msg.metadata.sequence.stream:
+            # only once every older generation's raw frame of the run has been handled,
+            # including any that a crashed relay was holding: they are still in the
+            # work-queue stream. (The first generation has no older frames. Its own later
+            # frames stored ahead of it, when a failed publish was retried, do not count:
+            # they wait for this one.)
+            stored = await self._raw_on_subject(msg.subject)
+            ahead = msg.metadata.sequence.stream
+            if stored is None or any(at < ahead and g < raw.generation for at, g, _ in stored):
                 await msg.nak(delay=GAP_RETRY_DELAY_S)
                 return
         if verdict == Verdict.WAIT:
             if msg.metadata.num_delivered < GAP_GIVE_UP_DELIVERIES:
+                await msg.nak(delay=GAP_RETRY_DELAY_S)
+                return
+            # Given up only when what is missing is nowhere in the stream; a frame that
+            # is there (stored late, after a retried publish) will come. (Too many stored
+            # to look at: given up, as always.)
+            after = cursor.raw_seq if raw.generation == cursor.generation else 0
+            stored = await self._raw_on_subject(msg.subject) or []
+            if any(g == raw.generation and after < seq < raw.seq for _, g, seq in stored):
                 await msg.nak(delay=GAP_RETRY_DELAY_S)
                 return
             log.error(

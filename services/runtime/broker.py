@@ -43,6 +43,8 @@ PUBLISH_TIMEOUT_S = 5.0
 DUPLICATE_WINDOW_S = 120.0
 FRAME_HEADROOM_BYTES = 4096
 DECLARE_TRIES = 8
+# How many of a run's stored raw frames `raw_frames_on` looks at.
+RAW_LOOK_LIMIT = 256
 PING_MAX = 3
 DECLARE_TIMEOUT_S = 1.0
 EVENTS_MAX_AGE_S = 7 * 24 * 3600
@@ -485,15 +487,28 @@ class Broker:
         )
         return last is not None
 
-    async def first_seq_on_subject(self, stream: str, subject: str) -> int | None:
-        """Stream sequence of the oldest message still stored on a subject, if any."""
-        try:
-            raw = await self.js.get_msg(stream, seq=1, subject=subject, next=True)
-        except nats.js.errors.NotFoundError:
-            return None
-        except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
-            raise Unavailable(f"reading {subject} failed: {exc}") from exc
-        return int(raw.seq or 0)
+    async def raw_frames_on(self, stream: str, subject: str) -> list[tuple[int, int, int]] | None:
+        """(stream sequence, generation, seq) of every raw frame still stored on one
+        run's subject, oldest first; None past RAW_LOOK_LIMIT of them (too many to look
+        at one by one). Read one message at a time: this is for a run's rare moments (a
+        new generation's first frame, a gap given up on), not for every frame."""
+        found: list[tuple[int, int, int]] = []
+        seq = 1
+        while len(found) < RAW_LOOK_LIMIT:
+            try:
+                stored = await self.js.get_msg(stream, seq=seq, subject=subject, next=True)
+            except nats.js.errors.NotFoundError:
+                return found
+            except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+                raise Unavailable(f"reading {subject} failed: {exc}") from exc
+            at = int(stored.seq or 0)
+            try:
+                body = json.loads(stored.data or b"{}")
+                found.append((at, int(body.get("generation", 0)), int(body.get("seq", 0))))
+            except (ValueError, TypeError, AttributeError):
+                pass  # unreadable: the consumer refuses it; it holds nothing up
+            seq = at + 1
+        return None
 
     async def purge_subject(self, stream: str, subject: str) -> None:
         """Drop every message of one subject from a stream."""

@@ -3,16 +3,21 @@
 import asyncio
 import json
 import uuid
+from datetime import UTC, datetime
 
 import asyncpg
 import pytest
 
+from runwire.contracts.frames import FrameType, RawFrame
+from runwire.contracts.status import RunStatus
 from runwire.contracts.subjects import Subjects
 from runwire.relay.partitions import PARTITION_LOCKS
 from runwire.relay.pipeline import Pipeline
 from runwire.runtime.broker import RELAY_PARTITIONS, Broker
 from runwire.runtime.settings import RelaySettings
 from runwire.runtime.store import Segment, SegmentCount
+from runwire.runtime.tokens import frame_token
+from runwire.testing.servers import Servers
 from runwire.testing.waiting import eventually
 from tests.services import InProcessStack, assert_well_formed, collect
 
@@ -157,3 +162,58 @@ async def test_a_repair_that_meets_a_stale_relays_write_still_stores_every_frame
 async def _frames_closed(stack: InProcessStack, run_id: str) -> bool:
     row = await stack.store.get_run_by_id(run_id)
     return bool(row and row.frames_closed)
+
+
+async def test_an_attempts_frames_stored_after_its_later_ones_all_reach_the_client(
+    infra: Servers, db_url: str, prefix: str
+) -> None:
+    """A second attempt's first publishes fail (a JetStream leader election) and are
+    retried after its next frames were stored: the stream holds frames 3..5 of its
+    generation ahead of 1 and 2. The relay waits for them (they are in the stream) and
+    keeps every frame, in order; before, the first frame waited on the later ones ("an
+    older frame is still stored") while they waited on it, until the relay gave up on
+    frames 1 and 2 and the run lost them."""
+    stack = InProcessStack(infra.nats_url, db_url, prefix, db_roles=infra.service_roles)
+    await stack.start(executors=0)
+    broker = await Broker.connect(stack.nats_url, Subjects(stack.prefix), name="test-executor")
+    try:
+        reply = await stack.client.submit({"tokens": ["unused"]})
+        run_id = reply.run.run_id
+        # A first attempt that dies at once; recovery gives the run back to the queue.
+        first = await eventually(lambda: stack.store.claim(run_id, 0, "ghost", 200))
+        await eventually(lambda: _status(stack, run_id, RunStatus.RECOVERING), timeout=10)
+        second = await eventually(lambda: stack.store.claim(run_id, first.generation, "b", 60_000))
+        assert second.frame_secret is not None
+        token = frame_token(second.frame_secret, second.generation)
+        texts = ["a ", "b ", "c ", "d ", "e "]
+
+        def raw(seq: int, type_: FrameType, data: dict[str, object]) -> RawFrame:
+            return RawFrame(
+                run_id=run_id,
+                tenant="default",
+                generation=second.generation,
+                seq=seq,
+                type=type_,
+                data=data,
+                at=datetime.now(UTC),
+                token=token,
+            )
+
+        frames = [raw(1, FrameType.RUN, {"attempt": 2, "resumed": True, "partial_length": 0})]
+        frames += [raw(i + 2, FrameType.MESSAGE, {"text": t}) for i, t in enumerate(texts)]
+        frames.append(raw(len(frames) + 1, FrameType.DONE, {"status": "finished"}))
+        for frame in frames[3:-1] + frames[:3] + frames[-1:]:  # 4..6, then 1..3, then done
+            await broker.publish_raw_frame(frame)
+
+        got, transcript = await collect(stack.client, run_id, timeout=30)
+    finally:
+        await broker.close()
+        await stack.close()
+    assert_well_formed(got)
+    assert [f.type for f in got] == [f.type for f in frames]
+    assert transcript.text == "".join(texts)
+
+
+async def _status(stack: InProcessStack, run_id: str, status: RunStatus) -> bool:
+    run = await stack.store.get_run_by_id(run_id)
+    return run is not None and run.status == status
