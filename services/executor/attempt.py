@@ -48,7 +48,10 @@ from runwire.runtime.tokens import frame_token
 
 log = logging.getLogger(__name__)
 
-PUBLISH_TRIES = 5
+# A failed publish is tried again after this long, times the tries so far, at most
+# PUBLISH_RETRY_MAX_S, until the executor's `publish_patience_ms` has passed.
+PUBLISH_RETRY_S = 0.2
+PUBLISH_RETRY_MAX_S = 1.0
 # How often a resuming attempt looks whether the relay has stored the earlier frames.
 RESUME_POLL_S = 0.02
 # Frames read back from the relay's segments were checked when they were made.
@@ -192,14 +195,20 @@ class Attempt:
         async with self._sync_lock:
             while self._pending:
                 frame, text, sent = self._pending[0]
-                for attempt in range(PUBLISH_TRIES):
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + self._settings.publish_patience_ms / 1000
+                tries = 0
+                while True:
                     try:
-                        await (sent if attempt == 0 else self._send(frame))
+                        await (sent if tries == 0 else self._send(frame))
                         break
                     except Unavailable:
-                        if attempt == PUBLISH_TRIES - 1:
+                        # JetStream without a leader for this stream (an election after
+                        # a server died takes seconds): wait for it, within patience.
+                        tries += 1
+                        if loop.time() >= deadline or self.abort_reason == AbortReason.LOST:
                             raise
-                        await asyncio.sleep(0.2 * (attempt + 1))
+                        await asyncio.sleep(min(PUBLISH_RETRY_MAX_S, PUBLISH_RETRY_S * tries))
                 self._pending.popleft()
                 if text is not None:
                     self._text.write(text)

@@ -34,6 +34,7 @@ DEFAULT_ABORT_GRACE_MS = 1_000
 DEFAULT_RESUME_WAIT_MS = 2_000
 DEFAULT_EFFECT_CLAIM_MS = 30_000
 DEFAULT_DRAIN_MS = 10_000
+DEFAULT_PUBLISH_PATIENCE_MS = 30_000
 DEFAULT_SEGMENT_FLUSH_MS = 50
 DEFAULT_SEGMENT_BYTES = 64 * 1024
 DEFAULT_REPLAY_MAX_BYTES = 4 * 1024 * 1024
@@ -126,6 +127,10 @@ class ExecutorSettings(CommonSettings):
     # How long a side effect's claim holds: its dispatch must answer within it.
     effect_claim_ms: int = Field(default=DEFAULT_EFFECT_CLAIM_MS, ge=100)
     drain_ms: int = Field(default=DEFAULT_DRAIN_MS, ge=0)
+    # How long an attempt keeps trying a frame that NATS does not store (a stream without
+    # a leader while JetStream elects one, seconds after a server dies) before it fails,
+    # as retryable.
+    publish_patience_ms: int = Field(default=DEFAULT_PUBLISH_PATIENCE_MS, ge=0)
 
     @model_validator(mode="after")
     def _heartbeat_inside_limits(self) -> Self:
