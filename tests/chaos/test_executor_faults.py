@@ -104,8 +104,11 @@ async def test_a_killed_executors_runs_resume_at_once_not_when_their_leases_run_
     # Leases of a minute: the runs can resume within seconds only because Postgres saw
     # the dead executor's connection end and freed its presence lock.
     victim = processes.start("executor-a", lease_ttl_ms=60_000)
+    # Long enough (about 6 s each) to be still running once the second executor is ready
+    # on a busy machine.
+    tokens = TOKENS * 4
     ids = [
-        (await processes.client.submit({"tokens": TOKENS, "token_delay_ms": 40})).run.run_id
+        (await processes.client.submit({"tokens": tokens, "token_delay_ms": 40})).run.run_id
         for _ in range(3)
     ]
     for run_id in ids:
@@ -113,12 +116,14 @@ async def test_a_killed_executors_runs_resume_at_once_not_when_their_leases_run_
     processes.start("executor-b", lease_ttl_ms=60_000)
     await eventually(lambda: "executor ready" in processes.procs["executor-b"].logs(), timeout=20)
 
+    for run_id in ids:
+        assert await _running_on(processes, run_id, "a"), "a run ended before the kill"
     victim.kill()
-    results = await asyncio.gather(*(collect(processes.client, r, timeout=30) for r in ids))
+    results = await asyncio.gather(*(collect(processes.client, r, timeout=60) for r in ids))
 
     for run_id, (frames, transcript) in zip(ids, results, strict=True):
         assert_well_formed(frames)
-        assert transcript.text == "".join(TOKENS)
+        assert transcript.text == "".join(tokens)
         run = await processes.client.get(run_id)
         assert (run.status, run.attempts) == (RunStatus.FINISHED, 2)
         assert await _recovered_because(processes, run_id) == "executor gone"
