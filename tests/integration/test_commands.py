@@ -9,6 +9,7 @@ import asyncpg
 import nats.errors
 import pytest
 
+from runwire.client.settings import server_urls
 from runwire.contracts.commands import GetCommand
 from runwire.contracts.errors import ErrorCode, ErrorReply
 from runwire.contracts.health import HealthReply
@@ -143,7 +144,7 @@ async def test_a_failing_handler_is_answered_and_logged_and_the_service_goes_on(
     service = _Faulty(settings)
     stop = asyncio.Event()
     running = asyncio.create_task(service.serve(stop))
-    nc = await nats.connect(infra.nats_url)
+    nc = await nats.connect(server_urls(infra.nats_url))
     body = json.dumps({"v": 1, "run_id": "r"}).encode()
 
     async def ask(name: str) -> ErrorReply | None:

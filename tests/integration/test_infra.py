@@ -7,6 +7,7 @@ import asyncpg
 import nats
 import pytest
 
+from runwire.client.settings import server_urls
 from runwire.contracts.subjects import PREFIX_PATTERN
 from runwire.testing.servers import Servers
 
@@ -17,7 +18,7 @@ EIGHT_MEGABYTES = 8 * 1024 * 1024
 
 async def test_nats_stores_messages_in_jetstream(infra: Servers, prefix: str) -> None:
     assert PREFIX_PATTERN.match(prefix)
-    client = await nats.connect(infra.nats_url)
+    client = await nats.connect(server_urls(infra.nats_url))
     try:
         assert client.max_payload == EIGHT_MEGABYTES
         js = client.jetstream()

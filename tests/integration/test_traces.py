@@ -17,6 +17,7 @@ from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 from nats.aio.msg import Msg
 from opentelemetry import trace
 
+from runwire.client.settings import server_urls
 from runwire.contracts.commands import SubmitCommand
 from runwire.contracts.headers import TRACEPARENT
 from runwire.contracts.replies import SubmitReply
@@ -166,7 +167,7 @@ async def test_a_run_submitted_by_a_faststream_app_joins_the_apps_trace(
 ) -> None:
     # A product written with FastStream and its telemetry middleware: its request carries
     # the `traceparent` header that runwire continues.
-    broker = NatsBroker(stack.nats_url, middlewares=[NatsTelemetryMiddleware()])
+    broker = NatsBroker(server_urls(stack.nats_url), middlewares=[NatsTelemetryMiddleware()])
     await broker.connect()
     try:
         with trace.get_tracer("a product").start_as_current_span("answer the user") as caller:
