@@ -274,17 +274,7 @@ def _supervisord_pid(layout: Layout) -> int | None:
 def _load_ports(layout: Layout, servers: int, gateway_port: int = 0) -> Ports:
     """Reuse the ports of the last start so URLs stay valid; pick new ones if taken (the
     gateway's first choice is `gateway_port` when given, else its default port)."""
-    try:
-        stored = json.loads(layout.ports_file.read_text())
-        ports = Ports(
-            nats=int(stored["nats"]),
-            postgres=int(stored["postgres"]),
-            gateway=int(stored.get("gateway", 0)),
-            cluster=tuple(int(port) for port in stored.get("cluster", ())),
-            gateway_2=int(stored.get("gateway_2", 0)),
-        )
-    except (OSError, ValueError, KeyError, TypeError):
-        ports = None
+    ports = _stored_ports(layout)
     if ports is not None and not (port_is_free(ports.nats) and port_is_free(ports.postgres)):
         _say(f"Ports {ports.nats}/{ports.postgres} are taken by another program; picking new ones.")
         ports = None
@@ -320,6 +310,21 @@ def _load_ports(layout: Layout, servers: int, gateway_port: int = 0) -> Ports:
         )
     )
     return ports
+
+
+def _stored_ports(layout: Layout) -> Ports | None:
+    """The ports of the last start, as recorded (a running stack listens on them)."""
+    try:
+        stored = json.loads(layout.ports_file.read_text())
+        return Ports(
+            nats=int(stored["nats"]),
+            postgres=int(stored["postgres"]),
+            gateway=int(stored.get("gateway", 0)),
+            cluster=tuple(int(port) for port in stored.get("cluster", ())),
+            gateway_2=int(stored.get("gateway_2", 0)),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _free_ports(count: int, avoid: set[int]) -> tuple[int, ...]:
@@ -793,7 +798,11 @@ def up(layout: Layout, start_timeout: float = START_TIMEOUT, servers: int = 1) -
             )
             return 1
         _say("runwire stack is already running.")
-        shape = topology(layout, running, _load_ports(layout, running, settings_port()))
+        ports = _stored_ports(layout)
+        if ports is None:
+            _say(f"{layout.ports_file} is missing or unreadable: `make down`, then `make up`.")
+            return 1
+        shape = topology(layout, running, ports)
         return _wait_for_services(layout, shape, _read_env(layout), start_timeout)
     settings = _shell_settings()
     if settings is None:

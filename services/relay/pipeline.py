@@ -298,9 +298,13 @@ class Pipeline:
         for run_id, cursor in found.items():
             self._remember(cursors, run_id, cursor)
 
-    async def _raw_on_subject(self, subject: str) -> list[tuple[int, int, int]] | None:
-        """The raw frames still stored on one run's subject (None: too many to look)."""
-        return await self.broker.raw_frames_on(self.broker.subjects.frames_in_stream, subject)
+    async def _raw_on_subject(
+        self, subject: str, before: int | None = None
+    ) -> list[tuple[int, int, int]] | None:
+        """The raw frames still stored on one run's subject, those ahead of stream
+        sequence `before` when given (None: too many to look)."""
+        stream = self.broker.subjects.frames_in_stream
+        return await self.broker.raw_frames_on(stream, subject, before)
 
     async def _cursor(self, cursors: dict[str, RunCursor], raw: RawFrame) -> RunCursor:
         """The run's cursor, from memory or rebuilt from the last published frame."""
@@ -353,9 +357,9 @@ class Pipeline:
             # work-queue stream. (The first generation has no older frames. Its own later
             # frames stored ahead of it, when a failed publish was retried, do not count:
             # they wait for this one.)
-            stored = await self._raw_on_subject(msg.subject)
             ahead = msg.metadata.sequence.stream
-            if stored is None or any(at < ahead and g < raw.generation for at, g, _ in stored):
+            stored = await self._raw_on_subject(msg.subject, ahead)
+            if stored is None or any(g < raw.generation for _, g, _ in stored):
                 await msg.nak(delay=GAP_RETRY_DELAY_S)
                 return
         if verdict == Verdict.WAIT:

@@ -487,11 +487,14 @@ class Broker:
         )
         return last is not None
 
-    async def raw_frames_on(self, stream: str, subject: str) -> list[tuple[int, int, int]] | None:
+    async def raw_frames_on(
+        self, stream: str, subject: str, before: int | None = None
+    ) -> list[tuple[int, int, int]] | None:
         """(stream sequence, generation, seq) of every raw frame still stored on one
-        run's subject, oldest first; None past RAW_LOOK_LIMIT of them (too many to look
-        at one by one). Read one message at a time: this is for a run's rare moments (a
-        new generation's first frame, a gap given up on), not for every frame."""
+        run's subject (only those ahead of stream sequence `before`, when given), oldest
+        first; None past RAW_LOOK_LIMIT of them (too many to look at one by one). Read
+        one message at a time: this is for a run's rare moments (a new generation's first
+        frame, a gap given up on), not for every frame."""
         found: list[tuple[int, int, int]] = []
         seq = 1
         while len(found) < RAW_LOOK_LIMIT:
@@ -502,6 +505,8 @@ class Broker:
             except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
                 raise Unavailable(f"reading {subject} failed: {exc}") from exc
             at = int(stored.seq or 0)
+            if before is not None and at >= before:
+                return found
             try:
                 body = json.loads(stored.data or b"{}")
                 found.append((at, int(body.get("generation", 0)), int(body.get("seq", 0))))
