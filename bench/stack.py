@@ -27,6 +27,7 @@ import asyncpg
 
 from bench.memory import RssSampler
 from runwire.client import Client, ClientError
+from runwire.client.settings import rotated
 from runwire.contracts.errors import ErrorCode
 from runwire.infra.embedded import EmbeddedNats, EmbeddedPostgres
 
@@ -171,9 +172,7 @@ class Stack:
         log_dir = self.servers.folder / "logs" / self.name
         log_dir.mkdir(parents=True, exist_ok=True)
         if self.cluster_urls:
-            first = len(self.procs) % len(self.cluster_urls)
-            urls = self.cluster_urls[first:] + self.cluster_urls[:first]
-            extra = {"nats_url": ",".join(urls), **extra}
+            extra = {"nats_url": rotated(self.cluster_urls, len(self.procs)), **extra}
         proc = ServiceProcess(name, MODULES[kind], self.env(**extra), log_dir).start()
         self.procs[name] = proc
         self.sampler.watch(name, proc.pid)

@@ -144,7 +144,12 @@ def reload_server(pid_file: Path) -> bool:
     """Have the nats-server whose pid is in `pid_file` read its configuration again (a
     removed identity's connections are closed at once); False if it does not run."""
     try:
-        os.kill(int(pid_file.read_text().strip()), signal.SIGHUP)
+        pid = int(pid_file.read_text().strip())
+        # A pid file outlives its server (a cluster's, after a stack of one server since):
+        # signal only a nats-server, never whatever took its pid since.
+        if b"nats-server" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return False
+        os.kill(pid, signal.SIGHUP)
     except (OSError, ValueError):
         return False
     return True

@@ -466,16 +466,6 @@ class EmbeddedNatsCluster:
         ]
 
     @property
-    def ports(self) -> list[int]:
-        """Every port the cluster uses: client ports, then route ports, then monitoring."""
-        nodes = [node.node for node in self.nodes if node.node is not None]
-        return (
-            [node.port for node in self.nodes]
-            + [node.route_port for node in nodes]
-            + [node.monitor_port for node in nodes]
-        )
-
-    @property
     def url(self) -> str:
         """Every server's client URL, separated by commas."""
         return ",".join(node.url for node in self.nodes)
@@ -495,13 +485,11 @@ class EmbeddedNatsCluster:
             return None
         return self.node(str(seen.pop()))
 
-    def ready(self, nodes: list[EmbeddedNats] | None = None) -> bool:
-        """Every server (or each of `nodes`) accepts clients with JetStream and names the
-        same meta leader, which is among them."""
-        nodes = self.nodes if nodes is None else nodes
-        if not all(node.ready() for node in nodes):
+    def ready(self) -> bool:
+        """Every server accepts clients with JetStream and names the same meta leader."""
+        if not all(node.ready() for node in self.nodes):
             return False
-        leaders = {node.meta_leader() for node in nodes}
+        leaders = {node.meta_leader() for node in self.nodes}
         return len(leaders) == 1 and None not in leaders
 
     def healthy(self) -> bool:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import nats
@@ -23,9 +22,6 @@ from runwire.client.settings import server_urls
 from runwire.contracts.health import HealthReply
 from runwire.contracts.subjects import Subjects
 
-# A service that is up answers in milliseconds; one that is not has no subscriber, and
-# NATS says so at once (no responders), so this only bounds a service stuck mid-answer.
-ASK_TIMEOUT_S = 1.0
 CONNECT_TIMEOUT_S = 5.0
 # Replicas answer one request each: collect their answers this long.
 REPLICAS_WINDOW_S = 0.3
@@ -73,22 +69,6 @@ class HealthProbe:
     async def close(self) -> None:
         """Close the connection."""
         await self.nc.close()
-
-    async def ask(self, service: str, timeout: float = ASK_TIMEOUT_S) -> Health:
-        """Send one health request to `service`; the first replica to answer decides."""
-        try:
-            msg = await self.nc.request(self.subjects.health(service), b"{}", timeout=timeout)
-        except nats.errors.NoRespondersError:
-            return Health(service, False, "no answer")
-        except (nats.errors.TimeoutError, TimeoutError):
-            return Health(service, False, f"no answer within {timeout:g} s")
-        except nats.errors.Error as exc:
-            return Health(service, False, f"no answer (NATS: {exc or type(exc).__name__})")
-        return _health(service, msg.data)
-
-    async def ask_all(self, services: Iterable[str]) -> list[Health]:
-        """Ask every service at once."""
-        return list(await asyncio.gather(*(self.ask(service) for service in services)))
 
     async def ask_replicas(self, service: str, window: float = REPLICAS_WINDOW_S) -> list[Health]:
         """The health of every replica of `service` that answers within `window` (every

@@ -42,7 +42,7 @@ import asyncpg
 import nats.errors
 from pydantic import ValidationError
 
-from runwire.client.settings import server_urls
+from runwire.client.settings import rotated
 from runwire.contracts.subjects import DEFAULT_PREFIX, DEFAULT_TENANT, Subjects
 from runwire.gateway.keys import add_key, new_key
 from runwire.gateway.settings import DEFAULT_PORT as DEFAULT_GATEWAY_PORT
@@ -199,9 +199,6 @@ class Ports:
     cluster: tuple[int, ...] = ()
     gateway_2: int = 0
 
-    def taken(self) -> set[int]:
-        return {self.nats, self.postgres, self.gateway, self.gateway_2, *self.cluster} - {0}
-
 
 @dataclass(frozen=True)
 class Replica:
@@ -221,9 +218,7 @@ def replicas(services: tuple[str, ...], servers: int, nats_urls: list[str]) -> l
     chosen: list[Replica] = []
     for service in services:
         for i in range(CLUSTER_REPLICAS):
-            first = len(chosen) % len(nats_urls)
-            urls = nats_urls[first:] + nats_urls[:first]
-            chosen.append(Replica(f"{service}-{i + 1}", service, ",".join(urls)))
+            chosen.append(Replica(f"{service}-{i + 1}", service, rotated(nats_urls, len(chosen))))
     return chosen
 
 
@@ -386,6 +381,12 @@ class Topology:
         """How many replicas of `service` run."""
         return sum(replica.service == service for replica in self.replicas)
 
+    def gateways(self) -> dict[str, int]:
+        """supervisord's name of each gateway, and its port."""
+        if len(self.gateway_ports) == 1:
+            return {GATEWAY: self.gateway_ports[0]}
+        return {f"{GATEWAY}-{i + 1}": port for i, port in enumerate(self.gateway_ports)}
+
     def nats_programs(self) -> dict[str, EmbeddedNats]:
         """supervisord's name of each nats-server."""
         if not self.clustered:
@@ -461,10 +462,8 @@ def _programs(
             )
         )
     gateway = service_user(GATEWAY)
-    urls = server_urls(shape.nats_url)
-    for i, port in enumerate(shape.gateway_ports):
-        name = GATEWAY if len(shape.gateway_ports) == 1 else f"{GATEWAY}-{i + 1}"
-        first = i % len(urls)
+    urls = [node.url for node in shape.nats]
+    for i, (name, port) in enumerate(shape.gateways().items()):
         programs.append(
             Program(
                 name,
@@ -475,7 +474,7 @@ def _programs(
                     "environment": environment(
                         {
                             **wiring,
-                            "RUNWIRE_NATS_URL": ",".join(urls[first:] + urls[:first]),
+                            "RUNWIRE_NATS_URL": rotated(urls, i),
                             "RUNWIRE_NATS_USER": gateway,
                             "RUNWIRE_NATS_PASSWORD": identities.passwords[gateway],
                             "RUNWIRE_GATEWAY_HOST": GATEWAY_HOST,
@@ -785,13 +784,13 @@ def _write_env(
     return env
 
 
-def up(layout: Layout, start_timeout: float = START_TIMEOUT, servers: int = 1) -> int:
+def up(layout: Layout, start_timeout: float = START_TIMEOUT, servers: int | None = None) -> int:
     """Start the stack unless it runs (with `servers` nats-servers in a cluster when more
-    than 1); return once every service answers its health request (or exit 1 after
-    `start_timeout` seconds, naming those that did not)."""
+    than 1; None: as it runs, else one); return once every service answers its health
+    request (or exit 1 after `start_timeout` seconds, naming those that did not)."""
     if _supervisord_pid(layout) is not None:
         running = _stored_servers(layout)
-        if running != servers:
+        if servers is not None and running != servers:
             _say(
                 f"runwire stack is already running with {_servers(running)}, not "
                 f"{_servers(servers)}: `make down` first."
@@ -804,6 +803,7 @@ def up(layout: Layout, start_timeout: float = START_TIMEOUT, servers: int = 1) -
             return 1
         shape = topology(layout, running, ports)
         return _wait_for_services(layout, shape, _read_env(layout), start_timeout)
+    servers = servers or 1
     settings = _shell_settings()
     if settings is None:
         return 1
@@ -901,12 +901,10 @@ def _wait_for_services(layout: Layout, shape: Topology, env: dict[str, str], tim
     _say("Waiting for every service to answer its health request ...")
     prefix = env.get("RUNWIRE_PREFIX", DEFAULT_PREFIX)
     not_up = asyncio.run(_unanswered(layout, shape, prefix, timeout))
-    gateways = [f"http://{GATEWAY_HOST}:{port}" for port in shape.gateway_ports]
-    for i, url in enumerate(gateways):
+    for name, port in shape.gateways().items():
         if not_up is not None:
             break
-        name = GATEWAY if len(gateways) == 1 else f"{GATEWAY}-{i + 1}"
-        not_up = _gateway_unanswered(layout, name, url, timeout)
+        not_up = _gateway_unanswered(layout, name, f"http://{GATEWAY_HOST}:{port}", timeout)
     if not_up is not None:
         return _failed(layout, not_up)
     _record_pids(layout)
@@ -1046,7 +1044,7 @@ def status(layout: Layout) -> int:
     return done.returncode
 
 
-def run(layout: Layout, start_timeout: float = START_TIMEOUT, servers: int = 1) -> int:
+def run(layout: Layout, start_timeout: float = START_TIMEOUT, servers: int | None = None) -> int:
     """Bring the stack up, stream a demo run, keep the stack up until SIGINT/SIGTERM."""
     code = up(layout, start_timeout, servers)
     if code != 0:
@@ -1110,16 +1108,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cluster",
         type=int,
-        default=0,
+        default=None,
         metavar="SERVERS",
         help="`up` and `run`: a JetStream cluster of SERVERS nats-servers (3 or 5), every "
         f"stream replicated on each, {CLUSTER_REPLICAS} replicas of every service "
-        "(default: one nats-server, one of each)",
+        "(default: as the stack runs, else one nats-server and one of each)",
     )
     args = parser.parse_args(argv)
-    if args.cluster not in (0, 1, 3, 5):
+    if args.cluster not in (None, 0, 1, 3, 5):
         parser.error("--cluster takes 3 or 5 servers (a JetStream cluster needs a majority)")
-    servers = max(args.cluster, 1)
+    servers = None if args.cluster is None else max(args.cluster, 1)
     root = None if args.root is None else args.root.absolute()
     layout = Layout(repo=Path.cwd().absolute(), folder=root)
     commands: dict[str, Callable[[Layout], int]] = {

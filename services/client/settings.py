@@ -32,6 +32,14 @@ def server_urls(url: str) -> list[str]:
     return urls
 
 
+def rotated(urls: list[str], first: int) -> str:
+    """A `RUNWIRE_NATS_URL` naming every server of `urls`, from the `first`-th on (in
+    turn): replicas given consecutive `first`s each connect first to a server of their
+    own."""
+    start = first % len(urls)
+    return ",".join(urls[start:] + urls[:start])
+
+
 class ClientSettings(BaseSettings):
     """Client connection settings; environment variables win over `.runwire/env`."""
 

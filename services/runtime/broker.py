@@ -33,7 +33,7 @@ from runwire.contracts.frames import Frame, RawFrame
 from runwire.contracts.headers import TRACEPARENT
 from runwire.contracts.subjects import Subjects
 from runwire.runtime.errors import PayloadTooLarge, QueueFull, Unavailable
-from runwire.runtime.settings import CommonSettings
+from runwire.runtime.settings import DEFAULT_NATS_PING_INTERVAL_MS, CommonSettings
 from runwire.runtime.tokens import raw_frame_id
 
 log = logging.getLogger(__name__)
@@ -148,7 +148,7 @@ class Broker:
         timeout: float = CONNECT_TIMEOUT_S,
         user: str | None = None,
         password: str | None = None,
-        ping_interval_s: float = 10.0,
+        ping_interval_s: float = DEFAULT_NATS_PING_INTERVAL_MS / 1000,
     ) -> "Broker":
         """Connect (as `user`, on a broker that enforces identities), retrying with
         backoff until `timeout`; then reconnect forever. Refused credentials fail at once."""

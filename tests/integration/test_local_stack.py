@@ -18,7 +18,7 @@ from runwire.contracts.health import HealthReply
 from runwire.contracts.status import RunStatus
 from runwire.contracts.subjects import Subjects
 from tests.gateway import sse_frames
-from tests.local_stack import ROOT, LocalStack, client_of, local_stack
+from tests.local_stack import ROOT, LocalStack, client_of, local_stack, stack_command
 from tests.services import collect, eventually
 
 pytestmark = pytest.mark.integration
@@ -282,6 +282,12 @@ async def test_a_clustered_stack_replicates_every_stream_and_runs_two_of_each_se
                 assert all(reply.ok for reply in replies), replies
         finally:
             await client.close()
+        # `up` again, without --cluster: the running stack is found as it is, on its ports.
+        ports = (stack.root / "ports.json").read_text()
+        code, output = await stack_command(stack.folder, "up", stack.shell)
+        assert code == 0, output
+        assert "already running" in output
+        assert (stack.root / "ports.json").read_text() == ports
         # Each replica of a service is connected first to a server of its own.
         conf = (stack.root / "supervisord.conf").read_text()
         for service in SERVICES:
