@@ -24,6 +24,7 @@ from runwire.testing.waiting import eventually
 __all__ = ["FAST", "InProcessStack", "collect", "eventually", "wait_ready"]
 
 ROOT = Path(__file__).resolve().parent.parent
+READY_TIMEOUT_S = 90.0
 
 
 async def all_frames_stored(store: Store, run_id: str, frames: int) -> bool:
@@ -163,7 +164,17 @@ class ProcessStack:
             self.env["RUNWIRE_NATS_URL"], prefix=self.env["RUNWIRE_PREFIX"]
         )
         self.store = await Store.connect(self.env["RUNWIRE_DATABASE_URL"], pool_size=2)
-        await wait_ready(self.client)
+        try:
+            # Long: on a busy machine (two test workers, each with its own servers and
+            # processes) a service process has taken over 30 s to start.
+            await wait_ready(self.client, timeout=READY_TIMEOUT_S)
+        except AssertionError as exc:
+            exited = {
+                n: p.proc.returncode
+                for n, p in self.procs.items()
+                if p.proc and p.proc.poll() is not None
+            }
+            raise AssertionError(f"{exc}; exited: {exited}\n{self.logs()}") from exc
 
     async def close(self) -> None:
         await self.client.close()

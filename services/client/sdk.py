@@ -459,7 +459,9 @@ class Client:
                         return
             if reply.live is None:
                 if not reply.replay:
-                    if reply.run.status.terminal and cursor >= reply.run.last_seq:
+                    run = reply.run
+                    # `last_seq` is final only once the run's frames are complete.
+                    if run.status.terminal and run.frames_complete and cursor >= run.last_seq:
                         return  # the caller already has every frame, `done` included
                     await asyncio.sleep(REJOIN_DELAY_S)
                 continue

@@ -45,6 +45,10 @@ FRAME_HEADROOM_BYTES = 4096
 DECLARE_TRIES = 8
 # How many of a run's stored raw frames `raw_frames_on` looks at.
 RAW_LOOK_LIMIT = 256
+# A Direct Get answered by a replica behind the stream's leader is asked again this many
+# times, after READ_BEHIND_DELAY_S times the tries so far (about 2 s in all).
+READ_BEHIND_TRIES = 12
+READ_BEHIND_DELAY_S = 0.03
 PING_MAX = 3
 DECLARE_TIMEOUT_S = 1.0
 EVENTS_MAX_AGE_S = 7 * 24 * 3600
@@ -532,22 +536,39 @@ class Broker:
     async def read_subject(
         self, stream: str, subject: str, start_seq: int, end_seq: int, *, batch: int = 1000
     ) -> list[StoredMsg]:
-        """Every message on `subject` with stream seq in [start_seq, end_seq].
+        """Every message on `subject` with stream seq in [start_seq, end_seq], where
+        `end_seq` is a message on the subject read from the stream's leader (its last).
 
         Uses the server's batched Direct Get (one request per `batch` messages), which
-        nats-py does not wrap: replies stream to an inbox and end with a 204 status.
+        nats-py does not wrap: replies stream to an inbox and end with a 204 status. On a
+        cluster every replica of the stream answers Direct Gets, and one that is behind
+        the leader (just restarted, or slow) answers without the newest messages: a read
+        that ends before `end_seq` is made again, until it reaches it or
+        READ_BEHIND_TRIES have failed (Unavailable).
         """
         found: list[StoredMsg] = []
         seq = start_seq
+        behind = 0
         while seq <= end_seq:
             got = await self._direct_get_batch(stream, subject, seq, batch)
             for m in got:
                 if m.stream_seq > end_seq:
                     return found
                 found.append(m)
-            if len(got) < batch:
+            if len(got) == batch:
+                seq = got[-1].stream_seq + 1
+                continue
+            if got and got[-1].stream_seq == end_seq:
                 break
-            seq = got[-1].stream_seq + 1
+            behind += 1
+            if behind >= READ_BEHIND_TRIES:
+                raise Unavailable(
+                    f"reading {subject} from {stream}: the replica that answers has not "
+                    f"stored stream seq {end_seq} yet"
+                )
+            if got:
+                seq = got[-1].stream_seq + 1
+            await asyncio.sleep(READ_BEHIND_DELAY_S * behind)
         return found
 
     async def _direct_get_batch(
