@@ -14,6 +14,7 @@ and stops one consumer per partition as it wins and loses the partition's lock.
 
 import asyncio
 import contextlib
+import json
 import logging
 
 import nats.errors
@@ -25,8 +26,15 @@ from runwire.runtime.broker import Broker, StreamLimits
 
 log = logging.getLogger(__name__)
 
+
+def _status(msg: Msg) -> str | None:
+    """The status of a JetStream control message (None: a message of the stream)."""
+    return msg.headers.get("Status") if msg.headers else None
+
+
 FETCH_WAIT_S = 1.0
-TOP_UP_WAIT_S = 0.002
+# A `no_wait` pull request is answered at once; this bounds a lost answer.
+ANSWER_WAIT_S = 1.0
 CHECK_EVERY_S = 2.0
 
 
@@ -86,14 +94,43 @@ class DurablePull:
             await self.open()
 
     @staticmethod
-    async def _fetch(sub: JetStreamContext.PullSubscription, batch: int) -> list[Msg]:
-        # nats-py's fetch(n) waits until n messages arrived or its timeout passed, which
-        # would hold a trickle of frames for up to the whole timeout. So: wait for one,
-        # then take whatever else is there already.
+    async def _available(sub: JetStreamContext.PullSubscription, batch: int) -> list[Msg]:
+        """Up to `batch` messages the consumer holds now, without waiting for more: those
+        already delivered to the subscription, then one `no_wait` pull request, which the
+        server answers at once (with what it has, then a "no messages" status)."""
+        msgs: list[Msg] = []
+        queue = sub._sub._pending_queue
+        while len(msgs) < batch and not queue.empty():
+            msg = queue.get_nowait()
+            sub._sub._pending_size -= len(msg.data)
+            if _status(msg) is None:  # a status left over from an earlier request: done
+                msgs.append(msg)
+        if len(msgs) == batch:
+            return msgs
+        request = {"batch": batch - len(msgs), "no_wait": True}
+        await sub._nc.publish(sub._nms, json.dumps(request).encode(), sub._deliver)
+        while len(msgs) < batch:
+            try:
+                msg = await sub._sub.next_msg(timeout=ANSWER_WAIT_S)
+            except (TimeoutError, nats.errors.TimeoutError):
+                break  # what comes later stays in the queue for the next fetch
+            if _status(msg) is not None:
+                break  # the end of the answer ("no messages", or a refusal)
+            msgs.append(msg)
+        return msgs
+
+    @classmethod
+    async def _fetch(cls, sub: JetStreamContext.PullSubscription, batch: int) -> list[Msg]:
+        # What the consumer holds now, at once; when it holds nothing, wait for one (a
+        # lingering request: it arrives as soon as it is stored) and take whatever came
+        # with it. (nats-py's fetch(n) waits until n messages arrived or its timeout
+        # passed, which would hold a trickle of messages back.)
+        msgs = await cls._available(sub, batch)
+        if msgs:
+            return msgs
         msgs = await sub.fetch(1, timeout=FETCH_WAIT_S)
         if batch > 1:
-            with contextlib.suppress(TimeoutError, nats.errors.TimeoutError):
-                msgs += await sub.fetch(batch - 1, timeout=TOP_UP_WAIT_S)
+            msgs += await cls._available(sub, batch - 1)
         return msgs
 
     async def fetch(self, batch: int, stop: asyncio.Event) -> list[Msg] | None:

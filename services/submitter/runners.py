@@ -66,6 +66,13 @@ class RunnerCatalog:
                 if schema is None:
                     remote[name] = None
                     continue
+                known = self._remote.get(name)
+                if known is not None and known.schema == schema:
+                    # Unchanged: checking a schema takes tens of milliseconds of the
+                    # event loop (the openai runner's), every REFRESH_S, in every submit's
+                    # way.
+                    remote[name] = known
+                    continue
                 try:
                     Draft202012Validator.check_schema(schema)
                 except SchemaError as exc:
