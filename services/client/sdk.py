@@ -546,15 +546,22 @@ class Client:
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
             return
+        # Read from the subscription's queue: what has arrived is taken at once, and only
+        # a wait for more is timed (nats-py's next_msg costs a task and a timer a frame).
+        queue = sub._pending_queue
         try:
             while True:
-                try:
-                    msg = await sub.next_msg(timeout=idle)
-                except (nats.errors.TimeoutError, TimeoutError):
-                    return  # quiet: re-join to learn whether the run is still going
-                except nats.errors.Error as exc:
-                    log.info("live subscription lost (%s); joining again", exc)
-                    return
+                if queue.empty():
+                    if self.nc.is_closed:
+                        return
+                    try:
+                        msg = await asyncio.wait_for(queue.get(), idle)
+                    except TimeoutError:
+                        return  # quiet: re-join to learn whether the run is still going
+                else:
+                    msg = queue.get_nowait()
+                queue.task_done()
+                sub._pending_size -= len(msg.data)
                 try:
                     yield Frame.model_validate_json(msg.data, context=STORED_FRAMES)
                 except ValidationError:

@@ -33,7 +33,7 @@ from runwire.runners.base import (
 from runwire.runners.effects import EffectAdapter
 from runwire.runners.tools import ToolSpec
 from runwire.runtime import faults, tracing
-from runwire.runtime.broker import Broker
+from runwire.runtime.broker import Broker, failed_publish
 from runwire.runtime.commands import describe
 from runwire.runtime.errors import (
     InvalidRequest,
@@ -118,7 +118,7 @@ class Attempt:
         # Text of this attempt's message frames known to be stored, in order (one buffer,
         # not a string per token: a long run's memory stays about the size of its text).
         self._text = io.StringIO()
-        self._pending: deque[tuple[RawFrame, str | None, asyncio.Future[None]]] = deque()
+        self._pending: deque[tuple[RawFrame, str | None, asyncio.Future[int]]] = deque()
         self._sync_lock = asyncio.Lock()
         self.continuation = run.partial_text
         # Where a resumed attempt continues: the frames stored for the run (contiguous
@@ -179,12 +179,16 @@ class Attempt:
             )
         self._seq = frame.seq  # only a frame that will be sent takes a seq: no gap
         text = str(data.get("text", "")) if type == FrameType.MESSAGE else None
-        self._pending.append((frame, text, asyncio.ensure_future(self._send(frame, body))))
+        try:
+            sent = await self._send(frame, body)
+        except Unavailable as exc:
+            sent = failed_publish(exc)  # `sync` sends it again, within patience
+        self._pending.append((frame, text, sent))
         if self.closed or len(self._pending) >= PUBLISH_WINDOW:
             await self.sync()
 
-    async def _send(self, frame: RawFrame, body: bytes | None = None) -> None:
-        await self._broker.publish_raw_frame(frame, body, traceparent=self._traceparent)
+    async def _send(self, frame: RawFrame, body: bytes | None = None) -> "asyncio.Future[int]":
+        return await self._broker.send_raw_frame(frame, body, traceparent=self._traceparent)
 
     async def sync(self) -> None:
         """Wait until every frame published so far is stored, in order.
@@ -200,7 +204,7 @@ class Attempt:
                 tries = 0
                 while True:
                     try:
-                        await (sent if tries == 0 else self._send(frame))
+                        await (sent if tries == 0 else await self._send(frame))
                         break
                     except Unavailable:
                         # JetStream without a leader for this stream (an election after

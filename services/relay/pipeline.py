@@ -17,6 +17,7 @@ subscriber lives as long as the application and settles messages one by one.
 import asyncio
 import bisect
 import contextlib
+import hmac
 import logging
 import time
 from collections.abc import Iterable
@@ -41,6 +42,7 @@ from runwire.runtime.broker import (
     Broker,
     StoredMsg,
     StreamLimits,
+    failed_publish,
     relay_consumer,
 )
 from runwire.runtime.consumer import DurablePull
@@ -183,7 +185,19 @@ def _signed(cursor: RunCursor, raw: RawFrame) -> bool:
         and cursor.ended
         and raw.type in (FrameType.ERROR, FrameType.DONE)
     )
-    return claimed and authentic(raw.token, cursor.secret, raw.generation)
+    if not claimed:
+        return False
+    if (
+        cursor.proved == raw.generation
+        and raw.token is not None
+        and cursor.proved_token is not None
+        and hmac.compare_digest(raw.token, cursor.proved_token)
+    ):
+        return True  # the token a frame of this generation proved before (no hash again)
+    if not authentic(raw.token, cursor.secret, raw.generation):
+        return False
+    cursor.proved, cursor.proved_token = raw.generation, raw.token
+    return True
 
 
 class Pipeline:
@@ -400,11 +414,12 @@ class Pipeline:
         # Published without waiting: a connection stores messages in the order they are
         # sent, so the frames of a batch are pipelined and acknowledged together.
         body = frame.model_dump_json()  # once: published, then written to a segment
-        publish = asyncio.ensure_future(
-            self.broker.publish_client_frame(
+        try:
+            publish = await self.broker.send_client_frame(
                 raw.tenant, frame, body.encode(), raw.generation, raw.seq
             )
-        )
+        except RunwireError as exc:
+            publish = failed_publish(exc)  # sent again by `_stored`
         batch.append(Pending(msg, raw, frame, body, publish))
 
     async def _settle(self, cursors: dict[str, RunCursor], batch: list["Pending"]) -> None:

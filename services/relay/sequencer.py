@@ -30,6 +30,9 @@ class RunCursor:
     claimed: int = 0
     ended: bool = False
     known: bool = True
+    # The generation whose token a frame last proved (each generation's is proved once).
+    proved: int | None = field(default=None, repr=False)
+    proved_token: str | None = field(default=None, repr=False)
 
     def judge(self, generation: int, raw_seq: int) -> Verdict:
         if self.closed or generation < self.generation:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import nats
 import nats.errors
 import nats.js.errors
+import orjson
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -32,7 +33,7 @@ from runwire.client.settings import server_urls
 from runwire.contracts.frames import Frame, RawFrame
 from runwire.contracts.headers import TRACEPARENT
 from runwire.contracts.subjects import Subjects
-from runwire.runtime.errors import PayloadTooLarge, QueueFull, Unavailable
+from runwire.runtime.errors import PayloadTooLarge, QueueFull, RunwireError, Unavailable
 from runwire.runtime.settings import DEFAULT_NATS_PING_INTERVAL_MS, CommonSettings
 from runwire.runtime.tokens import raw_frame_id
 
@@ -40,6 +41,8 @@ log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 60.0
 PUBLISH_TIMEOUT_S = 5.0
+# How often overdue publish acknowledgements are looked for.
+ACK_CHECK_S = 0.25
 DUPLICATE_WINDOW_S = 120.0
 FRAME_HEADROOM_BYTES = 4096
 DECLARE_TRIES = 8
@@ -52,6 +55,8 @@ READ_BEHIND_DELAY_S = 0.03
 PING_MAX = 3
 DECLARE_TIMEOUT_S = 1.0
 EVENTS_MAX_AGE_S = 7 * 24 * 3600
+# A header value never carries a line break (it would end the header block).
+_NO_NEWLINES = str.maketrans({"\r": " ", "\n": " "})
 ERR_STREAM_FULL = 10077
 ERR_MSG_TOO_LARGE = 10054
 # The executors' durable consumers on the jobs stream: `executor-<runner>`, one per runner.
@@ -92,6 +97,16 @@ class StreamLimits:
 
 
 @dataclass(frozen=True, slots=True)
+class _Awaiting:
+    """A publish whose acknowledgement is awaited."""
+
+    acked: "asyncio.Future[int]"
+    subject: str
+    stream: str
+    sent_at: float
+
+
+@dataclass(frozen=True, slots=True)
 class StoredMsg:
     """A message read back from a stream: its stream sequence, headers and body."""
 
@@ -105,8 +120,8 @@ def _stream_seq(reply: Msg, subject: str, stream: str) -> int:
     if (reply.headers or {}).get("Status") == NO_RESPONDERS:
         raise Unavailable(f"no stream stores {subject} (JetStream down, or {stream} missing)")
     try:
-        answer = json.loads(reply.data)
-    except ValueError:
+        answer = orjson.loads(reply.data)
+    except orjson.JSONDecodeError:
         answer = None
     if not isinstance(answer, dict) or not ("seq" in answer or "error" in answer):
         raise Unavailable(f"unreadable acknowledgement of a publish to {subject}")
@@ -124,6 +139,22 @@ def _stream_seq(reply: Msg, subject: str, stream: str) -> int:
     return int(answer["seq"])
 
 
+def failed_publish(exc: RunwireError) -> "asyncio.Future[int]":
+    """The future of a publish that could not be sent, for a caller that awaits every
+    publish the same way (and sends again what failed)."""
+    acked: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    _fail(acked, exc)
+    return acked
+
+
+def _fail(acked: "asyncio.Future[int]", exc: RunwireError) -> None:
+    """Fail a publish's future. Whoever awaits it gets the error; a future nobody awaits
+    any more (its caller gave up on the batch) is not an error of its own."""
+    if not acked.done():
+        acked.set_exception(exc)
+        acked.exception()  # retrieved: no "never retrieved" warning if nobody awaits
+
+
 class Broker:
     """A NATS connection with runwire's streams, consumers and publishes."""
 
@@ -136,8 +167,9 @@ class Broker:
         self._state = {"closing": False}
         # Publish acknowledgements: one reply subscription, a future per publish.
         self._ack_prefix = nc.new_inbox()
-        self._awaiting_ack: dict[str, asyncio.Future[Msg]] = {}
+        self._awaiting_ack: dict[str, _Awaiting] = {}
         self._tokens = itertools.count(1)
+        self._watchdog: asyncio.Task[None] | None = None
 
     async def _listen_for_acks(self) -> None:
         await self.nc.subscribe(f"{self._ack_prefix}.*", cb=self._on_ack)
@@ -229,6 +261,11 @@ class Broker:
         if self.nc.is_closed:
             return
         self._state["closing"] = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        for awaiting in self._awaiting_ack.values():
+            _fail(awaiting.acked, Unavailable("the NATS connection closed"))
+        self._awaiting_ack.clear()
         try:
             await self.nc.flush(timeout=2)
         except (nats.errors.Error, TimeoutError) as exc:
@@ -354,6 +391,56 @@ class Broker:
         return await self.js.pull_subscribe_bind(durable=durable, stream=stream)
 
     # -- publishing ---------------------------------------------------------------
+    async def send(
+        self,
+        subject: str,
+        body: bytes,
+        msg_id: str,
+        stream: str,
+        headers: dict[str, str] | None = None,
+    ) -> "asyncio.Future[int]":
+        """Send a JetStream publish with a message id now; the future gives its stream
+        sequence once the acknowledgement arrives (or the error: Unavailable when none
+        comes within PUBLISH_TIMEOUT_S, QueueFull, PayloadTooLarge).
+
+        The message goes with a reply subject under one inbox subscription of this
+        connection: no request, task or timer per message, so that many can be sent
+        before any is awaited (nats-py's `publish_async` does the same, but its reply
+        handler raises on an error reply instead of failing the publish, so a full
+        stream would look like a timeout). Nothing yields between the call and the
+        message reaching the connection's buffer, so publishes sent in a row are stored
+        in that order.
+        """
+        nc = self.nc
+        if len(body) > nc.max_payload:
+            raise PayloadTooLarge(f"message too large for {stream}")
+        if nc.is_closed or nc.is_draining_pubs:
+            raise Unavailable(f"publish to {subject} failed: the NATS connection is closing")
+        loop = asyncio.get_running_loop()
+        token = str(next(self._tokens))
+        acked: asyncio.Future[int] = loop.create_future()
+        block = f"NATS/1.0\r\n{HDR_MSG_ID}: {msg_id}\r\n{HDR_EXPECTED_STREAM}: {stream}\r\n"
+        for key, value in (headers or {}).items():
+            block += f"{key}: {value.translate(_NO_NEWLINES)}\r\n"
+        header = (block + "\r\n").encode()
+        # The protocol's HPUB, written here: nats-py's `publish` checks both subjects and
+        # every header key with a regular expression on each call, a tenth of a relay's
+        # time per frame. Subjects and keys here are runwire's own.
+        command = (
+            f"HPUB {subject} {self._ack_prefix}.{token} {len(header)} {len(header) + len(body)}\r\n"
+        ).encode()
+        self._awaiting_ack[token] = _Awaiting(acked, subject, stream, loop.time())
+        try:
+            await nc._send_command(command + header + body + b"\r\n")
+            if nc._flush_queue is not None and nc._flush_queue.empty():
+                await nc._flush_pending()
+        except (nats.errors.Error, OSError) as exc:
+            del self._awaiting_ack[token]
+            raise Unavailable(f"publish to {subject} failed: {exc}") from exc
+        if self._watchdog is None or self._watchdog.done():
+            self._watchdog = asyncio.create_task(self._expire_unacknowledged())
+        return acked
+
     async def _publish(
         self,
         subject: str,
@@ -362,43 +449,37 @@ class Broker:
         stream: str,
         headers: dict[str, str] | None = None,
     ) -> int:
-        """A JetStream publish with a message id; returns the stream sequence.
-
-        The message is sent with a reply subject under one inbox subscription of this
-        connection and its acknowledgement awaited: about twice the rate of nats-py's
-        `publish`, which makes a request each time, when callers send many before
-        awaiting them. (nats-py's `publish_async` does the same, but its reply handler
-        raises on an error reply instead of failing the publish, so a full stream would
-        look like a timeout.) Nothing yields between the call and the message reaching
-        the connection's buffer, so publishes made in a row are stored in that order.
-        """
-        token = str(next(self._tokens))
-        acked: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
-        self._awaiting_ack[token] = acked
-        try:
-            await self.nc.publish(
-                subject,
-                body,
-                reply=f"{self._ack_prefix}.{token}",
-                headers={HDR_MSG_ID: msg_id, HDR_EXPECTED_STREAM: stream, **(headers or {})},
-            )
-            reply = await asyncio.wait_for(acked, PUBLISH_TIMEOUT_S)
-        except TimeoutError as exc:
-            raise Unavailable(f"no acknowledgement of a publish to {subject}") from exc
-        except nats.errors.MaxPayloadError as exc:
-            raise PayloadTooLarge(f"message too large for {stream}") from exc
-        except (nats.errors.Error, OSError) as exc:
-            raise Unavailable(f"publish to {subject} failed: {exc}") from exc
-        finally:
-            self._awaiting_ack.pop(token, None)
-        return _stream_seq(reply, subject, stream)
+        """`send`, and wait for its acknowledgement; returns the stream sequence."""
+        return await (await self.send(subject, body, msg_id, stream, headers))
 
     async def _on_ack(self, msg: Msg) -> None:
-        acked = self._awaiting_ack.get(msg.subject.rsplit(".", 1)[-1])
-        if acked is not None and not acked.done():
-            acked.set_result(msg)
+        awaiting = self._awaiting_ack.pop(msg.subject.rsplit(".", 1)[-1], None)
+        if awaiting is None or awaiting.acked.done():
+            return
+        try:
+            awaiting.acked.set_result(_stream_seq(msg, awaiting.subject, awaiting.stream))
+        except RunwireError as exc:
+            _fail(awaiting.acked, exc)
 
-    async def publish_message(
+    async def _expire_unacknowledged(self) -> None:
+        """Fail the publishes whose acknowledgement is overdue, while any is awaited."""
+        loop = asyncio.get_running_loop()
+        while self._awaiting_ack:
+            await asyncio.sleep(ACK_CHECK_S)
+            now = loop.time()
+            overdue = [
+                token
+                for token, awaiting in self._awaiting_ack.items()
+                if now - awaiting.sent_at >= PUBLISH_TIMEOUT_S
+            ]
+            for token in overdue:
+                awaiting = self._awaiting_ack.pop(token)
+                _fail(
+                    awaiting.acked,
+                    Unavailable(f"no acknowledgement of a publish to {awaiting.subject}"),
+                )
+
+    async def send_message(
         self,
         subject: str,
         stream: str,
@@ -406,11 +487,11 @@ class Broker:
         msg_id: str,
         *,
         traceparent: str | None = None,
-    ) -> None:
-        """Publish an outbox message (a job, a closing frame, a run event) to `stream`;
-        QueueFull when the stream is at capacity. `traceparent` puts it in its run's
-        trace."""
-        await self._publish(
+    ) -> "asyncio.Future[int]":
+        """Send an outbox message (a job, a closing frame, a run event) to `stream` (see
+        `send`: QueueFull when the stream is at capacity). `traceparent` puts it in its
+        run's trace."""
+        return await self.send(
             subject,
             body,
             msg_id,
@@ -418,12 +499,12 @@ class Broker:
             headers={TRACEPARENT: traceparent} if traceparent else None,
         )
 
-    async def publish_raw_frame(
+    async def send_raw_frame(
         self, frame: RawFrame, body: bytes | None = None, *, traceparent: str | None = None
-    ) -> None:
-        """Publish an attempt's frame (`body`: its JSON, when the caller has it already;
-        `traceparent`: the span that made it, for the relay's spans)."""
-        await self._publish(
+    ) -> "asyncio.Future[int]":
+        """Send an attempt's frame (`body`: its JSON, when the caller has it already;
+        `traceparent`: the span that made it, for the relay's spans); see `send`."""
+        return await self.send(
             self.subjects.frames_in(frame.tenant, frame.run_id),
             body if body is not None else frame.model_dump_json().encode(),
             raw_frame_id(frame.run_id, frame.generation, frame.seq, frame.token),
@@ -431,12 +512,18 @@ class Broker:
             headers={TRACEPARENT: traceparent} if traceparent else None,
         )
 
-    async def publish_client_frame(
+    async def publish_raw_frame(
+        self, frame: RawFrame, body: bytes | None = None, *, traceparent: str | None = None
+    ) -> None:
+        """`send_raw_frame`, and wait until the frame is stored."""
+        await (await self.send_raw_frame(frame, body, traceparent=traceparent))
+
+    async def send_client_frame(
         self, tenant: str, frame: Frame, body: bytes, generation: int, raw_seq: int
-    ) -> int:
-        """Publish a numbered frame (`body`: its JSON) on the run's client subject; returns
-        its stream seq."""
-        return await self._publish(
+    ) -> "asyncio.Future[int]":
+        """Send a numbered frame (`body`: its JSON) on the run's client subject; the
+        future gives its stream seq (see `send`)."""
+        return await self.send(
             self.subjects.run_frames(tenant, frame.run_id),
             body,
             f"{frame.run_id}:{frame.seq}",
@@ -448,6 +535,12 @@ class Broker:
                 HDR_FRAME_TYPE: frame.type.value,
             },
         )
+
+    async def publish_client_frame(
+        self, tenant: str, frame: Frame, body: bytes, generation: int, raw_seq: int
+    ) -> int:
+        """`send_client_frame`, and wait until the frame is stored; its stream seq."""
+        return await (await self.send_client_frame(tenant, frame, body, generation, raw_seq))
 
     async def notify(self, subject: str, body: bytes = b"") -> None:
         """A core-NATS notice: fast, best effort (a fallback must exist)."""

@@ -102,6 +102,7 @@ class DurablePull:
         queue = sub._sub._pending_queue
         while len(msgs) < batch and not queue.empty():
             msg = queue.get_nowait()
+            queue.task_done()  # taken: a drain of the subscription waits for none
             sub._sub._pending_size -= len(msg.data)
             if _status(msg) is None:  # a status left over from an earlier request: done
                 msgs.append(msg)
@@ -109,11 +110,18 @@ class DurablePull:
             return msgs
         request = {"batch": batch - len(msgs), "no_wait": True}
         await sub._nc.publish(sub._nms, json.dumps(request).encode(), sub._deliver)
+        # Read straight from the subscription's queue: the answer comes as one burst, and
+        # a timed wait per message (nats-py's next_msg) costs a task and a timer each.
         while len(msgs) < batch:
-            try:
-                msg = await sub._sub.next_msg(timeout=ANSWER_WAIT_S)
-            except (TimeoutError, nats.errors.TimeoutError):
-                break  # what comes later stays in the queue for the next fetch
+            if queue.empty():
+                try:
+                    msg = await asyncio.wait_for(queue.get(), ANSWER_WAIT_S)
+                except TimeoutError:
+                    break  # what comes later stays in the queue for the next fetch
+            else:
+                msg = queue.get_nowait()
+            queue.task_done()
+            sub._sub._pending_size -= len(msg.data)
             if _status(msg) is not None:
                 break  # the end of the answer ("no messages", or a refusal)
             msgs.append(msg)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from opentelemetry.trace import SpanKind
 
 from runwire.runtime import faults, tracing
-from runwire.runtime.broker import Broker
+from runwire.runtime.broker import Broker, failed_publish
 from runwire.runtime.errors import QueueFull, RunwireError
 from runwire.runtime.store import OutboxKind, OutboxMessage, Run, Store
 
@@ -72,22 +72,25 @@ class Outbox:
             return s.frames_in(message.tenant, message.run_id), s.frames_in_stream
         return s.events(message.tenant, message.run_id), s.events_stream
 
-    async def _publish(self, message: OutboxMessage) -> None:
+    async def _send(self, message: OutboxMessage) -> "asyncio.Future[int]":
         subject, stream = self._subject(message)
-        await self.broker.publish_message(
-            subject,
-            stream,
-            message.body.encode(),
-            message.msg_id,
-            traceparent=message.trace_parent,
-        )
+        try:
+            return await self.broker.send_message(
+                subject,
+                stream,
+                message.body.encode(),
+                message.msg_id,
+                traceparent=message.trace_parent,
+            )
+        except RunwireError as exc:
+            return failed_publish(exc)
 
     async def _publish_all(
         self, messages: Sequence[OutboxMessage]
     ) -> list[tuple[OutboxMessage, RunwireError | None]]:
         """Publish in order, pipelined (one connection keeps them in order); each
         message with what went wrong, if anything."""
-        sends = [asyncio.ensure_future(self._publish(m)) for m in messages]
+        sends = [await self._send(m) for m in messages]
         results: list[tuple[OutboxMessage, RunwireError | None]] = []
         for message, sent in zip(messages, sends, strict=True):
             try:
