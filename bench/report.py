@@ -74,7 +74,7 @@ TARGETS = (
     ),
     Target(
         "one_stream_frames_per_s",
-        "one fast stream: frames/s at the client",
+        "one fast stream: text deltas/s at the client",
         "at least 50,000",
         lambda v: v >= 50_000,
     ),
@@ -143,7 +143,7 @@ def fill_headline(results: Results, long_stream: int) -> None:
         "many_streams_held_runs": v(ours, "most streams held within the bounds"),
         "redis_streams_delivered_tokens_per_s": _largest_level(results, theirs, "delivered"),
         "one_stream_frames_per_s": v(
-            "3 streaming", f"frames per second at the client ({long_stream} frames)"
+            "3 streaming", f"text deltas per second at the client ({long_stream} deltas)"
         ),
         "first_frame_p50_ms_at_50": v(
             "2 latency at 50 runs/s (runwire)", "submit → first frame p50"

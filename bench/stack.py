@@ -40,6 +40,7 @@ MODULES = {
     "gateway": "runwire.gateway",
 }
 READY_TIMEOUT_S = 60.0
+EXECUTOR_READY = "executor ready"
 
 
 def progress(message: str) -> None:
@@ -211,10 +212,20 @@ class Stack:
             if name.startswith("executor"):
                 await self.wait_executor(name, deadline)
 
-    async def wait_executor(self, name: str, deadline: float | None = None) -> None:
-        """Until the executor's log says it is fetching jobs."""
+    async def restart_service(self, name: str, **extra: Any) -> None:
+        """Stop service process `name` and start it again with `extra` settings (none:
+        the stack's own), waiting until an executor takes jobs again."""
+        readies = self.procs[name].logs().count(EXECUTOR_READY)
+        self.procs[name].stop()
+        self.start_service(name, **extra)
+        if name.startswith("executor"):
+            await self.wait_executor(name, seen=readies)
+
+    async def wait_executor(self, name: str, deadline: float | None = None, seen: int = 0) -> None:
+        """Until the executor's log says it is fetching jobs (once more than `seen` times:
+        its log file goes on across restarts)."""
         deadline = deadline or time.monotonic() + READY_TIMEOUT_S
-        while "executor ready" not in self.procs[name].logs():
+        while self.procs[name].logs().count(EXECUTOR_READY) <= seen:
             self.check_alive()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{name} not ready:\n{self.logs()}")

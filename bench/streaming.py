@@ -1,10 +1,18 @@
-"""Scenario 3 (and the memory half of 6): one run streaming many small frames.
+"""Scenario 3 (and the memory half of 6): one run streaming many small text deltas.
 
-One `scripted` run emits N one-character `message` frames without delay; a client
-follows it with `Client.stream`. Frames per second are counted at the client, from
-the first `message` frame to the last; the relay's Postgres writes are the run's rows
-in `frame_segments` (one row per flush). Two run lengths are streamed so that the
-services' peak memory can be compared: it should not grow with a run's length.
+One `scripted` run emits N one-character `message` deltas without delay; a client
+follows it with `Client.stream`. Measured twice:
+
+- as runwire runs by default: deltas emitted while the run's previous frame is on its
+  way to the stream join into one frame (`coalesce_text`), so the client gets the same
+  text in fewer, larger frames. The figure is the deltas (the runner's `message`
+  frames) per second at the client, from the submit to the last of them.
+- one frame per delta (an executor with RUNWIRE_COALESCE_TEXT=false): what the frame
+  pipeline itself carries, counted at the client from the first frame to the last,
+  for two run lengths, so that the services' peak memory can be compared (it should
+  not grow with a run's length).
+
+The relay's Postgres writes are the run's rows in `frame_segments` (one per flush).
 """
 
 from __future__ import annotations
@@ -18,30 +26,34 @@ from bench.stack import Stack, progress
 from runwire.contracts.frames import FrameType
 
 
-async def stream_run(stack: Stack, frames: int) -> dict[str, float]:
-    """Stream one run of `frames` message frames; return what was measured."""
-    script = {"tokens": ["x"] * frames}
+async def stream_run(stack: Stack, deltas: int) -> dict[str, float]:
+    """Stream one run of `deltas` one-character text deltas; return what was measured."""
+    script = {"tokens": ["x"] * deltas}
     start = time.perf_counter()
     reply = await stack.client.submit(script, request_id=str(uuid.uuid4()))
     run_id = reply.run.run_id
     first = last = 0.0
-    seen = 0
+    frames = chars = 0
     async for frame in stack.client.stream(run_id):
         if frame.type == FrameType.MESSAGE:
             now = time.perf_counter()
-            if seen == 0:
+            if frames == 0:
                 first = now
             last = now
-            seen += 1
+            frames += 1
+            chars += len(frame.data["text"])
     done = time.perf_counter()
+    if chars != deltas:
+        raise AssertionError(f"the client got {chars} of the run's {deltas} characters")
     await wait_frames_closed(stack, run_id)
     writes = await stack.db.fetchval(
         "SELECT count(*) FROM frame_segments WHERE run_id = $1::uuid", run_id
     )
     total = await stack.db.fetchval("SELECT last_seq FROM runs WHERE run_id = $1::uuid", run_id)
     return {
-        "message_frames": seen,
-        "frames_per_s": seen / max(1e-9, last - first),
+        "message_frames": frames,
+        "frames_per_s": frames / max(1e-9, last - first),
+        "deltas_per_s": deltas / max(1e-9, last - start),
         "submit_to_done_s": done - start,
         "segment_writes": float(writes or 0),
         "frames_total": float(total or 0),
@@ -61,38 +73,72 @@ async def wait_frames_closed(stack: Stack, run_id: str, timeout: float = 120.0) 
 
 async def measure(stack: Stack, results: Results, long: int, short: int, quick: bool) -> None:
     scenario = "3 streaming"
-    note = "the one fast stream: 50,000 frames/s is the target" if long >= 100_000 else ""
+    progress(f"{scenario}: one run of {long} text deltas, coalesced (the default)")
+    found = await stream_run(stack, long)
+    results.add(
+        scenario,
+        f"text deltas per second at the client ({long} deltas)",
+        round(found["deltas_per_s"]),
+        "deltas/s",
+        "the one fast stream: 50,000/s is the target; submit → the last delta at the client",
+    )
+    results.add(
+        scenario,
+        f"frames that carried them ({long} deltas)",
+        int(found["message_frames"]),
+        "frames",
+        "deltas emitted while the previous frame was on its way join it",
+    )
+    results.add(
+        scenario, f"submit → done ({long} deltas)", round(found["submit_to_done_s"], 2), "s"
+    )
+    results.add(
+        scenario,
+        f"Postgres segment writes by the relay ({long} deltas)",
+        int(found["segment_writes"]),
+        "rows",
+    )
+    progress(
+        f"{scenario}: {found['deltas_per_s']:.0f} deltas/s in {found['message_frames']} frames"
+    )
+
+    # One frame per delta: the executor restarted with coalescing off.
+    await stack.restart_service("executor-1", coalesce_text="false")
     peaks: dict[int, dict[str, float]] = {}
-    for frames in (short, long):
-        progress(f"{scenario}: one run of {frames} message frames")
-        stack.sampler.begin(f"streaming {frames}")
-        found = await stream_run(stack, frames)
-        peaks[frames] = stack.sampler.end()
-        label = f"{frames} frames"
-        results.add(
-            scenario,
-            f"frames per second at the client ({label})",
-            round(found["frames_per_s"]),
-            "frames/s",
-            note if frames == long else "",
-        )
-        results.add(scenario, f"submit → done ({label})", round(found["submit_to_done_s"], 2), "s")
-        results.add(
-            scenario,
-            f"Postgres segment writes by the relay ({label})",
-            int(found["segment_writes"]),
-            "rows",
-        )
-        results.add(
-            scenario,
-            f"frames per segment write ({label})",
-            round(found["frames_total"] / max(1.0, found["segment_writes"]), 1),
-            "frames/row",
-        )
-        progress(
-            f"{scenario}: {found['frames_per_s']:.0f} frames/s, "
-            f"{int(found['segment_writes'])} segment writes"
-        )
+    try:
+        for frames in (short, long):
+            progress(f"{scenario}: one run of {frames} message frames, one per delta")
+            stack.sampler.begin(f"streaming {frames}")
+            found = await stream_run(stack, frames)
+            peaks[frames] = stack.sampler.end()
+            label = f"{frames} frames, one per delta"
+            results.add(
+                scenario,
+                f"frames per second at the client ({label})",
+                round(found["frames_per_s"]),
+                "frames/s",
+            )
+            results.add(
+                scenario, f"submit → done ({label})", round(found["submit_to_done_s"], 2), "s"
+            )
+            results.add(
+                scenario,
+                f"Postgres segment writes by the relay ({label})",
+                int(found["segment_writes"]),
+                "rows",
+            )
+            results.add(
+                scenario,
+                f"frames per segment write ({label})",
+                round(found["frames_total"] / max(1.0, found["segment_writes"]), 1),
+                "frames/row",
+            )
+            progress(
+                f"{scenario}: {found['frames_per_s']:.0f} frames/s, "
+                f"{int(found['segment_writes'])} segment writes"
+            )
+    finally:
+        await stack.restart_service("executor-1")
     for frames, by_service in peaks.items():
         for name, mib in by_service.items():
             results.add(

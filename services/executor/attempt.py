@@ -57,6 +57,23 @@ RESUME_POLL_S = 0.02
 # Frames read back from the relay's segments were checked when they were made.
 STORED = {CHECKED: True}
 PUBLISH_WINDOW = 256
+# The most text one coalesced `message` frame holds (characters).
+COALESCE_MAX_CHARS = 16_384
+
+
+@dataclass
+class _Held:
+    """A `message` frame not sent yet: the text deltas joined in it, its seq, and when
+    its first delta was emitted (its `at`)."""
+
+    seq: int
+    at: datetime
+    parts: list[str]
+    size: int
+
+    def add(self, text: str) -> None:
+        self.parts.append(text)
+        self.size += len(text)
 
 
 class AbortReason(StrEnum):
@@ -119,6 +136,9 @@ class Attempt:
         # not a string per token: a long run's memory stays about the size of its text).
         self._text = io.StringIO()
         self._pending: deque[tuple[RawFrame, str | None, asyncio.Future[int]]] = deque()
+        # Text deltas waiting for the frame before them to be stored (see `publish`).
+        self._held: _Held | None = None
+        self._releasing: set[asyncio.Task[None]] = set()
         self._sync_lock = asyncio.Lock()
         self.continuation = run.partial_text
         # Where a resumed attempt continues: the frames stored for the run (contiguous
@@ -153,16 +173,61 @@ class Attempt:
 
         While the runner runs, publishes are pipelined (up to PUBLISH_WINDOW awaiting
         their acknowledgement); once the attempt is closed, each one is waited for.
+
+        Text deltas coalesce (`coalesce_text`): a `message` frame emitted while the
+        attempt's previous frame is still on its way to the stream waits for it, and the
+        deltas emitted meanwhile join it, up to COALESCE_MAX_CHARS: a runner that emits
+        faster than frames are stored sends fewer, larger frames (a client sees the same
+        text), and one that emits slower sends each delta at once.
         """
+        text = data.get("text") if type == FrameType.MESSAGE else None
+        if isinstance(text, str) and self._coalescing():
+            if self._held is not None and self._held.size + len(text) <= COALESCE_MAX_CHARS:
+                self._held.add(text)
+                return
+            await self._send_held()
+            if len(text) < COALESCE_MAX_CHARS and self._in_flight():
+                self._seq += 1  # its place in the attempt's frames is taken now
+                self._held = _Held(self._seq, datetime.now(UTC), [text], len(text))
+                self._pending[-1][2].add_done_callback(self._release_held)
+                return
+        await self._send_held()
+        await self._publish(type, data, self._seq + 1, datetime.now(UTC))
+
+    def _coalescing(self) -> bool:
+        return self._settings.coalesce_text and not self.closed
+
+    def _in_flight(self) -> bool:
+        """Whether the attempt's last frame sent is a text delta not acknowledged yet (the
+        first delta after any other frame goes at once: a first token is not held)."""
+        if not self._pending:
+            return False
+        frame, _, sent = self._pending[-1]
+        return frame.type == FrameType.MESSAGE and not sent.done()
+
+    def _release_held(self, _: "asyncio.Future[int]") -> None:
+        # The frame before it is acknowledged: send the joined deltas now.
+        if self._held is not None:
+            task = asyncio.ensure_future(self._send_held())
+            self._releasing.add(task)
+            task.add_done_callback(self._releasing.discard)
+
+    async def _send_held(self) -> None:
+        """Send the coalesced text deltas, if any (before any later frame)."""
+        held, self._held = self._held, None
+        if held is not None:
+            await self._publish(FrameType.MESSAGE, {"text": "".join(held.parts)}, held.seq, held.at)
+
+    async def _publish(self, type: FrameType, data: dict[str, Any], seq: int, at: datetime) -> None:
         try:
             frame = RawFrame(
                 run_id=self.run.run_id,
                 tenant=self.run.tenant,
                 generation=self.generation,
-                seq=self._seq + 1,
+                seq=seq,
                 type=type,
                 data=data,
-                at=datetime.now(UTC),
+                at=at,
                 token=self._token,
             )
             body = frame.model_dump_json().encode()  # once: size check and publish
@@ -177,7 +242,7 @@ class Attempt:
                 f"a {type.value} frame of {size} bytes is over the limit of "
                 f"{self._broker.max_frame_bytes} bytes"
             )
-        self._seq = frame.seq  # only a frame that will be sent takes a seq: no gap
+        self._seq = max(self._seq, seq)  # only a frame that will be sent takes a seq: no gap
         text = str(data.get("text", "")) if type == FrameType.MESSAGE else None
         try:
             sent = await self._send(frame, body)
@@ -196,6 +261,7 @@ class Attempt:
         A failed publish may still have been stored: it is sent again with the same
         message id (the stream de-duplicates it), so the run's frames have no gap.
         """
+        await self._send_held()
         async with self._sync_lock:
             while self._pending:
                 frame, text, sent = self._pending[0]

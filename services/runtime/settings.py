@@ -131,6 +131,10 @@ class ExecutorSettings(CommonSettings):
     # a leader while JetStream elects one, seconds after a server dies) before it fails,
     # as retryable.
     publish_patience_ms: int = Field(default=DEFAULT_PUBLISH_PATIENCE_MS, ge=0)
+    # Text deltas that a runner emits while its previous frame is on its way to the
+    # stream join into one `message` frame (the same text, fewer frames); false: one
+    # frame per delta, whatever the pace.
+    coalesce_text: bool = True
 
     @model_validator(mode="after")
     def _heartbeat_inside_limits(self) -> Self:

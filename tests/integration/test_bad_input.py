@@ -186,7 +186,8 @@ async def test_jobs_that_are_not_jobs_of_real_runs_are_terminated_and_jam_nothin
 
 
 async def test_limits_are_settings_with_coded_errors(infra: Any, db_url: str, prefix: str) -> None:
-    overrides = {"max_session_waiting": 2, "max_frames_per_run": 10}
+    # One frame per delta: the limit counts frames, and this runner emits 30 deltas at once.
+    overrides = {"max_session_waiting": 2, "max_frames_per_run": 10, "coalesce_text": False}
     async with InProcessStack(infra.nats_url, db_url, prefix, overrides=overrides) as stack:
         slow = {"tokens": ["a"] * 50, "token_delay_ms": 20}
         for _ in range(2):

@@ -130,8 +130,14 @@ async def test_quotas_refuse_a_submit_and_create_nothing(
 
 
 async def test_cost_units_are_a_budget_beside_tokens(infra: Any, db_url: str, prefix: str) -> None:
+    # A lease a busy machine does not lose: a second attempt would reserve again.
     async with InProcessStack(
-        infra.nats_url, db_url, prefix, db_roles=infra.service_roles, runners={"spend": spend}
+        infra.nats_url,
+        db_url,
+        prefix,
+        overrides={"lease_ttl_ms": 30_000},
+        db_roles=infra.service_roles,
+        runners={"spend": spend},
     ) as stack:
         await stack.client.set_budget(cost=100)  # no token limit: only cost units count
         runs = []

@@ -61,6 +61,7 @@ async def _frames(
     return frames
 
 
+@pytest.mark.stack(coalesce_text=False)  # one frame per delta, as the test counts them
 async def test_a_run_submitted_over_http_streams_as_server_sent_events(
     http: httpx.AsyncClient,
 ) -> None:
@@ -250,7 +251,8 @@ async def _ids_and_text(http: httpx.AsyncClient, run_id: str) -> tuple[list[int]
 
 # The thousand readers share one event loop with the executor: a lease of a second could
 # lapse while they connect, and a retried attempt is not what this test is about.
-@pytest.mark.stack(lease_ttl_ms=30_000)
+# One frame per delta, as the test counts them.
+@pytest.mark.stack(lease_ttl_ms=30_000, coalesce_text=False)
 async def test_a_thousand_readers_of_one_run_all_get_every_frame(
     http: httpx.AsyncClient,
 ) -> None:

@@ -54,6 +54,7 @@ async def test_rejoin_mid_run_gets_each_frame_once(stack: InProcessStack) -> Non
     assert text == "".join(tokens)
 
 
+@pytest.mark.stack(coalesce_text=False)  # one frame per delta, as the test counts them
 async def test_join_under_a_fast_writer_has_no_gap(stack: InProcessStack) -> None:
     tokens = [f"{i}," for i in range(10_000)]
     reply = await stack.client.submit({"tokens": tokens})
@@ -118,8 +119,9 @@ async def _closed(stack: InProcessStack, run_id: str) -> bool:
 async def test_a_replay_over_its_size_limit_is_cut_and_the_rest_comes_by_joining_again(
     infra: Servers, db_url: str, prefix: str
 ) -> None:
+    # One frame per delta: the replay is cut between frames of a few bytes each.
     async with InProcessStack(
-        infra.nats_url, db_url, prefix, overrides={"replay_max_bytes": 4096}
+        infra.nats_url, db_url, prefix, overrides={"replay_max_bytes": 4096, "coalesce_text": False}
     ) as small:
         tokens = [f"token-{i:04d} " for i in range(300)]
         reply = await small.client.submit({"tokens": tokens})

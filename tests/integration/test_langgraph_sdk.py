@@ -37,6 +37,7 @@ def _texts(parts: list[Any], event: str = "messages") -> list[str]:
     return [p.data[0]["content"] for p in parts if p.event == event]
 
 
+@pytest.mark.stack(coalesce_text=False)  # one frame per delta, as the test counts them
 async def test_a_streamed_answer_arrives_as_message_chunks_then_the_final_values(
     sdk: LangGraphClient,
 ) -> None:

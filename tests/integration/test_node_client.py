@@ -87,6 +87,7 @@ async def test_a_javascript_client_keeps_a_resumed_runs_text_exact_after_emoji(
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+@pytest.mark.stack(coalesce_text=False)  # one frame per delta, as the test counts them
 async def test_the_langgraph_javascript_client_streams_waits_and_conflicts(
     stack: InProcessStack, tmp_path: Path
 ) -> None:

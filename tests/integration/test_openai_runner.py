@@ -81,7 +81,12 @@ def of_type(frames: list[Frame], type: FrameType) -> list[dict[str, Any]]:
 async def test_a_streamed_answer_arrives_as_message_frames_with_its_usage(
     infra: Servers, db_url: str, prefix: str
 ) -> None:
-    async with OpenAIServer() as server, openai_stack(infra, db_url, prefix, server) as stack:
+    # One frame per chunk: the server sends them all at once, and the deltas of a fast
+    # model would join into fewer frames.
+    async with (
+        OpenAIServer() as server,
+        openai_stack(infra, db_url, prefix, server, coalesce_text=False) as stack,
+    ):
         server.queue(Stream(text_answer("Hel", "lo", " world", prompt_tokens=7)))
         reply = await stack.client.submit({**HELLO, "temperature": 0.2}, runner="openai")
         frames, transcript = await collect(stack.client, reply.run.run_id)

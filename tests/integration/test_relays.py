@@ -73,7 +73,8 @@ async def test_a_stopped_relay_hands_its_partitions_over_mid_stream(
     await stack.stop_service("relay-2")
     results = await asyncio.gather(*streams)
 
-    assert await _partitions_by_relay(stack.db_url) == [RELAY_PARTITIONS]
+    # The relay left takes every partition (at its next rebalance, on a busy machine).
+    await eventually(lambda: _shared(stack.db_url, [RELAY_PARTITIONS]), timeout=15, interval=0.2)
     for i, (frames, transcript) in enumerate(results):
         assert_well_formed(frames)
         assert transcript.text == "".join(scripts[i]["tokens"])  # type: ignore[arg-type]
@@ -87,6 +88,7 @@ async def _started(stack: InProcessStack, ids: list[str]) -> bool:
 
 
 @pytest.mark.parametrize("stale_last", [7, 10], ids=["some of them", "all of them"])
+@pytest.mark.stack(coalesce_text=False)  # one frame per delta, as the test counts them
 async def test_a_repair_that_meets_a_stale_relays_write_still_stores_every_frame_once(
     stack: InProcessStack, db_url: str, stale_last: int
 ) -> None:
