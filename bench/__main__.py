@@ -130,17 +130,25 @@ async def main_stack(srv: Servers, results: Results, sizes: Sizes) -> None:
         await guarded(
             results,
             "3 streaming",
-            lambda: streaming.measure(
-                stack, results, sizes.stream_long, sizes.stream_short, sizes.mode == "quick"
-            ),
-        )
-        await guarded(
-            results, "4 re-join", lambda: rejoin.measure(stack, results, sizes.rejoin_frames)
+            lambda: streaming.measure_coalesced(stack, results, sizes.stream_long),
         )
         await guarded(
             results,
             "8 workflows",
             lambda: workflows.measure(stack, results, sizes.workflow_runs),
+        )
+        # What counts frames, with one frame per text delta.
+        progress("restarting the executor with RUNWIRE_COALESCE_TEXT=false")
+        await stack.restart_service("executor-1", coalesce_text="false")
+        await guarded(
+            results,
+            "3 streaming",
+            lambda: streaming.measure_per_delta(
+                stack, results, sizes.stream_long, sizes.stream_short
+            ),
+        )
+        await guarded(
+            results, "4 re-join", lambda: rejoin.measure(stack, results, sizes.rejoin_frames)
         )
         await guarded(
             results,

@@ -71,7 +71,8 @@ async def wait_frames_closed(stack: Stack, run_id: str, timeout: float = 120.0) 
         await asyncio.sleep(0.05)
 
 
-async def measure(stack: Stack, results: Results, long: int, short: int, quick: bool) -> None:
+async def measure_coalesced(stack: Stack, results: Results, long: int) -> None:
+    """The one fast stream, as runwire runs by default."""
     scenario = "3 streaming"
     progress(f"{scenario}: one run of {long} text deltas, coalesced (the default)")
     found = await stream_run(stack, long)
@@ -89,56 +90,52 @@ async def measure(stack: Stack, results: Results, long: int, short: int, quick: 
         "frames",
         "deltas emitted while the previous frame was on its way join it",
     )
-    results.add(
-        scenario, f"submit → done ({long} deltas)", round(found["submit_to_done_s"], 2), "s"
-    )
+    took = round(found["submit_to_done_s"], 2)
+    results.add(scenario, f"submit → done ({long} deltas)", took, "s")
     results.add(
         scenario,
         f"Postgres segment writes by the relay ({long} deltas)",
         int(found["segment_writes"]),
         "rows",
     )
-    progress(
-        f"{scenario}: {found['deltas_per_s']:.0f} deltas/s in {found['message_frames']} frames"
-    )
+    rate, carried = found["deltas_per_s"], found["message_frames"]
+    progress(f"{scenario}: {rate:.0f} deltas/s in {carried} frames")
 
-    # One frame per delta: the executor restarted with coalescing off.
-    await stack.restart_service("executor-1", coalesce_text="false")
+
+async def measure_per_delta(stack: Stack, results: Results, long: int, short: int) -> None:
+    """The frame pipeline itself: one frame per delta (the stack's executor runs with
+    RUNWIRE_COALESCE_TEXT=false), and the services' memory over two run lengths."""
+    scenario = "3 streaming"
     peaks: dict[int, dict[str, float]] = {}
-    try:
-        for frames in (short, long):
-            progress(f"{scenario}: one run of {frames} message frames, one per delta")
-            stack.sampler.begin(f"streaming {frames}")
-            found = await stream_run(stack, frames)
-            peaks[frames] = stack.sampler.end()
-            label = f"{frames} frames, one per delta"
-            results.add(
-                scenario,
-                f"frames per second at the client ({label})",
-                round(found["frames_per_s"]),
-                "frames/s",
-            )
-            results.add(
-                scenario, f"submit → done ({label})", round(found["submit_to_done_s"], 2), "s"
-            )
-            results.add(
-                scenario,
-                f"Postgres segment writes by the relay ({label})",
-                int(found["segment_writes"]),
-                "rows",
-            )
-            results.add(
-                scenario,
-                f"frames per segment write ({label})",
-                round(found["frames_total"] / max(1.0, found["segment_writes"]), 1),
-                "frames/row",
-            )
-            progress(
-                f"{scenario}: {found['frames_per_s']:.0f} frames/s, "
-                f"{int(found['segment_writes'])} segment writes"
-            )
-    finally:
-        await stack.restart_service("executor-1")
+    for frames in (short, long):
+        progress(f"{scenario}: one run of {frames} message frames, one per delta")
+        stack.sampler.begin(f"streaming {frames}")
+        found = await stream_run(stack, frames)
+        peaks[frames] = stack.sampler.end()
+        label = f"{frames} frames, one per delta"
+        results.add(
+            scenario,
+            f"frames per second at the client ({label})",
+            round(found["frames_per_s"]),
+            "frames/s",
+        )
+        results.add(scenario, f"submit → done ({label})", round(found["submit_to_done_s"], 2), "s")
+        results.add(
+            scenario,
+            f"Postgres segment writes by the relay ({label})",
+            int(found["segment_writes"]),
+            "rows",
+        )
+        results.add(
+            scenario,
+            f"frames per segment write ({label})",
+            round(found["frames_total"] / max(1.0, found["segment_writes"]), 1),
+            "frames/row",
+        )
+        progress(
+            f"{scenario}: {found['frames_per_s']:.0f} frames/s, "
+            f"{int(found['segment_writes'])} segment writes"
+        )
     for frames, by_service in peaks.items():
         for name, mib in by_service.items():
             results.add(
