@@ -45,12 +45,14 @@ class Tally:
         entry = self.runs[run] = {"started": time.time(), "first": None, "last": None}
         return entry
 
-    def token(self, entry: dict[str, Any], stamped: float) -> None:
+    def token(self, entry: dict[str, Any], stamped: float, count: int = 1) -> None:
+        """`count` tokens received now, the first of them stamped `stamped` (the tokens
+        that joined a frame are counted with the lag of the first: never less)."""
         now = time.time()
         if entry["first"] is None:
             entry["first"] = now
         entry["last"] = now
-        self.lags.append(round((now - stamped) * 1000, 2))
+        self.lags.extend([round((now - stamped) * 1000, 2)] * count)
 
 
 async def _runwire(spec: dict[str, Any], tally: Tally) -> None:
@@ -67,7 +69,9 @@ async def _runwire(spec: dict[str, Any], tally: Tally) -> None:
         async for frame in client.stream(reply.run.run_id):
             transcript.apply(frame)
             if frame.type == FrameType.MESSAGE:
-                tally.token(entry, frame.at.timestamp())
+                # A frame may carry several tokens (deltas emitted while the run's frame
+                # before was on its way join it): each token ends with a space.
+                tally.token(entry, frame.at.timestamp(), frame.data["text"].count(" "))
             elif frame.type == FrameType.RUN:
                 entry["attempts"] = frame.data.get("attempt")
             elif frame.type == FrameType.DONE:
