@@ -523,7 +523,9 @@ class Attempt:
         tick = min(every, self._settings.cancel_poll_ms / 1000)
         next_renewal = loop.time() + every
         while True:
-            await asyncio.sleep(tick)
+            # On the tick's grid of the loop's clock: the attempts of this executor wake
+            # together, and their renewals (or polls) go to Postgres as one statement.
+            await asyncio.sleep(tick - loop.time() % tick)
             renew = loop.time() >= next_renewal - tick / 2
             try:
                 if renew:

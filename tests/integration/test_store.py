@@ -12,7 +12,7 @@ import pytest
 import runwire.runtime
 from runwire.contracts.events import RunEventName
 from runwire.contracts.status import RunStatus
-from runwire.runtime.errors import CANCELED_ERROR, MigrationFailed
+from runwire.runtime.errors import CANCELED_ERROR, LostRace, MigrationFailed
 from runwire.runtime.store import OutboxKind, Run, Segment, Store, migrate
 from runwire.runtime.store.schema import QUERIES
 from runwire.testing.servers import Servers
@@ -310,3 +310,55 @@ async def test_two_relays_writing_overlapping_segments_at_once_store_each_frame_
     assert [(first, last) for first, last, _ in ranges] == [(1, 5)]
     assert run is not None
     assert (run.frame_count, run.last_seq) == (5, 5)
+
+
+async def test_attempts_that_renew_their_leases_together_do_it_in_one_statement(
+    db_url: str,
+) -> None:
+    """The renewals (and the cancel polls) that an executor's attempts make at the same
+    moment go to Postgres as one statement: each still learns whether its run is to be
+    canceled, and one that was fenced out still loses its lease."""
+    store = await Store.connect(db_url, pool_size=2)
+    try:
+        runs = [await _insert(store, f"hb-{i}") for i in range(3)]
+        claimed = []
+        for run in runs:
+            got = await store.claim(run.run_id, run.generation, "test-executor", 60_000)
+            assert got is not None
+            claimed.append(got)
+        fenced, canceled, _ = claimed
+        conn = await asyncpg.connect(db_url)
+        try:
+            # A newer attempt of the first run (as recovery makes one), a cancel of the second.
+            await conn.execute(
+                "UPDATE runs SET generation = generation + 1 WHERE run_id = $1",
+                uuid.UUID(fenced.run_id),
+            )
+            await conn.execute(
+                "UPDATE runs SET cancel_requested = true WHERE run_id = $1",
+                uuid.UUID(canceled.run_id),
+            )
+        finally:
+            await conn.close()
+        statements: list[str] = []
+        fetch = store._fetch
+
+        async def counted(name: str, *args: object) -> list[asyncpg.Record]:
+            statements.append(name)
+            return await fetch(name, *args)
+
+        store._fetch = counted  # type: ignore[method-assign]
+        renewals = await asyncio.gather(
+            *(store.heartbeat(r.run_id, r.generation, 60_000, "x") for r in claimed),
+            return_exceptions=True,
+        )
+        polls = await asyncio.gather(
+            *(store.cancel_requested(r.run_id, r.generation) for r in claimed),
+            return_exceptions=True,
+        )
+    finally:
+        await store.close()
+    assert statements == ["heartbeat_many", "cancel_requested_many"]
+    for outcomes in (renewals, polls):
+        assert isinstance(outcomes[0], LostRace)
+        assert outcomes[1:] == [True, False]

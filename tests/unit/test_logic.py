@@ -51,7 +51,7 @@ def test_backoff_grows_and_is_capped() -> None:
 
 
 def test_named_queries_load() -> None:
-    assert {"claim_run", "heartbeat", "finish_run", "insert_segments"} <= set(QUERIES)
+    assert {"claim_run", "heartbeat_many", "finish_run", "insert_segments"} <= set(QUERIES)
     assert load_queries("-- name: a\nSELECT 1;\n-- name: b\nSELECT 2;") == {
         "a": "SELECT 1;",
         "b": "SELECT 2;",

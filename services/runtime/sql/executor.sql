@@ -26,17 +26,37 @@ WITH upd AS (
 -- A node run's claim implies its `node` frame: the executor publishes it (`xact`).
 SELECT *, pg_current_xact_id()::text AS xact FROM upd;
 
--- name: heartbeat
-UPDATE runs
-   SET lease_expires_at = now() + make_interval(secs => $3 / 1000.0),
-       partial_text = $4, updated_at = now()
- WHERE run_id = $1 AND generation = $2 AND status = 'running'
-RETURNING cancel_requested;
+-- name: heartbeat_many
+-- Renews the leases of the attempts still holding them ($1 run ids, $2 generations, $3
+-- lease lengths, $4 texts so far): what each gets back is whether a cancel was requested
+-- (no row: the attempt was fenced out). The rows are locked in run id order, the order
+-- every statement that writes several runs takes, so that two never deadlock.
+WITH held AS (
+    SELECT r.run_id
+      FROM runs r
+      JOIN unnest($1::uuid[], $2::integer[]) AS a(run_id, generation)
+        ON r.run_id = a.run_id AND r.generation = a.generation
+     WHERE r.status = 'running'
+     ORDER BY r.run_id
+       FOR NO KEY UPDATE OF r
+)
+UPDATE runs r
+   SET lease_expires_at = now() + make_interval(secs => a.lease_ms / 1000.0),
+       partial_text = a.partial_text, updated_at = now()
+  FROM unnest($1::uuid[], $2::integer[], $3::integer[], $4::text[])
+       AS a(run_id, generation, lease_ms, partial_text)
+ WHERE r.run_id = a.run_id AND r.generation = a.generation AND r.status = 'running'
+   AND r.run_id IN (SELECT run_id FROM held)
+RETURNING r.run_id, r.generation, r.cancel_requested;
 
--- name: cancel_requested
--- The cheap poll between heartbeats: no row means the attempt was fenced out.
-SELECT cancel_requested FROM runs
- WHERE run_id = $1 AND generation = $2 AND status = 'running';
+-- name: cancel_requested_many
+-- The cheap poll between heartbeats, for many attempts at once: no row for an attempt
+-- means it was fenced out.
+SELECT r.run_id, r.generation, r.cancel_requested
+  FROM runs r
+  JOIN unnest($1::uuid[], $2::integer[]) AS a(run_id, generation)
+    ON r.run_id = a.run_id AND r.generation = a.generation
+ WHERE r.status = 'running';
 
 -- name: save_checkpoint
 UPDATE runs

@@ -14,6 +14,7 @@ from typing import Any
 from runwire.contracts.errors import ErrorBody
 from runwire.contracts.status import RunStatus
 from runwire.runtime.errors import CANCELED_ERROR, LostRace
+from runwire.runtime.store.batching import Batcher
 from runwire.runtime.store.queries import Queries
 from runwire.runtime.store.rows import BudgetGrant, Effect, Run
 from runwire.runtime.store.schema import QUERIES
@@ -39,6 +40,11 @@ class Claim:
 
 class ExecutorQueries(Queries):
     """Attempts as the executor runs them."""
+
+    # The lease renewals and cancel polls of this process's attempts, batched (made on
+    # first use, in the event loop that uses them).
+    _heartbeats: "Batcher[tuple[uuid.UUID, int, int, str], bool | None] | None" = None
+    _cancel_polls: "Batcher[tuple[uuid.UUID, int], bool | None] | None" = None
 
     async def effect_prepare(
         self,
@@ -154,20 +160,38 @@ class ExecutorQueries(Queries):
     async def heartbeat(
         self, run_id: str, generation: int, lease_ms: int, partial_text: str
     ) -> bool:
-        """Renew the lease; returns whether a cancel was requested. LostRace if fenced out."""
-        rec = await self._fetchrow(
-            "heartbeat", uuid.UUID(run_id), generation, lease_ms, partial_text
-        )
-        if rec is None:
+        """Renew the lease; returns whether a cancel was requested. LostRace if fenced out.
+        The renewals of the attempts that ask at the same moment go as one statement."""
+        if self._heartbeats is None:
+            self._heartbeats = Batcher(self._heartbeat_many)
+        found = await self._heartbeats((uuid.UUID(run_id), generation, lease_ms, partial_text))
+        if found is None:
             raise LostRace(f"attempt {generation} of run {run_id} lost its lease", run_id=run_id)
-        return bool(rec["cancel_requested"])
+        return found
+
+    async def _heartbeat_many(
+        self, leases: list[tuple[uuid.UUID, int, int, str]]
+    ) -> list[bool | None]:
+        rows = await self._fetch("heartbeat_many", *map(list, zip(*leases, strict=True)))
+        cancels = {(r["run_id"], r["generation"]): bool(r["cancel_requested"]) for r in rows}
+        return [cancels.get((run_id, generation)) for run_id, generation, _, _ in leases]
 
     async def cancel_requested(self, run_id: str, generation: int) -> bool:
-        """Whether a cancel was requested; LostRace if the attempt was fenced out."""
-        rec = await self._fetchrow("cancel_requested", uuid.UUID(run_id), generation)
-        if rec is None:
+        """Whether a cancel was requested; LostRace if the attempt was fenced out. The polls
+        of the attempts that ask at the same moment go as one query."""
+        if self._cancel_polls is None:
+            self._cancel_polls = Batcher(self._cancel_requested_many)
+        found = await self._cancel_polls((uuid.UUID(run_id), generation))
+        if found is None:
             raise LostRace(f"attempt {generation} of run {run_id} lost its lease", run_id=run_id)
-        return bool(rec["cancel_requested"])
+        return found
+
+    async def _cancel_requested_many(
+        self, attempts: list[tuple[uuid.UUID, int]]
+    ) -> list[bool | None]:
+        rows = await self._fetch("cancel_requested_many", *map(list, zip(*attempts, strict=True)))
+        cancels = {(r["run_id"], r["generation"]): bool(r["cancel_requested"]) for r in rows}
+        return [cancels.get(attempt) for attempt in attempts]
 
     async def save_checkpoint(
         self, run_id: str, generation: int, state: Any, partial_text: str
