@@ -362,3 +362,47 @@ async def test_attempts_that_renew_their_leases_together_do_it_in_one_statement(
     for outcomes in (renewals, polls):
         assert isinstance(outcomes[0], LostRace)
         assert outcomes[1:] == [True, False]
+
+
+async def test_claims_made_together_are_one_statement_and_start_each_attempt_once(
+    db_url: str,
+) -> None:
+    """The claims of the jobs an executor fetched together go as one statement, each as
+    if alone: a job delivered twice starts one attempt, and the second run of a session
+    waits for the first."""
+    store = await Store.connect(db_url, pool_size=2)
+    try:
+        alone = await _insert(store, "c-alone")
+        first = await _insert(store, "c-first", session_id="s", multitask="enqueue")
+        second = await _insert(store, "c-second", session_id="s", multitask="enqueue")
+        conn = await asyncpg.connect(db_url)
+        try:
+            # Its job as if it had one (a repeat, or a bug): the session still decides.
+            await conn.execute(
+                "UPDATE runs SET job_published_at = now() WHERE run_id = $1",
+                uuid.UUID(second.run_id),
+            )
+        finally:
+            await conn.close()
+        statements: list[str] = []
+        fetch = store._fetch
+
+        async def counted(name: str, *args: object) -> list[asyncpg.Record]:
+            statements.append(name)
+            return await fetch(name, *args)
+
+        store._fetch = counted  # type: ignore[method-assign]
+        jobs = [alone, alone, second, first]
+        claimed = await asyncio.gather(
+            *(store.claim(r.run_id, r.generation, "test-executor", 60_000) for r in jobs)
+        )
+    finally:
+        await store.close()
+    assert statements == ["claim_runs"]
+    started = [(c.run_id, c.status, c.attempts) if c else None for c in claimed]
+    assert started == [
+        (alone.run_id, RunStatus.RUNNING, 1),
+        None,  # the same job again
+        None,  # its session's earlier run starts first
+        (first.run_id, RunStatus.RUNNING, 1),
+    ]

@@ -26,6 +26,12 @@ WITH upd AS (
 -- A node run's claim implies its `node` frame: the executor publishes it (`xact`).
 SELECT *, pg_current_xact_id()::text AS xact FROM upd;
 
+-- name: claim_runs
+-- claim_run for many jobs at once, in one statement (see migration 0019): the runs it
+-- claimed, each with the transaction's id.
+SELECT *, pg_current_xact_id()::text AS xact
+  FROM claim_runs($1::uuid[], $2::integer[], $3, $4, $5::text[], $6);
+
 -- name: heartbeat_many
 -- Renews the leases of the attempts still holding them ($1 run ids, $2 generations, $3
 -- lease lengths, $4 texts so far): what each gets back is whether a cancel was requested

@@ -13,13 +13,15 @@ from typing import Any
 
 from runwire.contracts.errors import ErrorBody
 from runwire.contracts.status import RunStatus
-from runwire.runtime.errors import CANCELED_ERROR, LostRace
+from runwire.runtime.errors import CANCELED_ERROR, LostRace, StoreError
 from runwire.runtime.store.batching import Batcher
 from runwire.runtime.store.queries import Queries
 from runwire.runtime.store.rows import BudgetGrant, Effect, Run
 from runwire.runtime.store.schema import QUERIES
 
 CANCELED_BODY = CANCELED_ERROR.model_dump(mode="json")
+# A claim as asked: run id, generation, owner, lease (ms), job ack subject, presence key.
+_ClaimOf = tuple[uuid.UUID, int, str, int, str | None, int | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +47,7 @@ class ExecutorQueries(Queries):
     # first use, in the event loop that uses them).
     _heartbeats: "Batcher[tuple[uuid.UUID, int, int, str], bool | None] | None" = None
     _cancel_polls: "Batcher[tuple[uuid.UUID, int], bool | None] | None" = None
+    _claims: "Batcher[_ClaimOf, Run | StoreError | None] | None" = None
 
     async def effect_prepare(
         self,
@@ -153,9 +156,53 @@ class ExecutorQueries(Queries):
         `job_ack` is the job message's acknowledgement subject, kept so that recovery can
         release the job at once if this executor dies; `presence`, the key of the
         executor's presence lock, by which recovery notices at once that it died."""
-        return await self._run_or_none(
-            "claim_run", uuid.UUID(run_id), generation, owner, lease_ms, job_ack, presence
+        if self._claims is None:
+            self._claims = Batcher(self._claim_many)
+        found = await self._claims(
+            (uuid.UUID(run_id), generation, owner, lease_ms, job_ack, presence)
         )
+        if isinstance(found, StoreError):
+            raise found
+        return found
+
+    async def _claim_many(self, claims: list[_ClaimOf]) -> list[Run | StoreError | None]:
+        """The claims asked for at the same moment, as one statement for each owner (an
+        executor is one owner); by run id, the order of every write of several runs."""
+        found: dict[tuple[uuid.UUID, int], Run | StoreError] = {}
+        by_owner: dict[tuple[str, int, int | None], list[_ClaimOf]] = {}
+        for claim in sorted(claims, key=lambda c: c[0]):
+            by_owner.setdefault((claim[2], claim[3], claim[5]), []).append(claim)
+        for (owner, lease_ms, presence), group in by_owner.items():
+            try:
+                rows = await self._fetch(
+                    "claim_runs",
+                    [c[0] for c in group],
+                    [c[1] for c in group],
+                    owner,
+                    lease_ms,
+                    [c[4] for c in group],
+                    presence,
+                )
+            except StoreError:
+                if len(group) == 1:
+                    raise
+                # One run's claim failed the batch (a fault of that run's, not Postgres
+                # away): each is claimed alone, so that only that one fails.
+                for claim in group:
+                    try:
+                        rec = await self._fetchrow("claim_run", *claim)
+                    except StoreError as exc:
+                        found[(claim[0], claim[1])] = exc
+                        continue
+                    if rec is not None:
+                        found[(claim[0], claim[1])] = Run.from_record(rec)
+                continue
+            for rec in rows:
+                run = Run.from_record(rec)
+                found[(uuid.UUID(run.run_id), run.generation - 1)] = run  # claimed: +1
+        # One claim of a run's generation starts its attempt: a repeat of the job in the
+        # same batch (a redelivery) gets None, as a later claim would.
+        return [found.pop((c[0], c[1]), None) for c in claims]
 
     async def heartbeat(
         self, run_id: str, generation: int, lease_ms: int, partial_text: str
