@@ -12,7 +12,7 @@ import pytest
 import runwire.runtime
 from runwire.contracts.events import RunEventName
 from runwire.contracts.status import RunStatus
-from runwire.runtime.errors import CANCELED_ERROR, LostRace, MigrationFailed
+from runwire.runtime.errors import CANCELED_ERROR, LostRace, MigrationFailed, StoreError
 from runwire.runtime.store import OutboxKind, Run, Segment, Store, migrate
 from runwire.runtime.store.schema import QUERIES
 from runwire.testing.servers import Servers
@@ -406,3 +406,52 @@ async def test_claims_made_together_are_one_statement_and_start_each_attempt_onc
         None,  # its session's earlier run starts first
         (first.run_id, RunStatus.RUNNING, 1),
     ]
+
+
+async def test_finishes_made_together_are_one_statement_and_one_bad_result_spoils_none(
+    db_url: str,
+) -> None:
+    """The finishes an executor's attempts record at the same moment go as one statement;
+    a result Postgres refuses (a NUL character) fails its own run's write only, and an
+    attempt that was fenced out still loses the race."""
+    store = await Store.connect(db_url, pool_size=2)
+    try:
+        runs = [await _insert(store, f"f-{i}") for i in range(4)]
+        claimed = [await store.claim(r.run_id, r.generation, "test-executor", 60_000) for r in runs]
+        good, other, fenced, bad = [c for c in claimed if c is not None]
+        conn = await asyncpg.connect(db_url)
+        try:
+            await conn.execute(
+                "UPDATE runs SET generation = generation + 1 WHERE run_id = $1",
+                uuid.UUID(fenced.run_id),
+            )
+        finally:
+            await conn.close()
+        statements: list[str] = []
+        fetch = store._fetch
+
+        async def counted(name: str, *args: object) -> list[asyncpg.Record]:
+            statements.append(name)
+            return await fetch(name, *args)
+
+        async def finish(run: Run, text: str) -> Run:
+            return await store.finish(run.run_id, run.generation, {"text": text}, text, "t", 2)
+
+        store._fetch = counted  # type: ignore[method-assign]
+        together = await asyncio.gather(
+            finish(good, "ok"), finish(other, "fine"), return_exceptions=True
+        )
+        spoiled = await asyncio.gather(
+            finish(fenced, "late"), finish(bad, "nul \x00"), return_exceptions=True
+        )
+        after = {r.run_id: await store.get_run_by_id(r.run_id) for r in (fenced, bad)}
+    finally:
+        await store.close()
+    assert statements[:1] == ["finish_runs"]
+    assert [r.status for r in together if isinstance(r, Run)] == [RunStatus.FINISHED] * 2
+    assert [r.result for r in together if isinstance(r, Run)] == [{"text": "ok"}, {"text": "fine"}]
+    # The second batch failed whole, then each was written alone.
+    assert statements[1:4] == ["finish_runs", "finish_run", "finish_run"]
+    assert isinstance(spoiled[0], LostRace)
+    assert isinstance(spoiled[1], StoreError)
+    assert all(r is not None and r.status == RunStatus.RUNNING for r in after.values())

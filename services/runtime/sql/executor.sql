@@ -84,6 +84,12 @@ WITH upd AS (
 )
 SELECT *, pg_current_xact_id()::text AS xact FROM upd;
 
+-- name: finish_runs
+-- finish_run for many attempts at once, in one statement (see migration 0020).
+SELECT *, pg_current_xact_id()::text AS xact
+  FROM finish_runs($1::uuid[], $2::integer[], $3::text[], $4::text[], $5, $6::integer[],
+                   $7::text[]);
+
 -- name: close_attempt
 -- Ends a running attempt in a terminal status ('failed' or 'canceled') with an error.
 WITH upd AS (

@@ -7,6 +7,7 @@ own), and `trace_parent_of_implied`, the span that decided the transition (the p
 what it implies in the run's trace).
 """
 
+import json
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,9 @@ from runwire.runtime.store.schema import QUERIES
 CANCELED_BODY = CANCELED_ERROR.model_dump(mode="json")
 # A claim as asked: run id, generation, owner, lease (ms), job ack subject, presence key.
 _ClaimOf = tuple[uuid.UUID, int, str, int, str | None, int | None]
+# A finish as asked: run id, generation, result, text, actor, close seq, the span
+# that decided it.
+_FinishOf = tuple[uuid.UUID, int, dict[str, Any], str, str, int, str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +52,7 @@ class ExecutorQueries(Queries):
     _heartbeats: "Batcher[tuple[uuid.UUID, int, int, str], bool | None] | None" = None
     _cancel_polls: "Batcher[tuple[uuid.UUID, int], bool | None] | None" = None
     _claims: "Batcher[_ClaimOf, Run | StoreError | None] | None" = None
+    _finishes: "Batcher[_FinishOf, Run | StoreError | None] | None" = None
 
     async def effect_prepare(
         self,
@@ -264,16 +269,62 @@ class ExecutorQueries(Queries):
         close_seq: int,
         trace_parent_of_implied: str | None = None,
     ) -> Run:
-        return await self._transition(
-            "finish_run",
-            run_id,
-            generation,
-            result,
-            partial_text,
-            actor,
-            close_seq,
-            trace_parent_of_implied,
+        """The attempt's run finished with `result`. The finishes asked for at the same
+        moment go as one statement (by run id), each as if alone."""
+        if self._finishes is None:
+            self._finishes = Batcher(self._finish_many)
+        finished = await self._finishes(
+            (
+                uuid.UUID(run_id),
+                generation,
+                result,
+                partial_text,
+                actor,
+                close_seq,
+                trace_parent_of_implied,
+            )
         )
+        if isinstance(finished, StoreError):
+            raise finished
+        if finished is None:
+            raise LostRace(f"finish_run of run {run_id} lost its guard", run_id=run_id)
+        return finished
+
+    async def _finish_many(self, finishes: list[_FinishOf]) -> list[Run | StoreError | None]:
+        found: dict[tuple[uuid.UUID, int], Run | StoreError] = {}
+        by_actor: dict[str, list[_FinishOf]] = {}
+        for finish in sorted(finishes, key=lambda f: f[0]):
+            by_actor.setdefault(finish[4], []).append(finish)
+        for actor, group in by_actor.items():
+            try:
+                rows = await self._fetch(
+                    "finish_runs",
+                    [f[0] for f in group],
+                    [f[1] for f in group],
+                    [json.dumps(f[2]) for f in group],
+                    [f[3] for f in group],
+                    actor,
+                    [f[5] for f in group],
+                    [f[6] for f in group],
+                )
+            except StoreError:
+                if len(group) == 1:
+                    raise
+                # One run's write failed the batch: each is written alone, so that only
+                # that one fails.
+                for f in group:
+                    try:
+                        rec = await self._fetchrow("finish_run", f[0], *f[1:])
+                    except StoreError as exc:
+                        found[(f[0], f[1])] = exc
+                        continue
+                    if rec is not None:
+                        found[(f[0], f[1])] = Run.from_record(rec)
+                continue
+            for rec in rows:
+                run = Run.from_record(rec)
+                found[(uuid.UUID(run.run_id), run.generation)] = run
+        return [found.pop((f[0], f[1]), None) for f in finishes]
 
     async def close_attempt(
         self,
