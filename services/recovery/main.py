@@ -5,8 +5,9 @@ Recovery is the suite's clock; FastStream serves its health. Every
 `recovery_interval_ms` it runs its duties, each a module of its own and each a guarded
 write with `FOR UPDATE SKIP LOCKED`, so any number of replicas can run them at once
 without acting twice on a run: expired leases, queue timeouts, session turns after a
-cancel's grace, lost jobs, retention. Every `outbox_interval_ms` it sweeps the outbox
-(one replica at a time).
+cancel's grace, lost jobs, retention. Every `lease_watch_ms` it also looks for runs
+whose executor is gone (so they resume within a fraction of a second), and every
+`outbox_interval_ms` it sweeps the outbox (one replica at a time).
 """
 
 import asyncio
@@ -98,10 +99,13 @@ class RecoveryService(Service[RecoverySettings]):
         sweeping = asyncio.create_task(_sweep(self.settings, self.outbox, stop))
         presence = PresenceWatch(self.settings.database_url, self.settings.presence_settle_ms)
         all_duties = duties(self.settings, self.store, self.broker, self.outbox, presence)
+        leases = next(d for d in all_duties if isinstance(d, ExpiredLeases))
+        watching = asyncio.create_task(_watch_leases(self.settings, leases, stop))
         try:
             await self._tick_until(stop, all_duties)
         finally:
             await presence.close()
+            await watching
         await sweeping
 
     async def _tick_until(self, stop: asyncio.Event, all_duties: list[Duty]) -> None:
@@ -121,6 +125,26 @@ class RecoveryService(Service[RecoverySettings]):
                 log.info("recovery tick", extra=fields(**report))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), settings.recovery_interval_ms / 1000)
+
+
+async def _watch_leases(
+    settings: RecoverySettings, leases: ExpiredLeases, stop: asyncio.Event
+) -> None:
+    """Between ticks, every `lease_watch_ms`: take over the runs of an executor that is
+    gone, or whose lease ran out, without waiting for the next tick (the duty is safe to
+    run beside the tick's: each run is taken over once)."""
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), settings.lease_watch_ms / 1000)
+        if stop.is_set():
+            return
+        try:
+            report = await leases.run()
+        except RunwireError as exc:
+            log.warning("leases not looked at: %s", exc.message)
+            continue
+        if any(report.values()):
+            log.info("recovery lease watch", extra=fields(**report))
 
 
 async def _sweep(settings: RecoverySettings, outbox: Outbox, stop: asyncio.Event) -> None:

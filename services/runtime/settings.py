@@ -40,6 +40,7 @@ DEFAULT_SEGMENT_BYTES = 64 * 1024
 DEFAULT_REPLAY_MAX_BYTES = 4 * 1024 * 1024
 DEFAULT_PARTITION_TIMEOUT_MS = 10_000
 DEFAULT_RECOVERY_INTERVAL_MS = 1_000
+DEFAULT_LEASE_WATCH_MS = 200
 DEFAULT_RECOVERY_BACKOFF_MS = 200
 # After Postgres comes back (a restart ends every session, so every executor is taking
 # its presence lock again), presence locks are believed only after this long.
@@ -171,6 +172,10 @@ class RecoverySettings(CommonSettings):
     stream_purge_grace: timedelta = DEFAULT_STREAM_PURGE_GRACE
 
     recovery_interval_ms: int = Field(default=DEFAULT_RECOVERY_INTERVAL_MS, ge=10)
+    # How often, besides its tick, recovery looks for runs whose executor is gone (its
+    # presence lock freed) or whose lease ran out: a killed executor's runs resume about
+    # this soon (one cheap query each time).
+    lease_watch_ms: int = Field(default=DEFAULT_LEASE_WATCH_MS, ge=10)
     recovery_backoff_ms: int = Field(default=DEFAULT_RECOVERY_BACKOFF_MS, ge=0)
     max_recoveries: int = Field(default=DEFAULT_MAX_RECOVERIES, ge=1)
     # Executors' presence locks are believed only once recovery's own lock session has

@@ -98,9 +98,15 @@ async def _recovered_because(stack: ProcessStack, run_id: str) -> str:
     return str(reason)
 
 
+@pytest.mark.parametrize("tick_ms", [None, 120_000], ids=["at its tick", "between its ticks"])
 async def test_a_killed_executors_runs_resume_at_once_not_when_their_leases_run_out(
-    processes: ProcessStack,
+    processes: ProcessStack, tick_ms: int | None
 ) -> None:
+    if tick_ms is not None:
+        # Recovery ticks every two minutes: only its lease watch (every 100 ms) can see
+        # within the test's patience that the executor is gone.
+        processes.procs["recovery"].stop()
+        processes.start("recovery", recovery_interval_ms=tick_ms, lease_watch_ms=100)
     # Leases of a minute: the runs can resume within seconds only because Postgres saw
     # the dead executor's connection end and freed its presence lock.
     victim = processes.start("executor-a", lease_ttl_ms=60_000)
