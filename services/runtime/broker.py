@@ -441,17 +441,6 @@ class Broker:
             self._watchdog = asyncio.create_task(self._expire_unacknowledged())
         return acked
 
-    async def _publish(
-        self,
-        subject: str,
-        body: bytes,
-        msg_id: str,
-        stream: str,
-        headers: dict[str, str] | None = None,
-    ) -> int:
-        """`send`, and wait for its acknowledgement; returns the stream sequence."""
-        return await (await self.send(subject, body, msg_id, stream, headers))
-
     async def _on_ack(self, msg: Msg) -> None:
         awaiting = self._awaiting_ack.pop(msg.subject.rsplit(".", 1)[-1], None)
         if awaiting is None or awaiting.acked.done():

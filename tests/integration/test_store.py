@@ -312,6 +312,19 @@ async def test_two_relays_writing_overlapping_segments_at_once_store_each_frame_
     assert (run.frame_count, run.last_seq) == (5, 5)
 
 
+def _count_statements(store: Store) -> list[str]:
+    """The names of the store's queries from now on, in the order they run."""
+    statements: list[str] = []
+    fetch = store._fetch
+
+    async def counted(name: str, *args: object) -> list[asyncpg.Record]:
+        statements.append(name)
+        return await fetch(name, *args)
+
+    store._fetch = counted  # type: ignore[method-assign]
+    return statements
+
+
 async def test_attempts_that_renew_their_leases_together_do_it_in_one_statement(
     db_url: str,
 ) -> None:
@@ -340,14 +353,7 @@ async def test_attempts_that_renew_their_leases_together_do_it_in_one_statement(
             )
         finally:
             await conn.close()
-        statements: list[str] = []
-        fetch = store._fetch
-
-        async def counted(name: str, *args: object) -> list[asyncpg.Record]:
-            statements.append(name)
-            return await fetch(name, *args)
-
-        store._fetch = counted  # type: ignore[method-assign]
+        statements = _count_statements(store)
         renewals = await asyncio.gather(
             *(store.heartbeat(r.run_id, r.generation, 60_000, "x") for r in claimed),
             return_exceptions=True,
@@ -384,14 +390,7 @@ async def test_claims_made_together_are_one_statement_and_start_each_attempt_onc
             )
         finally:
             await conn.close()
-        statements: list[str] = []
-        fetch = store._fetch
-
-        async def counted(name: str, *args: object) -> list[asyncpg.Record]:
-            statements.append(name)
-            return await fetch(name, *args)
-
-        store._fetch = counted  # type: ignore[method-assign]
+        statements = _count_statements(store)
         jobs = [alone, alone, second, first]
         claimed = await asyncio.gather(
             *(store.claim(r.run_id, r.generation, "test-executor", 60_000) for r in jobs)
@@ -427,17 +426,11 @@ async def test_finishes_made_together_are_one_statement_and_one_bad_result_spoil
             )
         finally:
             await conn.close()
-        statements: list[str] = []
-        fetch = store._fetch
-
-        async def counted(name: str, *args: object) -> list[asyncpg.Record]:
-            statements.append(name)
-            return await fetch(name, *args)
 
         async def finish(run: Run, text: str) -> Run:
             return await store.finish(run.run_id, run.generation, {"text": text}, text, "t", 2)
 
-        store._fetch = counted  # type: ignore[method-assign]
+        statements = _count_statements(store)
         together = await asyncio.gather(
             finish(good, "ok"), finish(other, "fine"), return_exceptions=True
         )

@@ -9,6 +9,7 @@ what it implies in the run's trace).
 
 import json
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -191,16 +192,7 @@ class ExecutorQueries(Queries):
             except StoreError:
                 if len(group) == 1:
                     raise
-                # One run's claim failed the batch (a fault of that run's, not Postgres
-                # away): each is claimed alone, so that only that one fails.
-                for claim in group:
-                    try:
-                        rec = await self._fetchrow("claim_run", *claim)
-                    except StoreError as exc:
-                        found[(claim[0], claim[1])] = exc
-                        continue
-                    if rec is not None:
-                        found[(claim[0], claim[1])] = Run.from_record(rec)
+                await self._each_alone("claim_run", group, found)
                 continue
             for rec in rows:
                 run = Run.from_record(rec)
@@ -208,6 +200,24 @@ class ExecutorQueries(Queries):
         # One claim of a run's generation starts its attempt: a repeat of the job in the
         # same batch (a redelivery) gets None, as a later claim would.
         return [found.pop((c[0], c[1]), None) for c in claims]
+
+    async def _each_alone(
+        self,
+        name: str,
+        items: Sequence[tuple[Any, ...]],
+        found: dict[tuple[uuid.UUID, int], Run | StoreError],
+    ) -> None:
+        """After a batch failed because of one run's fault (Postgres itself answered):
+        each item's own statement `name` (whose parameters are the item: run id and
+        generation first), so that only the faulty run's fails."""
+        for item in items:
+            try:
+                rec = await self._fetchrow(name, *item)
+            except StoreError as exc:
+                found[(item[0], item[1])] = exc
+                continue
+            if rec is not None:
+                found[(item[0], item[1])] = Run.from_record(rec)
 
     async def heartbeat(
         self, run_id: str, generation: int, lease_ms: int, partial_text: str
@@ -310,16 +320,7 @@ class ExecutorQueries(Queries):
             except StoreError:
                 if len(group) == 1:
                     raise
-                # One run's write failed the batch: each is written alone, so that only
-                # that one fails.
-                for f in group:
-                    try:
-                        rec = await self._fetchrow("finish_run", f[0], *f[1:])
-                    except StoreError as exc:
-                        found[(f[0], f[1])] = exc
-                        continue
-                    if rec is not None:
-                        found[(f[0], f[1])] = Run.from_record(rec)
+                await self._each_alone("finish_run", group, found)
                 continue
             for rec in rows:
                 run = Run.from_record(rec)
