@@ -182,11 +182,14 @@ class Attempt:
         """
         text = data.get("text") if type == FrameType.MESSAGE else None
         if isinstance(text, str) and self._coalescing():
-            if self._held is not None and self._held.size + len(text) <= COALESCE_MAX_CHARS:
+            # What a frame of joined deltas may hold: its JSON stays well under the
+            # message limit (a character is at most 6 bytes of it, escaped).
+            most = min(COALESCE_MAX_CHARS, self._broker.max_frame_bytes // 8)
+            if self._held is not None and self._held.size + len(text) <= most:
                 self._held.add(text)
                 return
             await self._send_held()
-            if len(text) < COALESCE_MAX_CHARS and self._in_flight():
+            if len(text) < most and self._in_flight():
                 self._seq += 1  # its place in the attempt's frames is taken now
                 self._held = _Held(self._seq, datetime.now(UTC), [text], len(text))
                 self._pending[-1][2].add_done_callback(self._release_held)
