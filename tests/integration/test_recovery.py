@@ -4,11 +4,18 @@ An executor that vanished is played by claiming runs directly in Postgres and ne
 renewing their lease: exactly what a kill -9 leaves behind.
 """
 
+import asyncio
+
 import pytest
 
 from runwire.contracts.errors import ErrorBody, ErrorCode
 from runwire.contracts.frames import FrameType
 from runwire.contracts.status import RunStatus
+from runwire.contracts.subjects import Subjects
+from runwire.recovery.leases import ExpiredLeases, PresenceWatch
+from runwire.runtime.broker import Broker
+from runwire.runtime.outbox import Outbox
+from runwire.runtime.settings import RecoverySettings
 from runwire.runtime.store import Run
 from runwire.testing.servers import Servers
 from runwire.testing.waiting import eventually
@@ -211,3 +218,31 @@ async def _each_finishes(stack: InProcessStack, ids: list[str], token: str) -> N
     for i, run_id in enumerate(ids):
         _, transcript = await collect(stack.client, run_id, timeout=20)
         assert transcript.text == f"{token}{i}"
+
+
+async def test_the_lease_duty_asked_many_times_at_once_answers_each(
+    no_executor: InProcessStack,
+) -> None:
+    """Recovery's tick and its lease watch may ask for expired leases at the same moment;
+    the duty's presence check uses one connection of its own, so the asks take turns:
+    each one answers (none fails on a connection already busy), and a run whose
+    executor vanished is recovered once."""
+    stack = no_executor
+    reply = await stack.client.submit({"tokens": ["a"]})
+    await _vanishing_claim(stack, reply.run.run_id, 0)
+    settings = stack.settings(RecoverySettings, "recovery")
+    broker = await Broker.connect(stack.nats_url, Subjects(stack.prefix), name="test-recovery")
+    presence = PresenceWatch(settings.database_url, 0)
+    duty = ExpiredLeases(settings, stack.store, broker, Outbox(stack.store, broker), presence)
+    try:
+        await duty.run()  # its presence session is open from now on
+        await asyncio.sleep(0.3)  # past the 200 ms lease
+        reports = await asyncio.gather(*(duty.run() for _ in range(8)))
+    finally:
+        await presence.close()
+        await broker.close()
+    # The service's own recovery may have been first; what matters: nothing failed, and
+    # the run was taken over once at most by these asks.
+    assert sum(r["recovering"] for r in reports) <= 1
+    events = [e["event"] for e in await stack.store.run_events(reply.run.run_id)]
+    assert events.count("recovering") == 1

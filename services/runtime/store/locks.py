@@ -96,9 +96,17 @@ class KeptLockSession:
         self.session: LockSession | None = None
         # Event-loop time at which the current session was opened.
         self.opened_at = 0.0
+        # One check at a time: its connection takes one query at a time, and two checks
+        # that found no session would each open one.
+        self._checking = asyncio.Lock()
 
     async def check(self) -> RunwireError | None:
-        """None when the session is there now; else why not (and it is closed)."""
+        """None when the session is there now; else why not (and it is closed). Callers
+        that check at the same moment take turns."""
+        async with self._checking:
+            return await self._check()
+
+    async def _check(self) -> RunwireError | None:
         try:
             if self.session is None:
                 session = await LockSession.connect(self._dsn)
