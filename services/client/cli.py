@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from runwire.client.sdk import HEALTH_WAIT_S, Client, ClientError, Transcript
+from runwire.client.sdk import HEALTH_WAIT_S, PROBE_WAIT_S, Client, ClientError, Transcript
 from runwire.client.settings import ENV_FILE_VARIABLE, find_env_file, load_settings
 from runwire.client.top import run_top
 from runwire.contracts.frames import Frame, FrameType
@@ -125,9 +125,13 @@ def _parser() -> argparse.ArgumentParser:
     health.add_argument(
         "--timeout",
         type=float,
-        default=HEALTH_WAIT_S,
+        default=None,
         metavar="S",
-        help="how long to wait for the replicas' answers (default: %(default)s s)",
+        help=(
+            f"how long to wait for the replicas' answers (default: {HEALTH_WAIT_S:g} s; "
+            f"with --local, at most {PROBE_WAIT_S:g} s: it ends as soon as this host's "
+            "replica says it is ok)"
+        ),
     )
     return parser
 
@@ -224,9 +228,15 @@ async def _health(client: Client, service: str, *, local: bool, wait: float) -> 
     """Print the health of each replica that answers; 0 when one of those that count is
     ok. With `local`, only the replicas on this host count (a replica's instance is
     `<hostname>:<pid>`), so a probe in a pod checks that pod's service, not another's."""
-    replies = await client.health(service, wait=wait)
     host = socket.gethostname()
-    counted = [r for r in replies if not local or r.instance.rpartition(":")[0] == host]
+
+    def counts(reply: HealthReply) -> bool:
+        return not local or reply.instance.rpartition(":")[0] == host
+
+    replies = await client.health(
+        service, wait=wait, enough=(lambda r: r.ok and counts(r)) if local else None
+    )
+    counted = [r for r in replies if counts(r)]
     for reply in counted:
         print(_health_line(reply), flush=True)
     if any(reply.ok for reply in counted):
@@ -350,7 +360,10 @@ async def _main(args: argparse.Namespace) -> int:
             print(f"run {run.run_id} {run.status}")
             return 0
         if args.command == "health":
-            return await _health(client, args.service, local=args.local, wait=args.timeout)
+            wait = args.timeout
+            if wait is None:
+                wait = PROBE_WAIT_S if args.local else HEALTH_WAIT_S
+            return await _health(client, args.service, local=args.local, wait=wait)
     return EXIT_USAGE
 
 

@@ -11,7 +11,7 @@ import logging
 import re
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import nats
@@ -67,6 +67,9 @@ STORED_FRAMES = {CHECKED: True}
 REQUEST_TIMEOUT_S = 10.0
 CONNECT_TIMEOUT_S = 5.0
 HEALTH_WAIT_S = 0.5
+# A probe (`runwire health SERVICE --local`) waits this long at most, and returns as soon
+# as its replica says it is ok.
+PROBE_WAIT_S = 5.0
 REJOIN_DELAY_S = 0.2
 JOIN_FIRST_TIMEOUT_S = 2.0
 # With no frame for this long, the client re-joins to check the run is still alive.
@@ -252,9 +255,16 @@ class Client:
             nc, tenant=tenant, prefix=prefix, refusals=refusals if user is not None else None
         )
 
-    async def health(self, service: str, *, wait: float = HEALTH_WAIT_S) -> list[HealthReply]:
+    async def health(
+        self,
+        service: str,
+        *,
+        wait: float = HEALTH_WAIT_S,
+        enough: Callable[[HealthReply], bool] | None = None,
+    ) -> list[HealthReply]:
         """The health of every replica of `service` (submitter, executor, relay,
-        recovery) that answers within `wait` seconds; an executor's lists its runners."""
+        recovery) that answers within `wait` seconds; an executor's lists its runners.
+        With `enough`, the replies so far as soon as one is `enough`."""
         inbox = self.nc.new_inbox()
         sub = await self.nc.subscribe(inbox)
         replies: list[HealthReply] = []
@@ -266,8 +276,13 @@ class Client:
                     msg = await sub.next_msg(timeout=left)
                 except nats.errors.TimeoutError:
                     break
-                with contextlib.suppress(ValidationError):
-                    replies.append(HealthReply.model_validate_json(msg.data))
+                try:
+                    reply = HealthReply.model_validate_json(msg.data)
+                except ValidationError:
+                    continue
+                replies.append(reply)
+                if enough is not None and enough(reply):
+                    break
         finally:
             await sub.unsubscribe()
         return replies
