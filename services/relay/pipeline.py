@@ -210,6 +210,7 @@ class Pipeline:
         self.cursors: dict[int, dict[str, RunCursor]] = {}
         self.buffers: dict[str, SegmentBuffer] = {}
         self._flush_lock = asyncio.Lock()
+        self._flush_now = asyncio.Event()
         self._owner: PartitionOwner | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -450,7 +451,9 @@ class Pipeline:
                     cursors.pop(pending.raw.run_id, None)
         batch.clear()
         if urgent or any(b.size >= self.settings.segment_bytes for b in self.buffers.values()):
-            await self.flush()
+            # At once, by the flusher: the partition goes on meanwhile (a write inline held
+            # every partition up behind Postgres, at each run's first and last frame).
+            self._flush_now.set()
 
     async def _stored(self, pending: "Pending") -> int | None:
         for attempt in range(PUBLISH_TRIES):
@@ -622,8 +625,15 @@ class Pipeline:
             return True
 
     async def _flush_every(self) -> None:
+        """Write the buffered segments every `segment_flush_ms`, and at once when a frame
+        that must not wait (`run`, tool, `error`, `done`) or a full buffer asks for it:
+        what arrives while a write is under way goes in the next one."""
         while True:
-            await asyncio.sleep(self.settings.segment_flush_ms / 1000)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._flush_now.wait(), self.settings.segment_flush_ms / 1000
+                )
+            self._flush_now.clear()
             try:
                 await self.flush()
             except Exception:

@@ -1,9 +1,12 @@
 """Many callers' rows in one statement: what the attempts of an executor ask Postgres
-at the same moment (their lease renewals, their cancel polls) goes as one query.
+at the same moment (their claims, lease renewals, cancel polls, finishes) goes as one
+query.
 
-A call waits for the batch it joined. Calls made in one turn of the event loop, or while
-the statement before is under way, make one batch, so a lone call costs one query, as
-before, and a thousand attempts that renew their leases together cost one.
+A call waits for the batch it joined. Calls made in one turn of the event loop make one
+batch; while PARALLEL batches are under way, later calls wait for the next one. So a
+lone call costs one query, as before, a thousand attempts that renew their leases
+together cost one, and under load Postgres still works on several batches at once (one
+batch at a time would be one connection's worth of Postgres).
 """
 
 import asyncio
@@ -15,6 +18,8 @@ R = TypeVar("R")
 
 # The most rows of one statement.
 MAX_BATCH = 1000
+# The most statements of one batcher under way at once.
+PARALLEL = 4
 
 
 class Batcher(Generic[T, R]):
@@ -24,13 +29,15 @@ class Batcher(Generic[T, R]):
     def __init__(self, run: Callable[[list[T]], Awaitable[list[R]]]) -> None:
         self._run = run
         self._waiting: list[tuple[T, asyncio.Future[R]]] = []
-        self._task: asyncio.Task[None] | None = None
+        self._running: set[asyncio.Task[None]] = set()
 
     async def __call__(self, item: T) -> R:
         done: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._waiting.append((item, done))
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._drain())
+        if len(self._running) < PARALLEL:
+            task = asyncio.create_task(self._drain())
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
         return await done
 
     async def _drain(self) -> None:
