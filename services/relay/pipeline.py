@@ -276,23 +276,27 @@ class Pipeline:
 
     async def _lookup(self, raws: list[RawFrame]) -> dict[str, RunCursor]:
         """The cursors of the runs of `raws`, rebuilt together: their last published
-        frames at once, then Postgres in one query for the runs with none."""
+        frames, and their states in Postgres in one query, all at once."""
         first: dict[str, RawFrame] = {}  # each run's first frame here
         for raw in raws:
             first.setdefault(raw.run_id, raw)
         subjects = self.broker.subjects
-        lasts = await asyncio.gather(
-            *(
-                self.broker.last_on_subject(
-                    subjects.run_frames_stream, subjects.run_frames(raw.tenant, run_id)
+        # Every run's state: where to go on from (for a run the stream no longer holds),
+        # and what tells its attempts' frames from forged ones. Asked beside the stream,
+        # not after it: a new run's first frame waits for one round trip, not two.
+        states_read = asyncio.ensure_future(self.store.frame_states(list(first)))
+        try:
+            lasts = await asyncio.gather(
+                *(
+                    self.broker.last_on_subject(
+                        subjects.run_frames_stream, subjects.run_frames(raw.tenant, run_id)
+                    )
+                    for run_id, raw in first.items()
                 )
-                for run_id, raw in first.items()
             )
-        )
+        finally:
+            states = await states_read
         found = dict(zip(first, lasts, strict=True))
-        # Every run's state, in one query: where to go on from (for a run the stream no
-        # longer holds), and what tells its attempts' frames from forged ones.
-        states = await self.store.frame_states(list(found))
         return {run_id: _cursor_from(last, states.get(run_id)) for run_id, last in found.items()}
 
     @staticmethod

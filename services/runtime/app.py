@@ -36,6 +36,7 @@ from runwire.contracts.subjects import Subjects
 from runwire.runtime import tracing
 from runwire.runtime.broker import Broker, StreamLimits
 from runwire.runtime.lifecycle import setup_process, teardown_process
+from runwire.runtime.logs import fields
 from runwire.runtime.outbox import Outbox
 from runwire.runtime.settings import CommonSettings
 from runwire.runtime.store import Store
@@ -176,7 +177,10 @@ class Service(Generic[S]):
     async def _open(self) -> None:
         if self.own_process:
             self._provider = setup_process(self.name, self.settings)
-        log.info("%s starting", self.name)
+        loop = asyncio.get_running_loop()
+        log.info(
+            "%s starting", self.name, extra=fields(event_loop=type(loop).__module__.split(".")[0])
+        )
         settings = self.settings
         try:
             self.prepare()

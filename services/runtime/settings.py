@@ -67,6 +67,9 @@ class CommonSettings(BaseSettings):
     prefix: str = Field(default=DEFAULT_PREFIX, pattern=PREFIX_PATTERN.pattern)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["auto", "json", "text"] = "auto"
+    # The event loop of a service process: `auto` is uvloop where it is installed (as
+    # `faststream run` and uvicorn choose), `asyncio` the standard library's.
+    event_loop: Literal["auto", "asyncio"] = "auto"
     queue_capacity: int = Field(default=DEFAULT_QUEUE_CAPACITY, ge=1)
     frame_stream_max_age_s: int = Field(default=DEFAULT_FRAME_STREAM_MAX_AGE_S, ge=60)
     # How often the service pings its NATS server; after 3 unanswered pings it takes the
