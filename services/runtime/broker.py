@@ -34,7 +34,11 @@ from runwire.contracts.frames import Frame, RawFrame
 from runwire.contracts.headers import TRACEPARENT
 from runwire.contracts.subjects import Subjects
 from runwire.runtime.errors import PayloadTooLarge, QueueFull, RunwireError, Unavailable
-from runwire.runtime.settings import DEFAULT_NATS_PING_INTERVAL_MS, CommonSettings
+from runwire.runtime.settings import (
+    DEFAULT_FRAME_FOLLOWERS,
+    DEFAULT_NATS_PING_INTERVAL_MS,
+    CommonSettings,
+)
 from runwire.runtime.tokens import raw_frame_id
 
 log = logging.getLogger(__name__)
@@ -88,11 +92,15 @@ class StreamLimits:
     queue_capacity: int
     frame_max_age_s: int
     replicas: int = 1
+    frame_followers: int = DEFAULT_FRAME_FOLLOWERS
 
     @classmethod
     def of(cls, settings: CommonSettings) -> "StreamLimits":
         return cls(
-            settings.queue_capacity, settings.frame_stream_max_age_s, settings.stream_replicas
+            settings.queue_capacity,
+            settings.frame_stream_max_age_s,
+            settings.stream_replicas,
+            settings.max_frame_followers,
         )
 
 
@@ -328,6 +336,10 @@ class Broker:
                 duplicate_window=DUPLICATE_WINDOW_S,
                 num_replicas=replicas,
                 allow_direct=True,
+                # Each client following a run live is a consumer of this stream (kept a
+                # few seconds after it stops following). Left unset, nats-server 2.15
+                # refuses the 1001st, and every later follower falls back to joins.
+                max_consumers=limits.frame_followers,
             )
         )
 

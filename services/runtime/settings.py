@@ -47,6 +47,9 @@ DEFAULT_RECOVERY_BACKOFF_MS = 200
 DEFAULT_PRESENCE_SETTLE_MS = 10_000
 DEFAULT_MAX_RECOVERIES = 3
 DEFAULT_REPUBLISH_AFTER_MS = 30_000
+# Clients following runs live at once (and for a few seconds after each stops): the run
+# frames stream's consumer limit.
+DEFAULT_FRAME_FOLLOWERS = 100_000
 DEFAULT_OUTBOX_INTERVAL_MS = 100
 DEFAULT_OUTBOX_GRACE_MS = 2_000
 DEFAULT_FRAME_RETENTION = timedelta(hours=24)
@@ -72,6 +75,9 @@ class CommonSettings(BaseSettings):
     event_loop: Literal["auto", "asyncio"] = "auto"
     queue_capacity: int = Field(default=DEFAULT_QUEUE_CAPACITY, ge=1)
     frame_stream_max_age_s: int = Field(default=DEFAULT_FRAME_STREAM_MAX_AGE_S, ge=60)
+    # Clients that may follow runs live at once: each is a consumer of the run frames
+    # stream until a few seconds after it stops; past the limit a client replays by joins.
+    max_frame_followers: int = Field(default=DEFAULT_FRAME_FOLLOWERS, ge=1)
     # How often the service pings its NATS server; after 3 unanswered pings it takes the
     # server for gone and connects to another of the cluster (a frozen or cut-off one).
     nats_ping_interval_ms: int = Field(default=DEFAULT_NATS_PING_INTERVAL_MS, ge=100)

@@ -1,8 +1,10 @@
 """Join and re-join: every frame after a cursor exactly once, during and after a run."""
 
 import asyncio
+import uuid
 
 import pytest
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from runwire.client import Client
 from runwire.contracts.frames import Frame, FrameType
@@ -183,3 +185,50 @@ async def test_a_fresh_run_whose_frames_left_the_stream_is_joined_from_postgres(
     replayed, transcript = await collect(stack.client, run_id)
     assert [f.model_dump() for f in replayed] == [f.model_dump() for f in frames]
     assert transcript.text == "gone from the stream"
+
+
+async def _follow_live(client: Client, run_id: str) -> None:
+    """What a client following a run live holds on the server: a consumer of the run
+    frames stream filtered to the run (as `Client.stream` makes it)."""
+    await client.nc.jetstream().add_consumer(
+        client.subjects.run_frames_stream,
+        ConsumerConfig(
+            name=f"follow-{uuid.uuid4().hex}",
+            filter_subject=client.subjects.run_frames(client.tenant, run_id),
+            deliver_subject=client.nc.new_inbox(),
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=1,
+            ack_policy=AckPolicy.NONE,
+            inactive_threshold=60.0,
+            mem_storage=True,
+            num_replicas=1,
+        ),
+    )
+
+
+async def test_more_than_a_thousand_clients_follow_runs_live_at_once(
+    stack: InProcessStack,
+) -> None:
+    # nats-server 2.15 refuses a stream's 1,001st consumer unless the stream allows more:
+    # every client past the thousandth would have read by repeated joins instead.
+    reply = await stack.client.submit({"tokens": ["a", "b"]})
+    await collect(stack.client, reply.run.run_id)
+    gate = asyncio.Semaphore(32)
+
+    async def one() -> None:
+        async with gate:
+            await _follow_live(stack.client, reply.run.run_id)
+
+    await asyncio.gather(*(one() for _ in range(1_001)))
+
+    info = await stack.client.nc.jetstream().stream_info(stack.client.subjects.run_frames_stream)
+    assert info.state.consumer_count >= 1_001
+
+
+@pytest.mark.stack(max_frame_followers=3)
+async def test_the_followers_limit_is_the_setting(stack: InProcessStack) -> None:
+    reply = await stack.client.submit({"tokens": ["a"]})
+    frames, _ = await collect(stack.client, reply.run.run_id)
+    assert frames[-1].type == FrameType.DONE
+    info = await stack.client.nc.jetstream().stream_info(stack.client.subjects.run_frames_stream)
+    assert info.config.max_consumers == 3
