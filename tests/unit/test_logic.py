@@ -1,5 +1,6 @@
 """Pure logic: the relay's ordering, the scripted runner's resume point, backoff, SQL files."""
 
+import gc
 import random
 
 import pytest
@@ -56,3 +57,24 @@ def test_named_queries_load() -> None:
         "a": "SELECT 1;",
         "b": "SELECT 2;",
     }
+
+
+def test_a_large_reply_is_parsed_with_collections_paused_and_the_collector_left_as_found() -> None:
+    from runwire.client.sdk import _collections_paused
+
+    assert gc.isenabled()
+    with _collections_paused(True):
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with _collections_paused(False):
+        assert gc.isenabled()
+    gc.disable()  # a caller that runs without the collector keeps it off
+    try:
+        with _collections_paused(True):
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    with pytest.raises(ValueError, match="does not parse"), _collections_paused(True):
+        raise ValueError("a reply that does not parse")
+    assert gc.isenabled()
