@@ -12,7 +12,13 @@ import pytest
 import runwire.runtime
 from runwire.contracts.events import RunEventName
 from runwire.contracts.status import RunStatus
-from runwire.runtime.errors import CANCELED_ERROR, LostRace, MigrationFailed, StoreError
+from runwire.runtime.errors import (
+    CANCELED_ERROR,
+    LostRace,
+    MigrationFailed,
+    QuotaExceeded,
+    StoreError,
+)
 from runwire.runtime.store import OutboxKind, Run, Segment, Store, migrate
 from runwire.runtime.store.schema import QUERIES
 from runwire.testing.servers import Servers
@@ -448,3 +454,110 @@ async def test_finishes_made_together_are_one_statement_and_one_bad_result_spoil
     assert isinstance(spoiled[0], LostRace)
     assert isinstance(spoiled[1], StoreError)
     assert all(r is not None and r.status == RunStatus.RUNNING for r in after.values())
+
+
+def _submitted(request_id: str, **fields: object) -> dict[str, object]:
+    """insert_run's arguments for a queued scripted run of the default tenant."""
+    return {
+        "run_id": str(uuid.uuid4()),
+        "tenant": "default",
+        "request_id": request_id,
+        "session_id": None,
+        "multitask": "interrupt",
+        "runner": "scripted",
+        "input": {"tokens": ["x"]},
+        "metadata": {},
+        "max_attempts": 3,
+        "attempt_timeout_ms": 1000,
+        "queue_timeout_ms": None,
+        "actor": "test",
+        **fields,
+    }
+
+
+async def test_submits_at_the_same_moment_are_one_statement_with_each_run_as_if_alone(
+    db_url: str,
+) -> None:
+    store = await Store.connect(db_url, pool_size=4)
+    try:
+        alike = _submitted("twice")
+        asked = [_submitted(f"r{i}", metadata={"i": i}, queue_timeout_ms=60_000) for i in range(20)]
+        asked += [
+            alike,
+            {**_submitted("twice"), "input": {"tokens": ["y"]}},
+            _submitted(
+                "full",
+                input={"tokens": ["a", "b"], "note": "é\u2028"},
+                trace_parent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+                config_pin="pin-1",
+                budget_tokens=500,
+                budget_cost=7,
+                effects=["email.send"],
+            ),
+        ]
+        runs = await asyncio.gather(*(store.insert_run(**a) for a in asked))  # type: ignore[arg-type]
+
+        # One commit for all of them (the same transaction wrote every row).
+        ids = [uuid.UUID(r.run_id) for r in runs if r is not None]
+        xmins = await store._pool.fetch(
+            "SELECT DISTINCT xmin::text FROM runs WHERE run_id = ANY($1)", ids
+        )
+        assert len(xmins) == 1
+        # A request_id used twice at once is one run, and the second gets none.
+        assert runs[20] is not None
+        assert runs[21] is None
+        assert runs[20].request_id == "twice"
+        assert runs[20].input == {"tokens": ["x"]}
+        # Every field as a submit of its own writes it.
+        for run, a in zip(runs[:20], asked[:20], strict=True):
+            assert run is not None
+            assert (run.run_id, run.metadata, run.queue_timeout_ms) == (
+                a["run_id"],
+                a["metadata"],
+                60_000,
+            )
+            assert run.status == RunStatus.QUEUED
+            assert run.job_published_at is not None
+        full = runs[22]
+        assert full is not None
+        row = await store._pool.fetchrow(
+            "SELECT input, trace_parent, config_pin, budget_tokens, budget_cost, effects,"
+            " workflow, auth_fence IS NOT NULL AS fenced FROM runs WHERE run_id = $1",
+            uuid.UUID(full.run_id),
+        )
+        assert dict(row) == {
+            "input": {"tokens": ["a", "b"], "note": "é\u2028"},
+            "trace_parent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "config_pin": "pin-1",
+            "budget_tokens": 500,
+            "budget_cost": 7,
+            "effects": ["email.send"],
+            "workflow": None,
+            "fenced": True,
+        }
+        # Each has its `submitted` event and its job in the outbox.
+        events = await store._pool.fetchval(
+            "SELECT count(*) FROM run_events WHERE event = 'submitted' AND run_id = ANY($1)", ids
+        )
+        jobs = await store._pool.fetchval(
+            "SELECT count(*) FROM outbox WHERE kind = 'job' AND run_id = ANY($1)", ids
+        )
+        assert events == jobs == 22
+    finally:
+        await store.close()
+
+
+async def test_a_quota_refuses_only_the_runs_of_a_batch_past_it(db_url: str) -> None:
+    store = await Store.connect(db_url, pool_size=4)
+    try:
+        await store.set_tenant_budget("default", {"max_active_runs": 3})
+        outcomes = await asyncio.gather(
+            *(store.insert_run(**_submitted(f"q{i}")) for i in range(7)),  # type: ignore[arg-type]
+            return_exceptions=True,
+        )
+        accepted = [o for o in outcomes if isinstance(o, Run)]
+        refused = [o for o in outcomes if isinstance(o, QuotaExceeded)]
+        assert (len(accepted), len(refused)) == (3, 4), outcomes
+        assert "quota is 3" in refused[0].message
+    finally:
+        await store.close()

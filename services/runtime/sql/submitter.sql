@@ -32,6 +32,15 @@ WITH quota AS (
 )
 SELECT *, pg_current_xact_id()::text AS xact FROM ins;
 
+-- name: insert_runs
+-- insert_run for the runs submitted at the same moment outside a session, in one
+-- statement (see insert_runs in migration 0021).
+SELECT r.*, pg_current_xact_id()::text AS xact
+  FROM insert_runs($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+                   $7::text[], $8::integer[], $9::integer[], $10::integer[], $11::text,
+                   $12::text[], $13::text[], $14::bigint[], $15::bigint[], $16::text[],
+                   $17::text[]) r;
+
 -- name: run_by_request
 SELECT * FROM runs WHERE tenant = $1 AND request_id = $2;
 

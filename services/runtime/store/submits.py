@@ -1,16 +1,34 @@
 """The submitter's queries: accept a run, cancel runs, fail a run the queue refused."""
 
+import json
 import uuid
 from typing import Any
 
+import asyncpg
+
 from runwire.contracts.errors import ErrorBody
+from runwire.runtime.errors import QuotaExceeded, RunwireError, StoreError
 from runwire.runtime.settings import DEFAULT_SUPERSEDE_GRACE_MS
+from runwire.runtime.store.batching import Batcher
 from runwire.runtime.store.queries import Queries
 from runwire.runtime.store.rows import Run, parse_run_id
+
+# insert_run's parameters, in its order (run id, tenant, request id, session, ...).
+_InsertOf = tuple[Any, ...]
+_RUN_ID, _TENANT, _REQUEST_ID, _ACTOR = 0, 1, 2, 11
+# A submit whose input and metadata are larger goes in a statement of its own: a batch
+# of a thousand stays a few MB.
+BATCHED_INPUT_BYTES = 16 * 1024
+
+
+def _json(value: Any) -> str | None:
+    return None if value is None else json.dumps(value)
 
 
 class SubmitterQueries(Queries):
     """Runs as the submitter writes them."""
+
+    _inserts: "Batcher[_InsertOf, Run | RunwireError | None] | None" = None
 
     async def run_effects(self, run_id: str) -> list[dict[str, Any]]:
         """The run's side effects: key, kind, state, receipt, error."""
@@ -92,9 +110,12 @@ class SubmitterQueries(Queries):
         workflow: dict[str, Any] | None = None,
     ) -> Run | None:
         """Create a queued run; None when the tenant already has this request_id.
-        `config_pin`: the fingerprint of the configuration its attempts must run with."""
-        return await self._run_or_none(
-            "insert_run",
+        `config_pin`: the fingerprint of the configuration its attempts must run with.
+
+        The runs submitted at the same moment outside a session are inserted together,
+        in one statement and one commit (a session's submit runs inside its lock's
+        transaction, on its own)."""
+        args: _InsertOf = (
             uuid.UUID(run_id),
             tenant,
             request_id,
@@ -114,6 +135,78 @@ class SubmitterQueries(Queries):
             effects,
             workflow,
         )
+        if session_id is not None or not isinstance(self._pool, asyncpg.Pool):
+            return await self._run_or_none("insert_run", *args)
+        if self._inserts is None:
+            self._inserts = Batcher(self._insert_many)
+        found = await self._inserts(args)
+        if isinstance(found, RunwireError):
+            raise found
+        return found
+
+    async def _insert_many(self, items: list[_InsertOf]) -> list[Run | RunwireError | None]:
+        """The inserts asked for at the same moment: one statement for those with small
+        inputs, by tenant and request id (the order two batches that share a request id
+        take it in); a lone submit, or a large input, as its own `insert_run`."""
+        found: dict[str, Run | RunwireError] = {}
+        small: dict[str, list[_InsertOf]] = {}  # by actor (one per statement)
+        alone: list[_InsertOf] = []
+        for item in sorted(items, key=lambda a: (a[_TENANT], a[_REQUEST_ID])):
+            size = len(json.dumps(item[6])) + len(json.dumps(item[7]))
+            if size > BATCHED_INPUT_BYTES or len(items) == 1:
+                alone.append(item)
+            else:
+                small.setdefault(item[_ACTOR], []).append(item)
+        for actor, group in small.items():
+            if len(group) == 1:
+                alone.extend(group)
+                continue
+            try:
+                columns = self._columns(group)
+                rows = await self._fetch("insert_runs", *columns[:10], actor, *columns[10:])
+            except (StoreError, QuotaExceeded):
+                # One run's fault (a quota that refuses it, a value Postgres refuses): each
+                # on its own, so that only that run fails.
+                alone.extend(group)
+                continue
+            except RunwireError as exc:  # Postgres unavailable: every run of the batch
+                found.update((str(item[_RUN_ID]), exc) for item in group)
+                continue
+            for rec in rows:
+                found[str(rec["run_id"])] = Run.from_record(rec)
+        for item in alone:
+            try:
+                run = await self._run_or_none("insert_run", *item)
+            except RunwireError as exc:
+                found[str(item[_RUN_ID])] = exc
+                continue
+            if run is not None:
+                found[str(item[_RUN_ID])] = run
+        # No row: the tenant already had the request id (a duplicate).
+        return [found.get(str(item[_RUN_ID])) for item in items]
+
+    @staticmethod
+    def _columns(group: list[_InsertOf]) -> list[list[Any]]:
+        """insert_runs' arrays, in its order, but the actor (its 11th parameter); JSON
+        values as text."""
+        return [
+            [item[_RUN_ID] for item in group],
+            [item[_TENANT] for item in group],
+            [item[_REQUEST_ID] for item in group],
+            [item[4] for item in group],  # multitask
+            [item[5] for item in group],  # runner
+            [json.dumps(item[6]) for item in group],  # input
+            [json.dumps(item[7]) for item in group],  # metadata
+            [item[8] for item in group],  # max_attempts
+            [item[9] for item in group],  # attempt_timeout_ms
+            [item[10] for item in group],  # queue_timeout_ms
+            [item[12] for item in group],  # trace_parent
+            [item[13] for item in group],  # config_pin
+            [item[14] for item in group],  # budget_tokens
+            [item[15] for item in group],  # budget_cost
+            [_json(item[16]) for item in group],  # effects
+            [_json(item[17]) for item in group],  # workflow
+        ]
 
     async def insert_release(
         self, tenant: str, release_id: str, version: int, definition: dict[str, Any], digest: str
