@@ -2,7 +2,7 @@
 
 import json
 import uuid
-from typing import Any
+from typing import Any, NamedTuple
 
 import asyncpg
 
@@ -13,9 +13,30 @@ from runwire.runtime.store.batching import Batcher
 from runwire.runtime.store.queries import Queries
 from runwire.runtime.store.rows import Run, parse_run_id
 
-# insert_run's parameters, in its order (run id, tenant, request id, session, ...).
-_InsertOf = tuple[Any, ...]
-_RUN_ID, _TENANT, _REQUEST_ID, _ACTOR = 0, 1, 2, 11
+
+class _Submitted(NamedTuple):
+    """insert_run's parameters, in its order."""
+
+    run_id: uuid.UUID
+    tenant: str
+    request_id: str
+    session_id: str | None
+    multitask: str
+    runner: str
+    input: dict[str, Any]
+    metadata: dict[str, Any]
+    max_attempts: int
+    attempt_timeout_ms: int
+    queue_timeout_ms: int | None
+    actor: str
+    trace_parent: str | None
+    config_pin: str | None
+    budget_tokens: int | None
+    budget_cost: int | None
+    effects: list[str] | None
+    workflow: dict[str, Any] | None
+
+
 # A submit whose input and metadata are larger goes in a statement of its own: a batch
 # of a thousand stays a few MB.
 BATCHED_INPUT_BYTES = 16 * 1024
@@ -28,7 +49,7 @@ def _json(value: Any) -> str | None:
 class SubmitterQueries(Queries):
     """Runs as the submitter writes them."""
 
-    _inserts: "Batcher[_InsertOf, Run | RunwireError | None] | None" = None
+    _inserts: "Batcher[_Submitted, Run | RunwireError | None] | None" = None
 
     async def run_effects(self, run_id: str) -> list[dict[str, Any]]:
         """The run's side effects: key, kind, state, receipt, error."""
@@ -115,7 +136,7 @@ class SubmitterQueries(Queries):
         The runs submitted at the same moment outside a session are inserted together,
         in one statement and one commit (a session's submit runs inside its lock's
         transaction, on its own)."""
-        args: _InsertOf = (
+        args = _Submitted(
             uuid.UUID(run_id),
             tenant,
             request_id,
@@ -144,68 +165,71 @@ class SubmitterQueries(Queries):
             raise found
         return found
 
-    async def _insert_many(self, items: list[_InsertOf]) -> list[Run | RunwireError | None]:
+    async def _insert_many(self, items: list[_Submitted]) -> list[Run | RunwireError | None]:
         """The inserts asked for at the same moment: one statement for those with small
         inputs, by tenant and request id (the order two batches that share a request id
         take it in); a lone submit, or a large input, as its own `insert_run`."""
-        found: dict[str, Run | RunwireError] = {}
-        small: dict[str, list[_InsertOf]] = {}  # by actor (one per statement)
-        alone: list[_InsertOf] = []
-        for item in sorted(items, key=lambda a: (a[_TENANT], a[_REQUEST_ID])):
-            size = len(json.dumps(item[6])) + len(json.dumps(item[7]))
-            if size > BATCHED_INPUT_BYTES or len(items) == 1:
+        found: dict[uuid.UUID, Run | RunwireError] = {}
+        small: dict[str, list[tuple[_Submitted, str, str]]] = {}  # by actor: a statement
+        alone: list[_Submitted] = []
+        for item in sorted(items, key=lambda a: (a.tenant, a.request_id)):
+            if len(items) == 1:
+                alone.append(item)
+                continue
+            texts = json.dumps(item.input), json.dumps(item.metadata)
+            if sum(map(len, texts)) > BATCHED_INPUT_BYTES:
                 alone.append(item)
             else:
-                small.setdefault(item[_ACTOR], []).append(item)
+                small.setdefault(item.actor, []).append((item, *texts))
         for actor, group in small.items():
             if len(group) == 1:
-                alone.extend(group)
+                alone.append(group[0][0])
                 continue
             try:
-                columns = self._columns(group)
-                rows = await self._fetch("insert_runs", *columns[:10], actor, *columns[10:])
+                rows = await self._fetch("insert_runs", *self._columns(group, actor))
             except (StoreError, QuotaExceeded):
                 # One run's fault (a quota that refuses it, a value Postgres refuses): each
                 # on its own, so that only that run fails.
-                alone.extend(group)
+                alone.extend(item for item, _, _ in group)
                 continue
             except RunwireError as exc:  # Postgres unavailable: every run of the batch
-                found.update((str(item[_RUN_ID]), exc) for item in group)
+                found.update((item.run_id, exc) for item, _, _ in group)
                 continue
             for rec in rows:
-                found[str(rec["run_id"])] = Run.from_record(rec)
+                found[uuid.UUID(str(rec["run_id"]))] = Run.from_record(rec)
         for item in alone:
             try:
                 run = await self._run_or_none("insert_run", *item)
             except RunwireError as exc:
-                found[str(item[_RUN_ID])] = exc
+                found[item.run_id] = exc
                 continue
             if run is not None:
-                found[str(item[_RUN_ID])] = run
+                found[item.run_id] = run
         # No row: the tenant already had the request id (a duplicate).
-        return [found.get(str(item[_RUN_ID])) for item in items]
+        return [found.get(item.run_id) for item in items]
 
     @staticmethod
-    def _columns(group: list[_InsertOf]) -> list[list[Any]]:
-        """insert_runs' arrays, in its order, but the actor (its 11th parameter); JSON
-        values as text."""
+    def _columns(group: list[tuple[_Submitted, str, str]], actor: str) -> list[Any]:
+        """insert_runs' parameters: an array per field, the actor once; JSON as text."""
+        items = [item for item, _, _ in group]
         return [
-            [item[_RUN_ID] for item in group],
-            [item[_TENANT] for item in group],
-            [item[_REQUEST_ID] for item in group],
-            [item[4] for item in group],  # multitask
-            [item[5] for item in group],  # runner
-            [json.dumps(item[6]) for item in group],  # input
-            [json.dumps(item[7]) for item in group],  # metadata
-            [item[8] for item in group],  # max_attempts
-            [item[9] for item in group],  # attempt_timeout_ms
-            [item[10] for item in group],  # queue_timeout_ms
-            [item[12] for item in group],  # trace_parent
-            [item[13] for item in group],  # config_pin
-            [item[14] for item in group],  # budget_tokens
-            [item[15] for item in group],  # budget_cost
-            [_json(item[16]) for item in group],  # effects
-            [_json(item[17]) for item in group],  # workflow
+            [i.run_id for i in items],
+            [i.tenant for i in items],
+            [i.request_id for i in items],
+            [i.multitask for i in items],
+            [i.runner for i in items],
+            [input_text for _, input_text, _ in group],
+            [metadata_text for _, _, metadata_text in group],
+            [i.max_attempts for i in items],
+            [i.attempt_timeout_ms for i in items],
+            [i.queue_timeout_ms for i in items],
+            actor,
+            [i.trace_parent for i in items],
+            [i.config_pin for i in items],
+            [i.budget_tokens for i in items],
+            [i.budget_cost for i in items],
+            [_json(i.effects) for i in items],
+            [_json(i.workflow) for i in items],
         ]
 
     async def insert_release(
