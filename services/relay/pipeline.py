@@ -284,18 +284,17 @@ class Pipeline:
         # Every run's state: where to go on from (for a run the stream no longer holds),
         # and what tells its attempts' frames from forged ones. Asked beside the stream,
         # not after it: a new run's first frame waits for one round trip, not two.
-        states_read = asyncio.ensure_future(self.store.frame_states(list(first)))
-        try:
-            lasts = await asyncio.gather(
+        states, lasts = await asyncio.gather(
+            self.store.frame_states(list(first)),
+            asyncio.gather(
                 *(
                     self.broker.last_on_subject(
                         subjects.run_frames_stream, subjects.run_frames(raw.tenant, run_id)
                     )
                     for run_id, raw in first.items()
                 )
-            )
-        finally:
-            states = await states_read
+            ),
+        )
         found = dict(zip(first, lasts, strict=True))
         return {run_id: _cursor_from(last, states.get(run_id)) for run_id, last in found.items()}
 
