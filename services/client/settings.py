@@ -1,16 +1,36 @@
 """Where the client finds the stack: flags, `RUNWIRE_*` variables, or `.runwire/env`."""
 
 import os
+import sys
 from pathlib import Path
+from typing import TypeVar
 
-from pydantic import SecretStr
+from pydantic import SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runwire.contracts.subjects import DEFAULT_PREFIX, DEFAULT_TENANT
 
+AnySettings = TypeVar("AnySettings", bound=BaseSettings)
+# The exit code of a process whose configuration is unusable.
+EXIT_CONFIG = 2
 ENV_FILE = Path(".runwire") / "env"
 # Names the settings file to read instead of the nearest `.runwire/env` (`runwire --env`).
 ENV_FILE_VARIABLE = "RUNWIRE_ENV_FILE"
+
+
+def from_env(cls: type[AnySettings]) -> AnySettings:
+    """A process's settings from its environment. A value that is not valid stops the
+    process with one line per variable (never its value: it may be a secret) and exit
+    code EXIT_CONFIG, not a traceback."""
+    try:
+        return cls()
+    except ValidationError as exc:
+        prefix = str(cls.model_config.get("env_prefix", ""))
+        for err in exc.errors():
+            loc = "_".join(str(part) for part in err["loc"]).upper()
+            name = prefix + loc if loc else "settings"  # a rule across several variables
+            print(f"runwire: {name}: {err['msg']}", file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG) from None
 
 
 def find_env_file(start: Path | None = None) -> Path | None:

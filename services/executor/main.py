@@ -48,7 +48,7 @@ from runwire.runtime.lifecycle import CannotStart, run
 from runwire.runtime.logs import bind, fields
 from runwire.runtime.metrics import ATTEMPT_DURATION, ATTEMPTS_IN_FLIGHT
 from runwire.runtime.outbox import Outbox
-from runwire.runtime.settings import ExecutorSettings
+from runwire.runtime.settings import ExecutorSettings, from_env
 from runwire.runtime.store import Run, Store
 
 log = logging.getLogger(__name__)
@@ -406,7 +406,7 @@ class ExecutorService(Service[ExecutorSettings]):
         await self.executor.run(stop)
 
 
-service = ExecutorService(ExecutorSettings())
+service = ExecutorService(from_env(ExecutorSettings))
 app = service.app
 
 

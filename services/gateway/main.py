@@ -4,12 +4,13 @@ import logging
 
 import uvicorn
 
+from runwire.client.settings import from_env
 from runwire.gateway.app import create_app
 from runwire.gateway.settings import GatewaySettings
 
 
 def main() -> None:
-    settings = GatewaySettings()
+    settings = from_env(GatewaySettings)
     logging.basicConfig(level=settings.log_level)
     uvicorn.run(
         create_app(settings),

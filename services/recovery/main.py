@@ -31,7 +31,7 @@ from runwire.runtime.lifecycle import run
 from runwire.runtime.logs import fields
 from runwire.runtime.metrics import QUEUE
 from runwire.runtime.outbox import SWEEP_BATCH, Outbox
-from runwire.runtime.settings import RecoverySettings
+from runwire.runtime.settings import RecoverySettings, from_env
 from runwire.runtime.store import Store
 
 log = logging.getLogger(__name__)
@@ -160,7 +160,7 @@ async def _sweep(settings: RecoverySettings, outbox: Outbox, stop: asyncio.Event
                 await asyncio.wait_for(stop.wait(), settings.outbox_interval_ms / 1000)
 
 
-service = RecoveryService(RecoverySettings())
+service = RecoveryService(from_env(RecoverySettings))
 app = service.app
 
 

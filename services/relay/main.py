@@ -20,7 +20,7 @@ from runwire.runtime.app import Service
 from runwire.runtime.commands import Commands, tenant
 from runwire.runtime.health import serve_health
 from runwire.runtime.lifecycle import run
-from runwire.runtime.settings import RelaySettings
+from runwire.runtime.settings import RelaySettings, from_env
 
 QUEUE_GROUP = "relay"
 JOIN_MAX_BYTES = 64 * 1024
@@ -53,7 +53,7 @@ class RelayService(Service[RelaySettings]):
         await Pipeline(self.settings, self.store, self.broker).run(stop)
 
 
-service = RelayService(RelaySettings())
+service = RelayService(from_env(RelaySettings))
 app = service.app
 
 

@@ -19,12 +19,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from runwire.runtime import faults, logs, tracing
 from runwire.runtime.errors import Unavailable
 from runwire.runtime.metrics import serve_metrics
-from runwire.runtime.settings import CommonSettings
+from runwire.runtime.settings import EXIT_CONFIG, CommonSettings
 
 log = logging.getLogger(__name__)
 
 EXIT_UNAVAILABLE = 1
-EXIT_CONFIG = 2
 
 
 class CannotStart(Exception):

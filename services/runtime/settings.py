@@ -9,6 +9,9 @@ from typing import Literal, Self
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+# A service reads its settings as the gateway does (re-exported for the services).
+from runwire.client.settings import EXIT_CONFIG as EXIT_CONFIG
+from runwire.client.settings import from_env as from_env
 from runwire.contracts.subjects import DEFAULT_PREFIX, PREFIX_PATTERN
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"

@@ -31,7 +31,7 @@ from runwire.runtime.app import Service
 from runwire.runtime.commands import Commands, tenant
 from runwire.runtime.health import serve_health
 from runwire.runtime.lifecycle import CannotStart, run
-from runwire.runtime.settings import SubmitterSettings
+from runwire.runtime.settings import SubmitterSettings, from_env
 from runwire.submitter.commands import Submitter
 from runwire.submitter.runners import RunnerCatalog
 
@@ -135,7 +135,7 @@ class SubmitterService(Service[SubmitterSettings]):
         )
 
 
-service = SubmitterService(SubmitterSettings())
+service = SubmitterService(from_env(SubmitterSettings))
 app = service.app
 
 
