@@ -93,8 +93,11 @@ async def test_submitter_killed_mid_submit_then_retried_is_one_run(
             return None
 
     pending = [asyncio.create_task(submit(i)) for i in range(20)]
-    await asyncio.sleep(0.02)
-    processes.procs["submitter"].kill()  # some submits stored, some not, few replied
+    # Killed as soon as the first submits are stored: few of them have been answered.
+    await eventually(
+        lambda: processes.store._pool.fetchval("SELECT count(*) FROM runs"), interval=0.005
+    )
+    processes.procs["submitter"].kill()
     await asyncio.gather(*pending)
     processes.start("submitter")
 
