@@ -42,6 +42,7 @@ from runwire.contracts.commands import (
 from runwire.contracts.errors import ErrorBody, ErrorCode, ErrorReply
 from runwire.contracts.events import RunEvent
 from runwire.contracts.frames import CHECKED, Frame, FrameType, Transcript
+from runwire.contracts.headers import REPLAY_NEXT
 from runwire.contracts.health import HealthReply
 from runwire.contracts.replies import (
     AbortSessionReply,
@@ -83,6 +84,9 @@ LIVE_IDLE_S = 5.0
 FOLLOW_INACTIVE_S = 10.0
 # Frames held back waiting for an earlier one before the client joins again.
 EARLY_LIMIT = 256
+# Turns of the event loop that take a request onto the connection: the request's task,
+# the one that waits for a refusal beside it, NATS's writer.
+SEND_HOPS = 3
 # Runs submitted by this client that it remembers as fresh (see `Client.stream`), and
 # how long one may stay quiet in the stream before the client joins it.
 FRESH_RUNS = 10_000
@@ -149,15 +153,47 @@ class ClientError(Exception):
 @contextlib.contextmanager
 def _collections_paused(pause: bool) -> Iterator[None]:
     """The garbage collector paused for the block when `pause` and it runs (as it was
-    after: a caller that disabled it keeps it disabled)."""
+    after: a caller that disabled it keeps it disabled).
+
+    What the block made (a long replay's frames: tens of thousands of objects) is then
+    handed to the oldest generation as it is: the next young collection would otherwise
+    scan it all at once (5 ms for 10k frames) only to find it alive. Not when the
+    program keeps objects frozen (`gc.freeze`, as pre-forking servers do): that freeze
+    is left as it is."""
     if not pause or not gc.isenabled():
         yield
         return
     gc.disable()
     try:
         yield
+        if gc.get_freeze_count() == 0:
+            gc.freeze()
+            gc.unfreeze()
     finally:
         gc.enable()
+
+
+def _parse_reply(msg: Msg, reply: type[Any]) -> Any:
+    """A reply message as `reply`, or the ClientError of the error it carries."""
+    try:
+        # Frames in a reply come from the relay, which only stores frames whose data was
+        # checked when they were made: their data is not checked again.
+        with _collections_paused(len(msg.data) >= LARGE_REPLY_BYTES):
+            return reply.model_validate_json(msg.data, context=STORED_FRAMES)
+    except ValidationError:
+        raise ClientError(ErrorReply.model_validate_json(msg.data).error) from None
+
+
+def _drop(task: asyncio.Task[Any]) -> None:
+    """A request no longer wanted: cancelled, or its outcome taken (an error included)."""
+    if not task.cancel() and not task.cancelled():
+        task.exception()
+
+
+def _replay_next(msg: Msg) -> int | None:
+    """The cursor a cut join reply says its rest starts after (see REPLAY_NEXT)."""
+    value = (msg.headers or {}).get(REPLAY_NEXT, "")
+    return int(value) if value.isdecimal() else None
 
 
 async def _next(sub: Subscription, idle: float) -> Msg | None:
@@ -340,13 +376,17 @@ class Client:
     async def _request(
         self, name: str, body: BaseModel, reply: type[Any], *, timeout: float = REQUEST_TIMEOUT_S
     ) -> Any:
+        return _parse_reply(await self._ask(name, body, timeout), reply)
+
+    async def _ask(self, name: str, body: BaseModel, timeout: float) -> Msg:
+        """The reply message of a command request, not yet read."""
         subject = self.subjects.command(self.tenant, name)
         # The caller's trace context, when it traces: a submitted run joins its trace.
         headers: dict[str, str] = {}
         propagate.inject(headers)
         data = body.model_dump_json(exclude_unset=True).encode()
         try:
-            msg = await self._send(subject, data, headers or None, timeout)
+            return await self._send(subject, data, headers or None, timeout)
         except nats.errors.NoRespondersError as exc:
             raise ClientError(
                 ErrorBody(
@@ -363,13 +403,6 @@ class Client:
                     retryable=True,
                 )
             ) from exc
-        try:
-            # Frames in a reply come from the relay, which only stores frames whose data
-            # was checked when they were made: their data is not checked again.
-            with _collections_paused(len(msg.data) >= LARGE_REPLY_BYTES):
-                return reply.model_validate_json(msg.data, context=STORED_FRAMES)
-        except ValidationError:
-            raise ClientError(ErrorReply.model_validate_json(msg.data).error) from None
 
     async def submit(
         self, input: dict[str, Any], *, request_id: str | None = None, **options: Any
@@ -495,41 +528,66 @@ class Client:
                 if frame.type == FrameType.DONE:
                     return
         failures = 0
-        while True:
-            # Short at first, longer after each failure: a relay that stopped answering
-            # (frozen) still gets its share of joins until NATS drops it, and the next
-            # try most likely reaches another relay.
-            timeout = min(REQUEST_TIMEOUT_S, JOIN_FIRST_TIMEOUT_S * 2**failures)
-            try:
-                reply = await self.join(run_id, cursor, timeout=timeout)
-            except ClientError as exc:
-                if not exc.retryable:
-                    raise
-                failures += 1
-                log.info("join failed (%s); joining again", exc.message)
-                await asyncio.sleep(REJOIN_DELAY_S)
-                continue
-            failures = 0
-            for frame in reply.replay:
-                if frame.seq > cursor:
+        # The next join, already asked for: a reply cut at the relay's size limit names
+        # the cursor of the rest, which is asked for while this reply is read.
+        ahead: tuple[int, asyncio.Task[Msg]] | None = None
+        try:
+            while True:
+                # Short at first, longer after each failure: a relay that stopped
+                # answering (frozen) still gets its share of joins until NATS drops it,
+                # and the next try most likely reaches another relay.
+                timeout = min(REQUEST_TIMEOUT_S, JOIN_FIRST_TIMEOUT_S * 2**failures)
+                asked, ahead = ahead, None
+                try:
+                    if asked is not None and asked[0] == cursor:
+                        msg = await asked[1]
+                    else:
+                        if asked is not None:
+                            _drop(asked[1])
+                        msg = await self._ask(
+                            "join", JoinCommand(run_id=run_id, after=cursor), timeout
+                        )
+                    rest = _replay_next(msg)
+                    if rest is not None and rest > cursor:
+                        command = JoinCommand(run_id=run_id, after=rest)
+                        ahead = (rest, asyncio.ensure_future(self._ask("join", command, timeout)))
+                        # Out before this reply is read: reading it keeps the event loop
+                        # for a while, and a request is only sent from the loop.
+                        for _ in range(SEND_HOPS):
+                            await asyncio.sleep(0)
+                    reply: JoinReply = _parse_reply(msg, JoinReply)
+                except ClientError as exc:
+                    if not exc.retryable:
+                        raise
+                    failures += 1
+                    log.info("join failed (%s); joining again", exc.message)
+                    await asyncio.sleep(REJOIN_DELAY_S)
+                    continue
+                failures = 0
+                for frame in reply.replay:
+                    if frame.seq > cursor:
+                        cursor = frame.seq
+                        yield frame
+                        if frame.type == FrameType.DONE:
+                            return
+                if reply.live is None:
+                    if not reply.replay:
+                        run = reply.run
+                        # `last_seq` is final only once the run's frames are complete.
+                        if run.status.terminal and run.frames_complete and cursor >= run.last_seq:
+                            return  # the caller already has every frame, `done` included
+                        await asyncio.sleep(REJOIN_DELAY_S)
+                    continue
+                live = reply.live
+                frames = self._in_order(live.subject, live.stream, live.stream_seq, cursor)
+                async for frame in frames:
                     cursor = frame.seq
                     yield frame
                     if frame.type == FrameType.DONE:
                         return
-            if reply.live is None:
-                if not reply.replay:
-                    run = reply.run
-                    # `last_seq` is final only once the run's frames are complete.
-                    if run.status.terminal and run.frames_complete and cursor >= run.last_seq:
-                        return  # the caller already has every frame, `done` included
-                    await asyncio.sleep(REJOIN_DELAY_S)
-                continue
-            live = reply.live
-            async for frame in self._in_order(live.subject, live.stream, live.stream_seq, cursor):
-                cursor = frame.seq
-                yield frame
-                if frame.type == FrameType.DONE:
-                    return
+        finally:
+            if ahead is not None:
+                _drop(ahead[1])
 
     async def _in_order(
         self, subject: str, stream: str, start: int, cursor: int, *, idle: float = LIVE_IDLE_S

@@ -14,11 +14,17 @@ from pydantic import PrivateAttr
 
 from runwire.contracts.commands import JoinCommand
 from runwire.contracts.frames import Frame, FrameType
+from runwire.contracts.headers import REPLAY_NEXT
 from runwire.contracts.replies import JoinReply, LiveCursor, RunSummary
 from runwire.runtime.broker import HDR_FRAME_SEQ, HDR_FRAME_TYPE, Broker, StoredMsg
 from runwire.runtime.errors import NotFound
 from runwire.runtime.settings import RelaySettings
 from runwire.runtime.store import Store, parse_run_id
+
+# Segments read from Postgres for a join: at first (a short replay needs no more), and
+# at most at once after that.
+FIRST_SEGMENTS = 8
+MAX_SEGMENTS = 10_000
 
 
 def _seq(msg: StoredMsg) -> int:
@@ -33,12 +39,19 @@ class _SplicedReply(JoinReply):
     a validation and an encode of every frame. Clients parse it as any join reply."""
 
     _frames: str = PrivateAttr(default="")
+    _next_after: int | None = PrivateAttr(default=None)
 
     @classmethod
-    def of(cls, run: RunSummary, live: LiveCursor | None, frames: list[str]) -> "_SplicedReply":
+    def of(
+        cls, run: RunSummary, live: LiveCursor | None, frames: list[str], next_after: int | None
+    ) -> "_SplicedReply":
         reply = cls.model_construct(run=run, replay=[], live=live)
         reply._frames = ",".join(frames)
+        reply._next_after = next_after
         return reply
+
+    def reply_headers(self) -> dict[str, str]:
+        return {} if self._next_after is None else {REPLAY_NEXT: str(self._next_after)}
 
     def model_dump_json(self, **kwargs: Any) -> str:
         head = super().model_dump_json(exclude={"replay"}, **kwargs)
@@ -63,7 +76,7 @@ class Joiner:
         # subject's first when it has none yet).
         run, segments, last = await asyncio.gather(
             self.store.get_run(tenant, cmd.run_id),
-            self.store.segment_texts_after(cmd.run_id, cmd.after),
+            self.store.segment_texts_after(cmd.run_id, cmd.after, FIRST_SEGMENTS),
             self.broker.last_on_subject(stream, subject),
         )
         if run is None:
@@ -83,39 +96,58 @@ class Joiner:
         )
         # The replay's frames as JSON text, in seq order: a segment that is kept whole is
         # spliced into the reply as Postgres returns it, never decoded and encoded again.
+        # Segments are read a few at a time while the reply has room: a long run's replay
+        # comes in several replies, and Postgres never sends what a reply cannot hold.
         parts: list[str] = []
         cursor = cmd.after
         size = 0
         full = False
         read_from = 1
         closed = False
-        for segment in segments:
-            if segment.first_seq > cursor + 1:
-                # A gap: frames a relay published but never wrote (it crashed before its
-                # flush). The stream has them; read it from the end of what is contiguous.
+        read_bytes = read_rows = 0
+        batch, asked = segments, FIRST_SEGMENTS
+        while True:
+            stop = False
+            for segment in batch:
+                read_rows += 1
+                read_bytes += len(segment.frames)
+                if segment.first_seq > cursor + 1:
+                    # A gap: frames a relay published but never wrote (it crashed before
+                    # its flush). The stream has them; read it from the end of what is
+                    # contiguous.
+                    stop = True
+                    break
+                if segment.first_seq > cursor and size + len(segment.frames) < limit:
+                    # (A `done` in it closes the run's frames in Postgres: `frames_closed`.)
+                    parts.append(segment.frames[1:-1])  # the items of its JSON array
+                    size += len(segment.frames)
+                    cursor = segment.last_seq
+                elif segment.first_seq > cursor and parts:
+                    # It does not fit whole: the next reply starts with it.
+                    full = True
+                    break
+                else:
+                    # The cursor, or the size limit, falls inside it: its frames one by one.
+                    for body in json.loads(segment.frames):
+                        if body["seq"] <= cursor:
+                            continue
+                        text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+                        parts.append(text)
+                        size += len(text)
+                        cursor = body["seq"]
+                        closed = closed or body["type"] == FrameType.DONE.value
+                        if size >= limit:
+                            break
+                read_from = segment.last_stream_seq + 1
+                if size >= limit:
+                    # Cut inside a segment: the stream part must not be read from its end.
+                    full = True
+                    break
+            if stop or full or len(batch) < asked:
                 break
-            if segment.first_seq > cursor and size + len(segment.frames) < limit:
-                # (A `done` in it closes the run's frames in Postgres: `frames_closed`.)
-                parts.append(segment.frames[1:-1])  # the items of its JSON array
-                size += len(segment.frames)
-                cursor = segment.last_seq
-            else:
-                # The cursor, or the size limit, falls inside it: its frames one by one.
-                for body in json.loads(segment.frames):
-                    if body["seq"] <= cursor:
-                        continue
-                    text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
-                    parts.append(text)
-                    size += len(text)
-                    cursor = body["seq"]
-                    closed = closed or body["type"] == FrameType.DONE.value
-                    if size >= limit:
-                        break
-            read_from = segment.last_stream_seq + 1
-            if size >= limit:
-                # Cut inside a segment: the stream part must not be read from its end.
-                full = True
-                break
+            # As many more segments as the room left takes at the size seen so far.
+            asked = min(MAX_SEGMENTS, (limit - size) * read_rows // max(read_bytes, 1) + 1)
+            batch = await self.store.segment_texts_after(cmd.run_id, cursor, asked)
 
         if last is not None and not full:
             closed = closed or last.headers.get(HDR_FRAME_TYPE) == FrameType.DONE.value
@@ -140,4 +172,6 @@ class Joiner:
             if closed or full
             else LiveCursor(stream=stream, subject=subject, stream_seq=live_from)
         )
-        return _SplicedReply.of(summary, live, parts)
+        # A cut reply names the cursor of the rest in a header: the client asks for it
+        # while it reads this one.
+        return _SplicedReply.of(summary, live, parts, next_after=cursor if full else None)

@@ -38,13 +38,13 @@ import time
 import typing
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import nats.errors
 from faststream._internal.context.repository import ContextRepo
 from faststream._internal.middlewares import BaseMiddleware
 from faststream.message import StreamMessage
-from faststream.nats import NatsRouter
+from faststream.nats import NatsResponse, NatsRouter
 from faststream.nats.opentelemetry.provider import NatsTelemetrySettingsProvider
 from faststream.nats.subscriber.usecases import ConcurrentCoreSubscriber
 from faststream.opentelemetry.middleware import TelemetryMiddleware
@@ -193,6 +193,13 @@ def json_body(model: type[M], max_bytes: int) -> Callable[[StreamMessage[Any]], 
     return decode
 
 
+@runtime_checkable
+class HeadedReply(Protocol):
+    """A reply that carries headers of the wire contract besides its body."""
+
+    def reply_headers(self) -> dict[str, str]: ...
+
+
 def _error(code: ErrorCode, message: str, *, retryable: bool) -> ErrorReply:
     return ErrorReply(error=ErrorBody(code=code, message=message, retryable=retryable))
 
@@ -206,7 +213,7 @@ class _Answer(BaseMiddleware[Any, Any]):
 
     async def consume_scope(
         self, call_next: Callable[[StreamMessage[Any]], Awaitable[Any]], msg: StreamMessage[Any]
-    ) -> bytes:
+    ) -> bytes | NatsResponse:
         started = time.monotonic()
         subject = str(msg.raw_message.subject)
         name = subject.rsplit(".", 1)[-1]
@@ -227,7 +234,8 @@ class _Answer(BaseMiddleware[Any, Any]):
         if isinstance(reply, ErrorReply):
             tracing.failed(span, reply.error.code.value)
         COMMAND_DURATION.labels(name).observe(time.monotonic() - started)
-        return body
+        headers = reply.reply_headers() if isinstance(reply, HeadedReply) else None
+        return NatsResponse(body, headers=headers) if headers else body
 
     async def _reply_to(
         self,

@@ -7,7 +7,10 @@ import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from runwire.client import Client
+from runwire.contracts.commands import JoinCommand
 from runwire.contracts.frames import Frame, FrameType
+from runwire.contracts.headers import REPLAY_NEXT
+from runwire.relay.join import FIRST_SEGMENTS
 from runwire.runtime.metrics import COMMAND_DURATION
 from runwire.testing.servers import Servers
 from runwire.testing.waiting import eventually
@@ -136,11 +139,56 @@ async def test_a_replay_over_its_size_limit_is_cut_and_the_rest_comes_by_joining
         assert 0 < len(first.replay) < len(frames)
         body = sum(len(f.model_dump_json()) for f in first.replay)
         assert body < 4096 + 200  # the limit, give or take the frame that crossed it
+        # The reply says where the rest starts, in a header a client reads before the body.
+        join = small.client.subjects.command("default", "join")
+        command = JoinCommand(run_id=reply.run.run_id, after=0).model_dump_json().encode()
+        raw = await small.client.nc.request(join, command, timeout=5)
+        assert raw.headers is not None
+        assert raw.headers[REPLAY_NEXT] == str(first.replay[-1].seq)
         again = await small.client.join(reply.run.run_id, first.replay[-1].seq)
         assert again.replay[0].seq == first.replay[-1].seq + 1
         # The SDK does the joining again by itself: every frame once, in order.
         streamed, _ = await collect(small.client, reply.run.run_id)
         assert [f.seq for f in streamed] == [f.seq for f in frames]
+
+        # ... and asks for the rest while its caller still reads the first part.
+        before = _joins_answered()
+        reading = small.client.stream(reply.run.run_id)
+        assert (await anext(reading)).seq == 1
+        await eventually(lambda: _joins_answered() >= before + 2)
+        await reading.aclose()
+        # The last part of a replay names no rest.
+        last = await small.client.nc.request(
+            join,
+            JoinCommand(run_id=reply.run.run_id, after=frames[-3].seq).model_dump_json().encode(),
+            timeout=5,
+        )
+        assert REPLAY_NEXT not in (last.headers or {})
+
+
+async def test_a_replay_of_many_segments_comes_whole_from_postgres_in_one_reply(
+    infra: Servers, db_url: str, prefix: str
+) -> None:
+    # A segment every 10 ms of a paced run: many more than a join reads at first.
+    async with InProcessStack(
+        infra.nats_url, db_url, prefix, overrides={"segment_flush_ms": 10, "coalesce_text": False}
+    ) as stack:
+        tokens = [f"token-{i:04d} " for i in range(200)]
+        reply = await stack.client.submit({"tokens": tokens, "token_delay_ms": 4})
+        run_id = reply.run.run_id
+        frames, _ = await collect(stack.client, run_id)
+        await eventually(lambda: _closed(stack, run_id), timeout=10)
+        assert len(await stack.store.segment_ranges(run_id)) > 3 * FIRST_SEGMENTS
+        await stack.client.nc.jetstream().purge_stream(
+            stack.client.subjects.run_frames_stream,
+            subject=stack.client.subjects.run_frames("default", run_id),
+        )
+
+        whole = await stack.client.join(run_id, 0)
+        assert [f.model_dump() for f in whole.replay] == [f.model_dump() for f in frames]
+        assert whole.live is None
+        later = await stack.client.join(run_id, 150)
+        assert [f.seq for f in later.replay] == [f.seq for f in frames if f.seq > 150]
 
 
 def _joins_answered() -> float:

@@ -78,3 +78,30 @@ def test_a_large_reply_is_parsed_with_collections_paused_and_the_collector_left_
     with pytest.raises(ValueError, match="does not parse"), _collections_paused(True):
         raise ValueError("a reply that does not parse")
     assert gc.isenabled()
+
+
+def test_a_large_replys_frames_are_not_left_to_the_next_young_collection() -> None:
+    from runwire.client.sdk import _collections_paused
+
+    thresholds = gc.get_threshold()
+    gc.set_threshold(10_000_000, 1_000, 1_000)  # no collection of its own in this test
+    try:
+        with _collections_paused(True):
+            made = [[seq] for seq in range(20_000)]
+        # Handed to the oldest generation at once: no young collection scans them.
+        oldest = {id(item) for item in gc.get_objects(generation=2)}
+        assert id(made) in oldest
+        assert id(made[-1]) in oldest
+        # A program that froze objects of its own keeps them frozen (and the frames go
+        # the usual way).
+        gc.freeze()
+        try:
+            frozen = gc.get_freeze_count()
+            with _collections_paused(True):
+                again = [[seq] for seq in range(20_000)]
+            assert gc.get_freeze_count() == frozen
+            assert id(again[-1]) in {id(item) for item in gc.get_objects(generation=0)}
+        finally:
+            gc.unfreeze()
+    finally:
+        gc.set_threshold(*thresholds)

@@ -15,11 +15,16 @@ SELECT * FROM write_segments($1::uuid[], $2::bigint[], $3::bigint[], $4::bigint[
                              $5::text[], $6::boolean[]);
 
 -- name: segment_texts_after
--- The segments after a cursor with their frames as JSON text: a join places them into
--- its reply as they are.
+-- The first $3 segments after a cursor with their frames as JSON text: a join places
+-- them into its reply as they are (and asks for more while its reply has room).
+-- (Chosen first, made text after: Postgres would make every segment after the cursor
+-- text before it sorts and limits them.)
 SELECT first_seq, last_seq, last_stream_seq, frames::text AS frames
-  FROM frame_segments
- WHERE run_id = $1 AND last_seq > $2
+  FROM (SELECT first_seq, last_seq, last_stream_seq, frames
+          FROM frame_segments
+         WHERE run_id = $1 AND last_seq > $2
+         ORDER BY first_seq
+         LIMIT $3) AS chosen
  ORDER BY first_seq;
 
 -- name: segments_after

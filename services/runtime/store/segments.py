@@ -31,12 +31,13 @@ class RelayQueries(Queries):
             for r in rows
         }
 
-    async def segment_texts_after(self, run_id: str, after: int) -> list[SegmentText]:
-        """The run's segments with a frame after `after`, each with its frames' JSON."""
+    async def segment_texts_after(self, run_id: str, after: int, limit: int) -> list[SegmentText]:
+        """The run's first `limit` segments with a frame after `after`, in order, each
+        with its frames' JSON."""
         key = parse_run_id(run_id)
         if key is None:
             return []
-        rows = await self._fetch("segment_texts_after", key, after)
+        rows = await self._fetch("segment_texts_after", key, after, limit)
         return [
             SegmentText(r["first_seq"], r["last_seq"], r["last_stream_seq"], r["frames"])
             for r in rows
