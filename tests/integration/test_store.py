@@ -561,3 +561,60 @@ async def test_a_quota_refuses_only_the_runs_of_a_batch_past_it(db_url: str) -> 
         assert "quota is 3" in refused[0].message
     finally:
         await store.close()
+
+
+async def test_published_rows_and_a_finishing_run_never_wait_for_each_other_in_a_circle(
+    db_url: str,
+) -> None:
+    """The outbox deletes what it published while runs finish, and a finishing run
+    deletes its job row (run_messages, one run after the other in run id order). Two
+    runs whose job rows were written in the opposite order of their ids used to deadlock
+    the two: Postgres broke the circle only after a second (deadlock_timeout)."""
+    store = await Store.connect(db_url, pool_size=2)
+    finishing = await asyncpg.connect(db_url)
+    publishing = await asyncpg.connect(db_url)
+    try:
+        runs = [await store.insert_run(**_submitted(f"circle-{i}")) for i in range(8)]  # type: ignore[arg-type]
+        rows = await store._pool.fetch(
+            "SELECT id, run_id FROM outbox WHERE kind = 'job' AND run_id = ANY($1) ORDER BY id",
+            [uuid.UUID(run.run_id) for run in runs],
+        )
+        # Two job rows whose runs sort the other way round.
+        first, second = next(
+            (a, b) for i, a in enumerate(rows) for b in rows[i + 1 :] if a["run_id"] > b["run_id"]
+        )
+        await finishing.execute("BEGIN")
+        # The finishing batch reaches the lower run id first: its job row is taken.
+        await finishing.execute(
+            "DELETE FROM outbox WHERE run_id = $1 AND kind = 'job'", second["run_id"]
+        )
+        published = asyncio.create_task(
+            publishing.execute(QUERIES["outbox_delete"], [first["id"], second["id"]])
+        )
+
+        async def waiting() -> bool:
+            return bool(
+                await store._pool.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND query LIKE '%DELETE FROM outbox%'"
+                )
+            )
+
+        await eventually(waiting)
+        # ... then the higher one's, which the outbox must not be holding meanwhile.
+        await asyncio.wait_for(
+            finishing.execute(
+                "DELETE FROM outbox WHERE run_id = $1 AND kind = 'job'", first["run_id"]
+            ),
+            timeout=0.5,
+        )
+        await finishing.execute("COMMIT")
+        await asyncio.wait_for(published, timeout=5)
+        left = await store._pool.fetchval(
+            "SELECT count(*) FROM outbox WHERE id = ANY($1)", [first["id"], second["id"]]
+        )
+        assert left == 0
+    finally:
+        await finishing.close()
+        await publishing.close()
+        await store.close()
