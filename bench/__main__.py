@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -57,6 +58,8 @@ class Sizes:
     stream_levels: tuple[int, ...]
     # Streams at once in the sizing scenario on the cluster (one of `stream_levels`).
     cluster_streams: int
+    # Rounds of the side-by-side throughput (each system once per round).
+    throughput_rounds: int = 3
 
 
 QUICK = Sizes(
@@ -119,11 +122,6 @@ async def main_stack(srv: Servers, results: Results, sizes: Sizes) -> None:
         await throughput.warm_up(stack)
         await guarded(
             results,
-            "1 throughput (1 executor)",
-            lambda: throughput.measure(stack, results, "1 executor", sizes.runs),
-        )
-        await guarded(
-            results,
             "2 latency (runwire)",
             lambda: latency.measure(stack, results, list(sizes.rates), sizes.rate_seconds),
         )
@@ -159,15 +157,59 @@ async def main_stack(srv: Servers, results: Results, sizes: Sizes) -> None:
         await stack.close()
 
 
-async def two_executors(srv: Servers, results: Results, sizes: Sizes) -> None:
-    stack = Stack(srv, "two", dict(BASE_SETTINGS), executors=2)
+async def side_by_side(srv: Servers, results: Results, sizes: Sizes) -> None:
+    """Scenarios 1 and 8: runwire with one executor and with two, DBOS and pgqueuer run
+    the same burst one after the other, round after round, each system started and warm
+    and the others idle; each one's figure is the median of its rounds. (Measured at
+    different moments of the bench, the figures moved with whatever the machine and
+    Postgres were doing then, more than the systems differ.)"""
+    stacks = {
+        "1 executor": Stack(srv, "one", dict(BASE_SETTINGS), executors=1),
+        "2 executors": Stack(srv, "two", dict(BASE_SETTINGS), executors=2),
+    }
+    others = peers.both(srv, CONCURRENCY)
+    started: list[peers.Peer] = []
+    rates: dict[str, list[float]] = {}
     try:
-        progress("starting runwire with 2 executor processes")
-        await stack.start()
-        await throughput.warm_up(stack)
-        await throughput.measure(stack, results, "2 executors", sizes.runs)
+        for label, stack in stacks.items():
+            progress(f"starting runwire with {label} as processes")
+            await stack.start()
+            await throughput.warm_up(stack)
+        for peer in others:
+            progress(f"8 peer {peer.name}: starting its worker (concurrency {CONCURRENCY})")
+            try:
+                await peer.start()
+                started.append(peer)
+            except Exception as exc:  # noqa: BLE001 - recorded in the table
+                peers.not_measured(results, peer, exc)
+        for round_no in range(1, sizes.throughput_rounds + 1):
+            for label, stack in stacks.items():
+                rate = await throughput.measure(
+                    stack, results, label, sizes.runs, round_no=round_no
+                )
+                rates.setdefault(f"runwire ({label})", []).append(rate)
+            for peer in list(started):
+                try:
+                    rate = await peers.measure_throughput(peer, results, sizes.runs, round_no)
+                except Exception as exc:  # noqa: BLE001 - recorded in the table
+                    peers.not_measured(results, peer, exc)
+                    started.remove(peer)
+                    continue
+                rates.setdefault(peer.name, []).append(rate)
     finally:
-        await stack.close()
+        for stack in stacks.values():
+            await stack.close()
+        for peer in others:
+            await peer.stop()
+    for name, found in rates.items():
+        median = round(statistics.median(found), 1)
+        results.throughput[name] = median
+        label = name.removeprefix("runwire (").removesuffix(")")
+        scenario = f"1 throughput ({label})" if name.startswith("runwire") else f"8 peer {name}"
+        what = "runs finished per second" if name.startswith("runwire") else "jobs done per second"
+        results.add(
+            scenario, what, median, what.split()[0] + "/s", f"median of {len(found)} rounds"
+        )
 
 
 async def streams(
@@ -238,10 +280,8 @@ async def run(sizes: Sizes) -> Results:
     start = time.monotonic()
     with servers() as srv:
         progress(f"servers up: {srv.nats_url}, {srv.admin_url} ({sizes.mode} mode)")
+        await guarded(results, "1 throughput", lambda: side_by_side(srv, results, sizes))
         await guarded(results, "runwire (1 executor)", lambda: main_stack(srv, results, sizes))
-        await guarded(
-            results, "1 throughput (2 executors)", lambda: two_executors(srv, results, sizes)
-        )
         await guarded(results, "5/7 faults", lambda: faults(srv, results, sizes))
         levels: dict[int, many_streams.Level] = {}
         await guarded(results, "10 many streams", lambda: streams(srv, results, sizes, levels))
@@ -252,11 +292,10 @@ async def run(sizes: Sizes) -> Results:
                 srv, results, BASE_SETTINGS, sizes.runs, sizes.cluster_streams, levels
             ),
         )
-        await peers.measure(
+        await peers.measure_latency(
             srv,
             results,
             concurrency=CONCURRENCY,
-            n=sizes.runs,
             rates=list(sizes.rates),
             seconds=sizes.rate_seconds,
             versions=results.meta["versions"],

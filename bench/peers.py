@@ -73,6 +73,7 @@ class Peer:
             raise PeerUnavailable(f"the `{self.package}` package is not installed")
         self.db_url = await self.servers.create_database(f"peer_{self.name}")
         ready = self.servers.folder / f"{self.name}.ready"
+        ready.unlink(missing_ok=True)  # left by this peer's worker of an earlier scenario
         self.proc = self._spawn(ready)
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not ready.exists():
@@ -239,31 +240,51 @@ class Pgqueuer(Peer):
         return {str(r["job_id"]): float(r["at"]) for r in rows}
 
 
-async def measure(
+def both(servers: Servers, concurrency: int) -> list[Peer]:
+    """DBOS and pgqueuer, not started yet."""
+    return [Dbos(servers, concurrency), Pgqueuer(servers, concurrency)]
+
+
+def not_measured(results: Results, peer: Peer, exc: Exception) -> None:
+    """A peer that failed: reported with its reason, never skipped silently."""
+    reason = str(exc).replace("\n", " ")[:400]
+    results.add(f"8 peer {peer.name}", "status", f"not measured: {reason}", "")
+    progress(f"8 peer {peer.name}: not measured: {reason}")
+
+
+async def measure_throughput(peer: Peer, results: Results, n: int, round_no: int) -> float:
+    """One round of the throughput workload on a started peer: its rate (recorded as the
+    round's; its time and memory in the first round)."""
+    scenario = f"8 peer {peer.name}"
+    peer.sampler.begin("throughput")
+    rate, elapsed = await peer.throughput(n)
+    peaks = peer.sampler.end()
+    results.add(
+        scenario, f"jobs done per second (round {round_no})", round(rate, 1), "jobs/s", f"{n} jobs"
+    )
+    progress(f"{scenario}: {rate:.0f} jobs/s (round {round_no})")
+    if round_no == 1:
+        results.add(scenario, "first submit → last job done", round(elapsed, 2), "s")
+        for name, mib in peaks.items():
+            results.add(scenario, f"peak RSS {name}, during throughput", round(mib, 1), "MiB")
+    return rate
+
+
+async def measure_latency(
     servers: Servers,
     results: Results,
     *,
     concurrency: int,
-    n: int,
     rates: list[int],
     seconds: float,
     versions: dict[str, Any],
 ) -> None:
-    """Run both peers; a peer that fails is reported with its reason, never skipped."""
-    for peer in (Dbos(servers, concurrency), Pgqueuer(servers, concurrency)):
+    """Both peers at fixed submit rates; a peer that fails is reported with its reason."""
+    for peer in both(servers, concurrency):
         scenario = f"8 peer {peer.name}"
         progress(f"{scenario}: starting its worker (concurrency {concurrency})")
         try:
             await peer.start()
-            peer.sampler.begin("throughput")
-            rate, elapsed = await peer.throughput(n)
-            peaks = peer.sampler.end()
-            results.add(scenario, "jobs done per second", round(rate, 1), "jobs/s", f"{n} jobs")
-            results.add(scenario, "first submit → last job done", round(elapsed, 2), "s")
-            for name, mib in peaks.items():
-                results.add(scenario, f"peak RSS {name}, during throughput", round(mib, 1), "MiB")
-            results.throughput[peer.name] = round(rate, 1)
-            progress(f"{scenario}: {rate:.0f} jobs/s")
             for r in rates:
                 await asyncio.sleep(0.5)
                 replies, done, achieved = await peer.at_rate(r, seconds)
@@ -275,9 +296,7 @@ async def measure(
                 progress(f"{sub}: done p50 {p['p50']} ms")
             versions[peer.package] = _version(peer.package)
         except Exception as exc:  # noqa: BLE001 - recorded in the table: the bench goes on
-            reason = str(exc).replace("\n", " ")[:400]
-            results.add(scenario, "status", f"not measured: {reason}", "")
-            progress(f"{scenario}: not measured: {reason}")
+            not_measured(results, peer, exc)
         finally:
             await peer.stop()
 
