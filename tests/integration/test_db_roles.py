@@ -66,6 +66,16 @@ async def test_every_service_works_as_its_own_role(
             await asyncio.wait_for(until_canceled(), 20)
         except TimeoutError:
             raise AssertionError(f"run events seen: {seen}, runs: {runs}") from None
+        # Every job and frame the services published, they removed from the outbox.
+        ids = [uuid.UUID(r.run_id) for r in runs]
+
+        async def outbox_drained() -> bool:
+            left = await stack.store._pool.fetchval(
+                "SELECT count(*) FROM outbox WHERE run_id = ANY($1)", ids
+            )
+            return left == 0
+
+        await eventually(outbox_drained)
     assert transcript.text == "as roles"
     assert [r.status for r in runs] == [RunStatus.FINISHED, RunStatus.FINISHED, RunStatus.CANCELED]
     assert (budget.cost_used, budget.cost_reserved) == (10, 0)

@@ -596,7 +596,8 @@ async def test_published_rows_and_a_finishing_run_never_wait_for_each_other_in_a
             return bool(
                 await store._pool.fetchval(
                     "SELECT count(*) FROM pg_stat_activity"
-                    " WHERE wait_event_type = 'Lock' AND query LIKE '%DELETE FROM outbox%'"
+                    " WHERE wait_event_type = 'Lock' AND pid = $1",
+                    publishing.get_server_pid(),
                 )
             )
 

@@ -57,11 +57,5 @@ SELECT e.id, 'event' AS kind, r.tenant, e.run_id, 'event:' || e.run_id || ':' ||
 UPDATE run_events SET published_at = now() WHERE id = ANY($1::bigint[]);
 
 -- name: outbox_delete
--- Published: the rows are done. Taken in run id order, as a finishing batch of runs
--- deletes their job rows (run_messages, in run id order): in any other order the two
--- can each hold a row the other waits for, until Postgres breaks the circle a second
--- later (deadlock_timeout) by failing one of them.
-DELETE FROM outbox
- WHERE id IN (SELECT id FROM outbox WHERE id = ANY($1::bigint[])
-               ORDER BY run_id, id
-                 FOR UPDATE);
+-- Published: the rows are done (deleted in run id order, see migration 0022).
+SELECT outbox_done($1::bigint[]);
