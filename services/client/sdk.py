@@ -157,9 +157,10 @@ def _collections_paused(pause: bool) -> Iterator[None]:
 
     What the block made (a long replay's frames: tens of thousands of objects) is then
     handed to the oldest generation as it is: the next young collection would otherwise
-    scan it all at once (5 ms for 10k frames) only to find it alive. Not when the
-    program keeps objects frozen (`gc.freeze`, as pre-forking servers do): that freeze
-    is left as it is."""
+    scan it all at once (5 ms for 10k frames) only to find it alive. (The program's
+    other young objects go with it: a garbage cycle among them waits for the next full
+    collection.) Not when the program keeps objects frozen (`gc.freeze`, as pre-forking
+    servers do): that freeze is left as it is."""
     if not pause or not gc.isenabled():
         yield
         return
