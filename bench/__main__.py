@@ -169,7 +169,8 @@ async def side_by_side(srv: Servers, results: Results, sizes: Sizes) -> None:
     }
     others = peers.both(srv, CONCURRENCY)
     started: list[peers.Peer] = []
-    rates: dict[str, list[float]] = {}
+    # Each system's rates, by (its name in results.throughput, its row of the table).
+    rates: dict[tuple[str, str, str], list[float]] = {}
     try:
         for label, stack in stacks.items():
             progress(f"starting runwire with {label} as processes")
@@ -187,7 +188,8 @@ async def side_by_side(srv: Servers, results: Results, sizes: Sizes) -> None:
                 rate = await throughput.measure(
                     stack, results, label, sizes.runs, round_no=round_no
                 )
-                rates.setdefault(f"runwire ({label})", []).append(rate)
+                row = (f"1 throughput ({label})", "runs finished per second")
+                rates.setdefault((f"runwire ({label})", *row), []).append(rate)
             for peer in list(started):
                 try:
                     rate = await peers.measure_throughput(peer, results, sizes.runs, round_no)
@@ -195,21 +197,18 @@ async def side_by_side(srv: Servers, results: Results, sizes: Sizes) -> None:
                     peers.not_measured(results, peer, exc)
                     started.remove(peer)
                     continue
-                rates.setdefault(peer.name, []).append(rate)
+                row = (f"8 peer {peer.name}", "jobs done per second")
+                rates.setdefault((peer.name, *row), []).append(rate)
     finally:
         for stack in stacks.values():
             await stack.close()
         for peer in others:
             await peer.stop()
-    for name, found in rates.items():
+    for (name, scenario, what), found in rates.items():
         median = round(statistics.median(found), 1)
         results.throughput[name] = median
-        label = name.removeprefix("runwire (").removesuffix(")")
-        scenario = f"1 throughput ({label})" if name.startswith("runwire") else f"8 peer {name}"
-        what = "runs finished per second" if name.startswith("runwire") else "jobs done per second"
-        results.add(
-            scenario, what, median, what.split()[0] + "/s", f"median of {len(found)} rounds"
-        )
+        unit = f"{what.split()[0]}/s"
+        results.add(scenario, what, median, unit, f"median of {len(found)} rounds")
 
 
 async def streams(

@@ -17,6 +17,7 @@ from runwire.contracts.frames import Frame, FrameType
 from runwire.contracts.headers import REPLAY_NEXT
 from runwire.contracts.replies import JoinReply, LiveCursor, RunSummary
 from runwire.runtime.broker import HDR_FRAME_SEQ, HDR_FRAME_TYPE, Broker, StoredMsg
+from runwire.runtime.commands import HeadedReply
 from runwire.runtime.errors import NotFound
 from runwire.runtime.settings import RelaySettings
 from runwire.runtime.store import Store, parse_run_id
@@ -33,7 +34,7 @@ def _seq(msg: StoredMsg) -> int:
     return int(header) if header is not None else Frame.model_validate_json(msg.data).seq
 
 
-class _SplicedReply(JoinReply):
+class _SplicedReply(JoinReply, HeadedReply):
     """A join reply whose frames are the JSON text they were stored as, placed into the
     reply's JSON as they are: a long run's replay costs the relay a copy, not a decode,
     a validation and an encode of every frame. Clients parse it as any join reply."""

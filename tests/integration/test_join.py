@@ -4,6 +4,7 @@ import asyncio
 import uuid
 
 import pytest
+from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from runwire.client import Client
@@ -103,17 +104,28 @@ async def test_join_after_the_stream_was_purged_is_served_from_postgres(
     frames, _ = await collect(stack.client, run_id)
     await eventually(lambda: _closed(stack, run_id), timeout=10)
 
-    js = stack.client.nc.jetstream()
-    await js.purge_stream(
-        stack.client.subjects.run_frames_stream,
-        subject=stack.client.subjects.run_frames("default", run_id),
-    )
+    await _purge(stack.client, run_id)
 
     replayed, transcript = await collect(stack.client, run_id)
     assert [f.model_dump() for f in replayed] == [f.model_dump() for f in frames]
     assert transcript.text == "kept in postgres"
     middle, _ = await collect(stack.client, run_id, after=2)
     assert_well_formed(middle, after=2)
+
+
+async def _purge(client: Client, run_id: str) -> None:
+    """The run's frames removed from the client frames stream: joins read Postgres alone."""
+    await client.nc.jetstream().purge_stream(
+        client.subjects.run_frames_stream, subject=client.subjects.run_frames(client.tenant, run_id)
+    )
+
+
+async def _raw_join(client: Client, run_id: str, after: int) -> Msg:
+    """A join's reply message as the relay sent it, headers and all."""
+    command = JoinCommand(run_id=run_id, after=after).model_dump_json().encode()
+    return await client.nc.request(
+        client.subjects.command(client.tenant, "join"), command, timeout=5
+    )
 
 
 async def _closed(stack: InProcessStack, run_id: str) -> bool:
@@ -140,9 +152,7 @@ async def test_a_replay_over_its_size_limit_is_cut_and_the_rest_comes_by_joining
         body = sum(len(f.model_dump_json()) for f in first.replay)
         assert body < 4096 + 200  # the limit, give or take the frame that crossed it
         # The reply says where the rest starts, in a header a client reads before the body.
-        join = small.client.subjects.command("default", "join")
-        command = JoinCommand(run_id=reply.run.run_id, after=0).model_dump_json().encode()
-        raw = await small.client.nc.request(join, command, timeout=5)
+        raw = await _raw_join(small.client, reply.run.run_id, 0)
         assert raw.headers is not None
         assert raw.headers[REPLAY_NEXT] == str(first.replay[-1].seq)
         again = await small.client.join(reply.run.run_id, first.replay[-1].seq)
@@ -158,11 +168,7 @@ async def test_a_replay_over_its_size_limit_is_cut_and_the_rest_comes_by_joining
         await eventually(lambda: _joins_answered() >= before + 2)
         await reading.aclose()
         # The last part of a replay names no rest.
-        last = await small.client.nc.request(
-            join,
-            JoinCommand(run_id=reply.run.run_id, after=frames[-3].seq).model_dump_json().encode(),
-            timeout=5,
-        )
+        last = await _raw_join(small.client, reply.run.run_id, frames[-3].seq)
         assert REPLAY_NEXT not in (last.headers or {})
 
 
@@ -179,10 +185,7 @@ async def test_a_replay_of_many_segments_comes_whole_from_postgres_in_one_reply(
         frames, _ = await collect(stack.client, run_id)
         await eventually(lambda: _closed(stack, run_id), timeout=10)
         assert len(await stack.store.segment_ranges(run_id)) > 3 * FIRST_SEGMENTS
-        await stack.client.nc.jetstream().purge_stream(
-            stack.client.subjects.run_frames_stream,
-            subject=stack.client.subjects.run_frames("default", run_id),
-        )
+        await _purge(stack.client, run_id)
 
         whole = await stack.client.join(run_id, 0)
         assert [f.model_dump() for f in whole.replay] == [f.model_dump() for f in frames]
@@ -225,10 +228,7 @@ async def test_a_fresh_run_whose_frames_left_the_stream_is_joined_from_postgres(
     async with await Client.connect(infra.nats_url, prefix=stack.prefix, tenant="default") as other:
         frames, _ = await collect(other, run_id)
     await eventually(lambda: _closed(stack, run_id), timeout=10)
-    await stack.client.nc.jetstream().purge_stream(
-        stack.client.subjects.run_frames_stream,
-        subject=stack.client.subjects.run_frames("default", run_id),
-    )
+    await _purge(stack.client, run_id)
 
     replayed, transcript = await collect(stack.client, run_id)
     assert [f.model_dump() for f in replayed] == [f.model_dump() for f in frames]
