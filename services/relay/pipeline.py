@@ -249,15 +249,18 @@ class Pipeline:
         )
         await frames_in.open()
         cursors = self.cursors.setdefault(partition, {})
-        while (msgs := await frames_in.fetch(FETCH_BATCH, stop)) is not None:
-            if not await self._still_owner(stop):
-                break  # the messages come back to the partition's next owner
-            batch: list[Pending] = []
-            parsed = [(msg, raw) for msg in msgs if (raw := await self._parse(msg)) is not None]
-            await self._preload(cursors, [raw for _, raw in parsed])
-            for msg, raw in parsed:
-                await self._process(cursors, raw, msg, batch)
-            await self._settle(cursors, batch)
+        try:
+            while (msgs := await frames_in.fetch(FETCH_BATCH, stop)) is not None:
+                if not await self._still_owner(stop):
+                    break  # the messages come back to the partition's next owner
+                batch: list[Pending] = []
+                parsed = [(msg, raw) for msg in msgs if (raw := await self._parse(msg)) is not None]
+                await self._preload(cursors, [raw for _, raw in parsed])
+                for msg, raw in parsed:
+                    await self._process(cursors, raw, msg, batch)
+                await self._settle(cursors, batch)
+        finally:
+            await frames_in.close()
 
     async def _still_owner(self, stop: asyncio.Event) -> bool:
         """Wait until this relay's partition locks are confirmed (at once, normally);

@@ -32,9 +32,14 @@ def _status(msg: Msg) -> str | None:
     return msg.headers.get("Status") if msg.headers else None
 
 
+# How long a pull request stays open on a quiet consumer.
 FETCH_WAIT_S = 1.0
-# A `no_wait` pull request is answered at once; this bounds a lost answer.
-ANSWER_WAIT_S = 1.0
+# Past its expiry, a request whose 408 status never came (lost in a reconnect) is taken
+# for over.
+EXPIRY_GRACE_S = 0.5
+HEARTBEAT = "100"
+# At most this many messages delivered but not yet taken are handed back on close.
+MAX_LEFT = 10_000
 CHECK_EVERY_S = 2.0
 
 
@@ -63,6 +68,9 @@ class DurablePull:
         self.ack_wait_s = ack_wait_s
         self._sub: JetStreamContext.PullSubscription | None = None
         self._checked_at = 0.0
+        # What the open pull request may still deliver, and when it surely is over.
+        self._open = 0
+        self._open_until = 0.0
 
     async def open(self) -> None:
         """Declare the streams and the consumer (create or reconcile), then bind."""
@@ -79,6 +87,7 @@ class DurablePull:
             with contextlib.suppress(nats.errors.Error):
                 await self._sub.unsubscribe()
         self._sub = await self.broker.pull(self.stream, self.durable)
+        self._open = 0
         self._checked_at = asyncio.get_running_loop().time()
 
     async def _check(self) -> None:
@@ -93,66 +102,94 @@ class DurablePull:
             self.declare_streams = True  # the stream itself may be gone too
             await self.open()
 
-    @staticmethod
-    def _queued(sub: JetStreamContext.PullSubscription, batch: int) -> list[Msg]:
-        """Up to `batch` messages already delivered to the subscription (no request)."""
+    def _take(self, batch: int) -> list[Msg]:
+        """Up to `batch` messages already delivered to the subscription (no request);
+        a status on the way (the open request expired, or the server refused it) means
+        the request is over."""
+        assert self._sub is not None
         msgs: list[Msg] = []
-        queue = sub._sub._pending_queue
+        sub = self._sub._sub
+        queue = sub._pending_queue
         while len(msgs) < batch and not queue.empty():
             msg = queue.get_nowait()
             queue.task_done()  # taken: a drain of the subscription waits for none
-            sub._sub._pending_size -= len(msg.data)
-            if _status(msg) is None:  # a status left over from an earlier request: done
-                msgs.append(msg)
+            sub._pending_size -= len(msg.data)
+            self._count(msg, msgs)
         return msgs
 
-    @staticmethod
-    async def _available(sub: JetStreamContext.PullSubscription, batch: int) -> list[Msg]:
-        """Up to `batch` messages the consumer holds now, without waiting for more: those
-        already delivered to the subscription, then one `no_wait` pull request, which the
-        server answers at once (with what it has, then a "no messages" status)."""
-        msgs = DurablePull._queued(sub, batch)
-        if len(msgs) == batch:
-            return msgs
-        queue = sub._sub._pending_queue
-        request = {"batch": batch - len(msgs), "no_wait": True}
-        await sub._nc.publish(sub._nms, json.dumps(request).encode(), sub._deliver)
-        # Read straight from the subscription's queue: the answer comes as one burst, and
-        # a timed wait per message (nats-py's next_msg) costs a task and a timer each.
-        while len(msgs) < batch:
-            if queue.empty():
-                try:
-                    msg = await asyncio.wait_for(queue.get(), ANSWER_WAIT_S)
-                except TimeoutError:
-                    break  # what comes later stays in the queue for the next fetch
-            else:
-                msg = queue.get_nowait()
-            queue.task_done()
-            sub._sub._pending_size -= len(msg.data)
-            if _status(msg) is not None:
-                break  # the end of the answer ("no messages", or a refusal)
+    def _count(self, msg: Msg, msgs: list[Msg]) -> None:
+        status = _status(msg)
+        if status is None:
             msgs.append(msg)
-        return msgs
+            self._open = max(0, self._open - 1)
+        elif status != HEARTBEAT:
+            self._open = 0
 
-    @classmethod
-    async def _fetch(cls, sub: JetStreamContext.PullSubscription, batch: int) -> list[Msg]:
-        # What the consumer holds now, at once; when it holds nothing, wait for one (a
-        # lingering request: it arrives as soon as it is stored) and take it with what
-        # else reached the subscription, without asking again: a quiet consumer's message
-        # is handled one round trip sooner, and under load the next fetch asks at once.
-        # (nats-py's fetch(n) waits until n messages arrived or its timeout passed, which
-        # would hold a trickle of messages back.)
-        msgs = await cls._available(sub, batch)
+    async def _ask(self, batch: int) -> None:
+        """Open a pull request for `batch` messages, good for FETCH_WAIT_S: the server
+        delivers each message as it is stored, until the request has had `batch` or
+        expires (then it sends a 408 status)."""
+        assert self._sub is not None
+        request = {"batch": batch, "expires": int(FETCH_WAIT_S * 1e9)}
+        await self._sub._nc.publish(
+            self._sub._nms, json.dumps(request).encode(), self._sub._deliver
+        )
+        self._open = batch
+        self._open_until = asyncio.get_running_loop().time() + FETCH_WAIT_S + EXPIRY_GRACE_S
+
+    async def _fetch(self, batch: int) -> list[Msg]:
+        # One pull request stays open while the consumer is quiet, and each message
+        # comes as soon as it is stored, with no request of its own; a request is sent
+        # only when the last one had all it asked for or expired. So a trickle of
+        # messages costs the server and this process one message each, not a request,
+        # an answer and a "no messages" status each, and under load the messages that
+        # arrive while a batch is handled are taken together by the next fetch.
+        msgs = self._take(batch)
         if msgs:
             return msgs
-        msgs = await sub.fetch(1, timeout=FETCH_WAIT_S)
-        if batch > 1:
-            msgs += cls._queued(sub, batch - 1)
+        loop = asyncio.get_running_loop()
+        if self._open == 0 or loop.time() >= self._open_until:
+            await self._ask(batch)
+        assert self._sub is not None
+        queue = self._sub._sub._pending_queue
+        while self._open > 0:
+            wait = self._open_until - loop.time()
+            if wait <= 0:
+                self._open = 0  # its expiry status was lost (a reconnect)
+                break
+            try:
+                # Straight from the subscription's queue: nats-py's next_msg costs a
+                # task and a timer per message.
+                msg = await asyncio.wait_for(queue.get(), wait)
+            except TimeoutError:
+                continue
+            queue.task_done()
+            self._sub._sub._pending_size -= len(msg.data)
+            self._count(msg, msgs)
+            if msgs:
+                return msgs + self._take(batch - 1)
         return msgs
 
+    async def close(self) -> None:
+        """Stop taking messages: the open pull request goes with the subscription (the
+        server drops a request nobody listens to), so what it would have delivered
+        stays on the stream for whoever fetches next, instead of waiting out
+        `ack_wait`."""
+        if self._sub is None:
+            return
+        left = self._take(MAX_LEFT)
+        sub, self._sub = self._sub, None
+        self._open = 0
+        with contextlib.suppress(nats.errors.Error):
+            await sub.unsubscribe()
+            for msg in left:  # delivered but never handled: back to the stream now
+                await msg.nak()
+
     async def fetch(self, batch: int, stop: asyncio.Event) -> list[Msg] | None:
-        """Up to `batch` messages ([] after a quiet wait); None once `stop` is set."""
-        if stop.is_set():
+        """Up to `batch` messages ([] after a quiet wait); None once `stop` is set (or
+        after `close`)."""
+        if stop.is_set() or self._sub is None:
+            await self.close()
             return None
         try:
             await self._check()
@@ -161,7 +198,7 @@ class DurablePull:
             await asyncio.sleep(0.5)
             return []
         assert self._sub is not None
-        fetch = asyncio.create_task(self._fetch(self._sub, batch))
+        fetch = asyncio.create_task(self._fetch(batch))
         stopping = asyncio.create_task(stop.wait())
         try:
             await asyncio.wait({fetch, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -171,6 +208,7 @@ class DurablePull:
             fetch.cancel()
             with contextlib.suppress(asyncio.CancelledError, nats.errors.Error):
                 await fetch
+            await self.close()
             return None
         try:
             return fetch.result()

@@ -1,0 +1,98 @@
+"""The pull consumer under the executor's jobs and the relay's raw frames: a trickle of
+messages over one open request, and nothing held back when it stops."""
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from nats.aio.msg import Msg
+from nats.js.api import StreamConfig
+
+from runwire.contracts.subjects import Subjects
+from runwire.runtime.broker import Broker, StreamLimits
+from runwire.runtime.consumer import DurablePull
+from runwire.testing.servers import Servers
+
+pytestmark = pytest.mark.integration
+
+DURABLE = "d"
+# Far longer than any wait below: a message held by a consumer that went away would
+# only come back after it.
+ACK_WAIT_S = 30.0
+
+
+@pytest.fixture
+async def broker(infra: Servers, prefix: str) -> AsyncIterator[Broker]:
+    broker = await Broker.connect(infra.nats_url, Subjects(prefix), name="test-consumer")
+    await broker.js.add_stream(
+        StreamConfig(
+            name=f"{prefix}_T", subjects=[f"{prefix}.t.>"], num_replicas=infra.stream_replicas
+        )
+    )
+    try:
+        yield broker
+    finally:
+        await broker.js.delete_stream(f"{prefix}_T")
+        await broker.close()
+
+
+async def _pull(broker: Broker, prefix: str) -> DurablePull:
+    pull = DurablePull(
+        broker,
+        f"{prefix}_T",
+        DURABLE,
+        limits=StreamLimits(queue_capacity=1000, frame_max_age_s=60),
+        max_ack_pending=64,
+        ack_wait_s=ACK_WAIT_S,
+        declare_streams=False,
+    )
+    await pull.open()
+    return pull
+
+
+async def test_a_trickle_of_messages_comes_over_one_pull_request(
+    broker: Broker, prefix: str
+) -> None:
+    """Messages that come one at a time to a waiting consumer are delivered over the
+    request it left open, not one request (and a "no messages" answer) each."""
+    requests: list[Msg] = []
+
+    async def seen(msg: Msg) -> None:
+        requests.append(msg)
+
+    spy = await broker.nc.subscribe(f"$JS.API.CONSUMER.MSG.NEXT.{prefix}_T.{DURABLE}", cb=seen)
+    pull = await _pull(broker, prefix)
+    stop = asyncio.Event()
+    try:
+        for i in range(10):
+            await broker.js.publish(f"{prefix}.t.x", f"m{i}".encode())
+            msgs = await pull.fetch(64, stop)
+            assert msgs is not None
+            assert [m.data for m in msgs] == [f"m{i}".encode()]
+            await msgs[0].ack()
+        await broker.nc.flush()
+        # One request, and one more each time it expired (FETCH_WAIT_S) on a slow machine.
+        assert 1 <= len(requests) <= 3, f"{len(requests)} pull requests for 10 messages"
+    finally:
+        stop.set()
+        await pull.fetch(64, stop)
+        await spy.unsubscribe()
+
+
+async def test_a_stopped_consumer_holds_back_nothing(broker: Broker, prefix: str) -> None:
+    """A message stored after a consumer stopped (its pull request was still open) goes to
+    the next consumer at once, not after the acknowledgement wait."""
+    first = await _pull(broker, prefix)
+    stop = asyncio.Event()
+    waiting = asyncio.create_task(first.fetch(64, stop))
+    await asyncio.sleep(0.2)  # its request is open on the server
+    stop.set()
+    assert await waiting is None
+    await broker.js.publish(f"{prefix}.t.x", b"after")
+    second = await _pull(broker, prefix)
+    msgs = await second.fetch(64, asyncio.Event())
+    assert msgs is not None
+    assert [m.data for m in msgs] == [b"after"]
+    info = await broker.js.consumer_info(f"{prefix}_T", DURABLE)
+    assert info.num_redelivered == 0
+    await second.close()
