@@ -21,6 +21,7 @@ import hmac
 import logging
 import time
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TypeGuard
@@ -167,6 +168,21 @@ def _cursor_from(last: StoredMsg | None, state: FrameState | None) -> RunCursor:
     return cursor
 
 
+def _new(state: FrameState | None) -> bool:
+    """Whether Postgres says that only the run's first attempt ever ran and no frame of it
+    was written. Then, with that attempt's first raw frame delivered for the first time,
+    nothing of the run was published: its attempt's other frames, closing ones included,
+    come after that frame on the run's subject. (A run that ended otherwise may have
+    closing frames of the next generation ahead of it.)"""
+    return (
+        state is not None
+        and state.generation == FIRST_GENERATION
+        and (not state.ended or state.finished)
+        and not state.closed
+        and state.last_seq == 0
+    )
+
+
 def _know(cursor: RunCursor, state: FrameState | None) -> None:
     """Record in `cursor` what Postgres says of the run's attempts."""
     cursor.known = state is not None
@@ -255,7 +271,7 @@ class Pipeline:
                     break  # the messages come back to the partition's next owner
                 batch: list[Pending] = []
                 parsed = [(msg, raw) for msg in msgs if (raw := await self._parse(msg)) is not None]
-                await self._preload(cursors, [raw for _, raw in parsed])
+                await self._preload(cursors, parsed)
                 for msg, raw in parsed:
                     await self._process(cursors, raw, msg, batch)
                 await self._settle(cursors, batch)
@@ -277,43 +293,67 @@ class Pipeline:
         self.cursors.pop(partition, None)
         await self.flush()
 
-    async def _lookup(self, raws: list[RawFrame]) -> dict[str, RunCursor]:
+    async def _lookup(
+        self, raws: list[RawFrame], fresh: AbstractSet[str] = frozenset()
+    ) -> dict[str, RunCursor]:
         """The cursors of the runs of `raws`, rebuilt together: their last published
-        frames, and their states in Postgres in one query, all at once."""
+        frames, and their states in Postgres in one query, all at once.
+
+        `fresh`: runs whose raw frame here is the first frame of their first attempt,
+        delivered for the first time. Nothing can have been published for such a run
+        yet, unless Postgres says otherwise (another attempt claimed it, it ended, or a
+        segment of it was written): only then is its last published frame asked for."""
         first: dict[str, RawFrame] = {}  # each run's first frame here
         for raw in raws:
             first.setdefault(raw.run_id, raw)
-        subjects = self.broker.subjects
+        asked = [run_id for run_id in first if run_id not in fresh]
         # Every run's state: where to go on from (for a run the stream no longer holds),
         # and what tells its attempts' frames from forged ones. Asked beside the stream,
         # not after it: a new run's first frame waits for one round trip, not two.
         states, lasts = await asyncio.gather(
-            self.store.frame_states(list(first)),
-            asyncio.gather(
-                *(
-                    self.broker.last_on_subject(
-                        subjects.run_frames_stream, subjects.run_frames(raw.tenant, run_id)
-                    )
-                    for run_id, raw in first.items()
-                )
-            ),
+            self.store.frame_states(list(first)), self._last_frames(first, asked)
         )
-        found = dict(zip(first, lasts, strict=True))
-        return {run_id: _cursor_from(last, states.get(run_id)) for run_id, last in found.items()}
+        found = dict(zip(asked, lasts, strict=True))
+        touched = [run_id for run_id in first if run_id in fresh and not _new(states.get(run_id))]
+        if touched:
+            found.update(zip(touched, await self._last_frames(first, touched), strict=True))
+        return {run_id: _cursor_from(found.get(run_id), states.get(run_id)) for run_id in first}
+
+    async def _last_frames(
+        self, first: dict[str, RawFrame], run_ids: list[str]
+    ) -> list[StoredMsg | None]:
+        subjects = self.broker.subjects
+        return await asyncio.gather(
+            *(
+                self.broker.last_on_subject(
+                    subjects.run_frames_stream, subjects.run_frames(first[run_id].tenant, run_id)
+                )
+                for run_id in run_ids
+            )
+        )
 
     @staticmethod
     def _remember(cursors: dict[str, RunCursor], run_id: str, cursor: RunCursor) -> None:
         if not cursor.closed:  # a closed run's late frames must not grow memory
             cursors[run_id] = cursor
 
-    async def _preload(self, cursors: dict[str, RunCursor], raws: list[RawFrame]) -> None:
+    async def _preload(
+        self, cursors: dict[str, RunCursor], parsed: list[tuple[Msg, RawFrame]]
+    ) -> None:
         """Cursors of the batch's runs that have none yet, looked up together. (On an
         error each frame looks its run up by itself, and handles the error there.)"""
-        new = [raw for raw in raws if raw.run_id not in cursors]
+        new = [raw for _, raw in parsed if raw.run_id not in cursors]
         if not new:
             return
+        fresh = {
+            raw.run_id
+            for msg, raw in parsed
+            if raw.generation == FIRST_GENERATION
+            and raw.seq == 1
+            and msg.metadata.num_delivered == 1
+        }
         try:
-            found = await self._lookup(new)
+            found = await self._lookup(new, fresh)
         except RunwireError:
             return
         for run_id, cursor in found.items():

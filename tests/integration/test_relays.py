@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 
 import asyncpg
 import pytest
+from nats.aio.msg import Msg
 
 from runwire.contracts.frames import FrameType, RawFrame
 from runwire.contracts.status import RunStatus
@@ -53,6 +54,32 @@ async def test_two_relays_share_partitions_and_keep_every_run_in_order(
     for i, (frames, transcript) in enumerate(results):
         assert_well_formed(frames)
         assert transcript.text == "".join(scripts[i]["tokens"])  # type: ignore[arg-type]
+
+
+async def test_new_runs_are_relayed_without_reading_their_frames_back(
+    stack: InProcessStack,
+) -> None:
+    """The first frame of a run's first attempt, delivered for the first time, needs no
+    look at the run's last published frame: nothing of it can be there yet (Postgres
+    says so). Each look is a JetStream API request; a chat product starts many runs."""
+    looks: list[str] = []
+
+    async def seen(msg: Msg) -> None:
+        looks.append(msg.subject)
+
+    stream = Subjects(stack.prefix).run_frames_stream
+    spy = await stack.client.nc.subscribe(f"$JS.API.STREAM.MSG.GET.{stream}", cb=seen)
+    try:
+        scripts = [{"tokens": [f"{i}.{t} " for t in range(3)]} for i in range(6)]
+        for script in scripts:
+            run_id = (await stack.client.submit(script)).run.run_id
+            frames, transcript = await collect(stack.client, run_id)
+            assert_well_formed(frames)
+            assert transcript.text == "".join(script["tokens"])
+        await stack.client.nc.flush()
+    finally:
+        await spy.unsubscribe()
+    assert looks == []
 
 
 async def _shared(db_url: str, expected: list[int]) -> bool:

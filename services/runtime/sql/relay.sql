@@ -3,8 +3,10 @@
 
 -- name: frame_states
 -- The relay's starting point for runs it has no cursor for, and what tells their real
--- frames from forged ones (their secret, the generation last claimed, whether they ended).
-SELECT run_id, last_seq, frames_closed, frame_secret, generation, run_terminal(status) AS ended
+-- frames from forged ones (their secret, the generation last claimed, whether they ended,
+-- and whether that attempt finished them).
+SELECT run_id, last_seq, frames_closed, frame_secret, generation,
+       run_terminal(status) AS ended, status = 'finished' AS finished
   FROM runs WHERE run_id = ANY($1::uuid[]);
 
 -- name: insert_segments

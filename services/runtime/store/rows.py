@@ -337,10 +337,12 @@ class BudgetGrant:
 class FrameState:
     """What the relay needs of a run: the last frame seq written and whether its frames
     are closed (where to go on from), its secret, the generation last claimed and whether
-    it ended (which raw frames are its attempts')."""
+    it ended (which raw frames are its attempts'), and whether that attempt finished it
+    (its closing frames are of that generation)."""
 
     last_seq: int
     closed: bool
     secret: str | None = field(default=None, repr=False)
     generation: int = 0
     ended: bool = False
+    finished: bool = False

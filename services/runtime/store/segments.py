@@ -26,7 +26,12 @@ class RelayQueries(Queries):
         rows = await self._fetch("frame_states", keys)
         return {
             str(r["run_id"]): FrameState(
-                r["last_seq"], r["frames_closed"], r["frame_secret"], r["generation"], r["ended"]
+                r["last_seq"],
+                r["frames_closed"],
+                r["frame_secret"],
+                r["generation"],
+                r["ended"],
+                r["finished"],
             )
             for r in rows
         }
