@@ -98,7 +98,9 @@ async def test_join_stream_after_a_disconnect_misses_and_repeats_nothing(
             thread["thread_id"], run_id, last_event_id=last_id, stream_mode="messages-tuple"
         )
     ]
-    assert _texts(first) + _texts(rest) == tokens
+    # Deltas emitted while the frame before was on its way join it (a slow machine): the
+    # text is compared, not how it was cut into frames.
+    assert "".join(_texts(first) + _texts(rest)) == "".join(tokens)
 
 
 async def test_wait_returns_the_final_values_or_the_error(sdk: LangGraphClient) -> None:
