@@ -38,6 +38,8 @@ FETCH_WAIT_S = 1.0
 # for over.
 EXPIRY_GRACE_S = 0.5
 HEARTBEAT = "100"
+# The status that ends a pull request at its expiry; any other ends it refused.
+EXPIRED = "408"
 # At most this many messages delivered but not yet taken are handed back on close.
 MAX_LEFT = 10_000
 CHECK_EVERY_S = 2.0
@@ -71,6 +73,8 @@ class DurablePull:
         # What the open pull request may still deliver, and when it surely is over.
         self._open = 0
         self._open_until = 0.0
+        # Why the server ended the last request early (None: it did not).
+        self._refusal: str | None = None
 
     async def open(self) -> None:
         """Declare the streams and the consumer (create or reconcile), then bind."""
@@ -124,6 +128,9 @@ class DurablePull:
             self._open = max(0, self._open - 1)
         elif status != HEARTBEAT:
             self._open = 0
+            if status != EXPIRED:  # refused: the consumer is gone, no leader, ...
+                told = msg.headers.get("Description", "") if msg.headers else ""
+                self._refusal = f"{status} {told}".strip()
 
     async def _ask(self, batch: int) -> None:
         """Open a pull request for `batch` messages, good for FETCH_WAIT_S: the server
@@ -168,6 +175,11 @@ class DurablePull:
             self._count(msg, msgs)
             if msgs:
                 return msgs + self._take(batch - 1)
+        if self._refusal is not None:
+            # Raised, so that `fetch` waits a little and looks at the consumer first,
+            # instead of asking again at once, over and over.
+            refusal, self._refusal = self._refusal, None
+            raise nats.js.errors.Error(f"pull request refused: {refusal}")
         return msgs
 
     async def close(self) -> None:

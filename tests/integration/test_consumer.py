@@ -12,6 +12,7 @@ from runwire.contracts.subjects import Subjects
 from runwire.runtime.broker import Broker, StreamLimits
 from runwire.runtime.consumer import DurablePull
 from runwire.testing.servers import Servers
+from runwire.testing.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +27,7 @@ async def broker(infra: Servers, prefix: str) -> AsyncIterator[Broker]:
     broker = await Broker.connect(infra.nats_url, Subjects(prefix), name="test-consumer")
     await broker.js.add_stream(
         StreamConfig(
-            name=f"{prefix}_T", subjects=[f"{prefix}.t.>"], num_replicas=infra.stream_replicas
+            name=f"{prefix}_T", subjects=[f"{prefix}_t.>"], num_replicas=infra.stream_replicas
         )
     )
     try:
@@ -41,7 +42,8 @@ async def _pull(broker: Broker, prefix: str) -> DurablePull:
         broker,
         f"{prefix}_T",
         DURABLE,
-        limits=StreamLimits(queue_capacity=1000, frame_max_age_s=60),
+        # runwire's own streams, declared again with the consumer when it is gone.
+        limits=StreamLimits(queue_capacity=1000, frame_max_age_s=3600),
         max_ack_pending=64,
         ack_wait_s=ACK_WAIT_S,
         declare_streams=False,
@@ -65,7 +67,7 @@ async def test_a_trickle_of_messages_comes_over_one_pull_request(
     stop = asyncio.Event()
     try:
         for i in range(10):
-            await broker.js.publish(f"{prefix}.t.x", f"m{i}".encode())
+            await broker.js.publish(f"{prefix}_t.x", f"m{i}".encode())
             msgs = await pull.fetch(64, stop)
             assert msgs is not None
             assert [m.data for m in msgs] == [f"m{i}".encode()]
@@ -88,7 +90,7 @@ async def test_a_stopped_consumer_holds_back_nothing(broker: Broker, prefix: str
     await asyncio.sleep(0.2)  # its request is open on the server
     stop.set()
     assert await waiting is None
-    await broker.js.publish(f"{prefix}.t.x", b"after")
+    await broker.js.publish(f"{prefix}_t.x", b"after")
     second = await _pull(broker, prefix)
     msgs = await second.fetch(64, asyncio.Event())
     assert msgs is not None
@@ -96,3 +98,39 @@ async def test_a_stopped_consumer_holds_back_nothing(broker: Broker, prefix: str
     info = await broker.js.consumer_info(f"{prefix}_T", DURABLE)
     assert info.num_redelivered == 0
     await second.close()
+
+
+async def test_a_deleted_consumer_is_declared_again_without_spinning(
+    broker: Broker, prefix: str
+) -> None:
+    """The server refuses pull requests for a consumer deleted under the service: it backs
+    off, declares the consumer again, and takes the messages stored meanwhile."""
+    requests: list[Msg] = []
+
+    async def seen(msg: Msg) -> None:
+        requests.append(msg)
+
+    spy = await broker.nc.subscribe(f"$JS.API.CONSUMER.MSG.NEXT.{prefix}_T.{DURABLE}", cb=seen)
+    pull = await _pull(broker, prefix)
+    stop = asyncio.Event()
+    got: list[bytes] = []
+
+    async def serve() -> None:
+        while (msgs := await pull.fetch(64, stop)) is not None:
+            for msg in msgs:
+                got.append(msg.data)
+                await msg.ack()
+
+    serving = asyncio.create_task(serve())
+    try:
+        await asyncio.sleep(0.2)
+        await broker.js.delete_consumer(f"{prefix}_T", DURABLE)
+        await broker.js.publish(f"{prefix}_t.x", b"meanwhile")
+        await eventually(lambda: got == [b"meanwhile"], timeout=15)
+        # Declared again within CHECK_EVERY_S; meanwhile a refused request every half
+        # second at most, not a request per turn of the event loop.
+        assert len(requests) < 30, f"{len(requests)} pull requests while the consumer was gone"
+    finally:
+        stop.set()
+        await serving
+        await spy.unsubscribe()
