@@ -9,11 +9,15 @@ from typing import Any
 import asyncpg
 
 from runwire.runtime.errors import RunwireError, Unavailable
+from runwire.runtime.store.queries import UNAVAILABLE
 from runwire.runtime.store.schema import QUERIES
 
 log = logging.getLogger(__name__)
 
 LOCK_TIMEOUT_S = 5.0
+# What a lock connection raises when Postgres or the connection goes away (or a query
+# of it fails or takes too long): the session and its locks are taken for gone.
+CONNECTION_ERRORS = (*UNAVAILABLE, TimeoutError, asyncpg.PostgresError)
 # The class of executors' presence locks (a key per executor, recorded by its claims).
 EXECUTOR_PRESENCE_LOCKS = 72_401_133
 
@@ -45,7 +49,7 @@ class LockSession:
             except asyncpg.UndefinedObjectError:
                 # Postgres before 14: a stuck holder keeps its locks until TCP gives up.
                 log.warning("Postgres has no idle_session_timeout; a stuck relay keeps its locks")
-            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            except CONNECTION_ERRORS as exc:
                 await session.close()
                 raise Unavailable(f"lock connection failed during setup: {exc}") from exc
         return session
@@ -53,7 +57,7 @@ class LockSession:
     async def _value(self, name: str, *args: Any) -> Any:
         try:
             return await self._conn.fetchval(QUERIES[name], *args, timeout=LOCK_TIMEOUT_S)
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except CONNECTION_ERRORS as exc:
             raise Unavailable(f"lock connection failed during {name}: {exc}") from exc
 
     async def try_lock(self, space: int, key: int) -> bool:
@@ -79,7 +83,7 @@ class LockSession:
         if not self._conn.is_closed():
             try:
                 await self._conn.close(timeout=LOCK_TIMEOUT_S)
-            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            except CONNECTION_ERRORS:
                 self._conn.terminate()
 
 

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Sequence
 import asyncpg
 
 from runwire.runtime.errors import StoreError, Unavailable
-from runwire.runtime.store.queries import Queries
+from runwire.runtime.store.queries import UNAVAILABLE, Queries
 from runwire.runtime.store.rows import OutboxBatch, OutboxKind, OutboxMessage
 from runwire.runtime.store.schema import QUERIES
 
@@ -55,7 +55,7 @@ class OutboxQueries(Queries):
                     await conn.execute(QUERIES["outbox_delete"], done_rows)
                 if done_events:
                     await conn.execute(QUERIES["events_published"], done_events)
-        except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
+        except UNAVAILABLE as exc:
             raise Unavailable(f"Postgres unavailable during the outbox sweep: {exc}") from exc
         except asyncpg.PostgresError as exc:
             raise StoreError(f"outbox sweep failed: {exc}") from exc

@@ -15,6 +15,16 @@ from runwire.runtime.errors import LostRace, QuotaExceeded, StoreError, Unavaila
 from runwire.runtime.store.rows import Run
 from runwire.runtime.store.schema import QUERIES
 
+# What the driver raises when Postgres or the connection is away: the query may be tried
+# again later. (InternalClientError: a connection that lost Postgres in the middle of a
+# query refuses the next one with "another operation is in progress".)
+UNAVAILABLE = (
+    OSError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+)
+
 # What a statement raises when a quota of the tenant refuses a submit (submit_quota_check).
 QUOTA_SQLSTATE = "RWQ01"
 # What Postgres rolls back to break a deadlock (or a serialization conflict), and how
@@ -46,7 +56,7 @@ class Queries:
         for attempt in range(1, CONFLICT_ATTEMPTS + 1):
             try:
                 return list(await self._pool.fetch(QUERIES[name], *args))
-            except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
+            except UNAVAILABLE as exc:
                 raise Unavailable(f"Postgres unavailable during {name}: {exc}") from exc
             except CONFLICTS as exc:
                 # A statement of its own (not inside a session's transaction) that Postgres
@@ -72,7 +82,7 @@ class Queries:
             else:
                 async with self._pool.transaction():
                     yield self._pool
-        except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
+        except UNAVAILABLE as exc:
             raise Unavailable(f"Postgres unavailable during {name}: {exc}") from exc
         except asyncpg.PostgresError as exc:
             raise _failed(name, exc) from exc

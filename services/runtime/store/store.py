@@ -21,6 +21,7 @@ import asyncpg
 from runwire.runtime.errors import MigrationsPending, StoreError, Unavailable
 from runwire.runtime.store.attempts import ExecutorQueries
 from runwire.runtime.store.outbox import OutboxQueries
+from runwire.runtime.store.queries import UNAVAILABLE
 from runwire.runtime.store.rows import Run, parse_run_id
 from runwire.runtime.store.schema import QUERIES, init_connection, migrate
 from runwire.runtime.store.segments import RelayQueries
@@ -90,7 +91,7 @@ class Store(SubmitterQueries, ExecutorQueries, RecoveryQueries, RelayQueries, Ou
             async with self._pool.acquire() as conn, conn.transaction():
                 await conn.execute(QUERIES["lock_session"], tenant, session_id)
                 yield Store(conn)
-        except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
+        except UNAVAILABLE as exc:
             raise Unavailable(f"Postgres unavailable during a session's lock: {exc}") from exc
         except asyncpg.PostgresError as exc:
             raise StoreError(f"session lock of {session_id!r} failed: {exc}") from exc
