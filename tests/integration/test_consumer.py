@@ -37,6 +37,22 @@ async def broker(infra: Servers, prefix: str) -> AsyncIterator[Broker]:
         await broker.close()
 
 
+@pytest.fixture
+async def requests(broker: Broker, prefix: str) -> AsyncIterator[list[Msg]]:
+    """The pull requests sent for the test's consumer, as the server receives them."""
+    seen: list[Msg] = []
+
+    async def record(msg: Msg) -> None:
+        seen.append(msg)
+
+    spy = await broker.nc.subscribe(f"$JS.API.CONSUMER.MSG.NEXT.{prefix}_T.{DURABLE}", cb=record)
+    await broker.nc.flush()
+    try:
+        yield seen
+    finally:
+        await spy.unsubscribe()
+
+
 async def _pull(broker: Broker, prefix: str) -> DurablePull:
     pull = DurablePull(
         broker,
@@ -53,16 +69,10 @@ async def _pull(broker: Broker, prefix: str) -> DurablePull:
 
 
 async def test_a_trickle_of_messages_comes_over_one_pull_request(
-    broker: Broker, prefix: str
+    broker: Broker, prefix: str, requests: list[Msg]
 ) -> None:
     """Messages that come one at a time to a waiting consumer are delivered over the
     request it left open, not one request (and a "no messages" answer) each."""
-    requests: list[Msg] = []
-
-    async def seen(msg: Msg) -> None:
-        requests.append(msg)
-
-    spy = await broker.nc.subscribe(f"$JS.API.CONSUMER.MSG.NEXT.{prefix}_T.{DURABLE}", cb=seen)
     pull = await _pull(broker, prefix)
     stop = asyncio.Event()
     try:
@@ -78,16 +88,17 @@ async def test_a_trickle_of_messages_comes_over_one_pull_request(
     finally:
         stop.set()
         await pull.fetch(64, stop)
-        await spy.unsubscribe()
 
 
-async def test_a_stopped_consumer_holds_back_nothing(broker: Broker, prefix: str) -> None:
+async def test_a_stopped_consumer_holds_back_nothing(
+    broker: Broker, prefix: str, requests: list[Msg]
+) -> None:
     """A message stored after a consumer stopped (its pull request was still open) goes to
     the next consumer at once, not after the acknowledgement wait."""
     first = await _pull(broker, prefix)
     stop = asyncio.Event()
     waiting = asyncio.create_task(first.fetch(64, stop))
-    await asyncio.sleep(0.2)  # its request is open on the server
+    await eventually(lambda: requests)  # its request is open on the server
     stop.set()
     assert await waiting is None
     await broker.js.publish(f"{prefix}_t.x", b"after")
@@ -101,16 +112,10 @@ async def test_a_stopped_consumer_holds_back_nothing(broker: Broker, prefix: str
 
 
 async def test_a_deleted_consumer_is_declared_again_without_spinning(
-    broker: Broker, prefix: str
+    broker: Broker, prefix: str, requests: list[Msg]
 ) -> None:
     """The server refuses pull requests for a consumer deleted under the service: it backs
     off, declares the consumer again, and takes the messages stored meanwhile."""
-    requests: list[Msg] = []
-
-    async def seen(msg: Msg) -> None:
-        requests.append(msg)
-
-    spy = await broker.nc.subscribe(f"$JS.API.CONSUMER.MSG.NEXT.{prefix}_T.{DURABLE}", cb=seen)
     pull = await _pull(broker, prefix)
     stop = asyncio.Event()
     got: list[bytes] = []
@@ -123,7 +128,7 @@ async def test_a_deleted_consumer_is_declared_again_without_spinning(
 
     serving = asyncio.create_task(serve())
     try:
-        await asyncio.sleep(0.2)
+        await eventually(lambda: requests)  # it waits on an open request
         await broker.js.delete_consumer(f"{prefix}_T", DURABLE)
         await broker.js.publish(f"{prefix}_t.x", b"meanwhile")
         await eventually(lambda: got == [b"meanwhile"], timeout=15)
@@ -133,4 +138,3 @@ async def test_a_deleted_consumer_is_declared_again_without_spinning(
     finally:
         stop.set()
         await serving
-        await spy.unsubscribe()
