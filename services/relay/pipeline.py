@@ -268,7 +268,10 @@ class Pipeline:
         try:
             while (msgs := await frames_in.fetch(FETCH_BATCH, stop)) is not None:
                 if not await self._still_owner(stop):
-                    break  # the messages come back to the partition's next owner
+                    # Given back at once, for the partition's next owner, rather than
+                    # left to wait out their ack_wait: a stall of every run here.
+                    await frames_in.close(unhandled=msgs)
+                    break
                 batch: list[Pending] = []
                 parsed = [(msg, raw) for msg in msgs if (raw := await self._parse(msg)) is not None]
                 await self._preload(cursors, parsed)

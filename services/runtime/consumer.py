@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Sequence
 
 import nats.errors
 import nats.js.errors
@@ -182,14 +183,15 @@ class DurablePull:
             raise nats.js.errors.Error(f"pull request refused: {refusal}")
         return msgs
 
-    async def close(self) -> None:
+    async def close(self, unhandled: Sequence[Msg] = ()) -> None:
         """Stop taking messages: the open pull request goes with the subscription (the
         server drops a request nobody listens to), so what it would have delivered
         stays on the stream for whoever fetches next, instead of waiting out
-        `ack_wait`."""
+        `ack_wait`. `unhandled`: messages fetched that the caller gives back too (a nak
+        before the request is gone would only deliver them to it again)."""
         if self._sub is None:
             return
-        left = self._take(MAX_LEFT)
+        left = [*unhandled, *self._take(MAX_LEFT)]
         sub, self._sub = self._sub, None
         self._open = 0
         with contextlib.suppress(nats.errors.Error):

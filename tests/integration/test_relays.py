@@ -13,8 +13,8 @@ from runwire.contracts.frames import FrameType, RawFrame
 from runwire.contracts.status import RunStatus
 from runwire.contracts.subjects import Subjects
 from runwire.relay.partitions import PARTITION_LOCKS
-from runwire.relay.pipeline import Pipeline
-from runwire.runtime.broker import RELAY_PARTITIONS, Broker
+from runwire.relay.pipeline import RAW_FRAME_ACK_WAIT_S, Pipeline
+from runwire.runtime.broker import RELAY_PARTITIONS, Broker, StreamLimits, relay_consumer
 from runwire.runtime.settings import RelaySettings
 from runwire.runtime.store import Segment, SegmentCount
 from runwire.runtime.tokens import frame_token
@@ -246,3 +246,52 @@ async def test_an_attempts_frames_stored_after_its_later_ones_all_reach_the_clie
 async def _status(stack: InProcessStack, run_id: str, status: RunStatus) -> bool:
     run = await stack.store.get_run_by_id(run_id)
     return run is not None and run.status == status
+
+
+async def test_a_relay_that_stops_relaying_a_partition_gives_back_the_frames_in_hand(
+    infra: Servers, db_url: str, prefix: str
+) -> None:
+    """Raw frames a relay had taken when it learnt that the partition is no longer its
+    own (rebalanced to another relay, or its locks lapsed while it was frozen) go back at
+    once, for the partition's next owner: none waits out its ack_wait, a stall of every
+    run of the partition. (No store is needed: nothing is relayed.)"""
+    subjects = Subjects(prefix)
+    settings = RelaySettings(nats_url=infra.nats_url, database_url=db_url, prefix=prefix)
+    broker = await Broker.connect(infra.nats_url, subjects, name="test-relay")
+    try:
+        await broker.ensure_streams(StreamLimits.of(settings))
+        run_id = str(uuid.uuid4())
+        frame = RawFrame(
+            run_id=run_id,
+            tenant="default",
+            generation=1,
+            seq=1,
+            type=FrameType.RUN,
+            data={"attempt": 1, "resumed": False, "partial_length": 0},
+            at=datetime.now(UTC),
+            token="t",
+        )
+        await broker.publish_raw_frame(frame)
+        stored = await broker.js.get_last_msg(
+            subjects.frames_in_stream, f"{subjects.frames_in('default', run_id)}.*"
+        )
+        partition = int(stored.subject.rsplit(".", 1)[-1])
+
+        pipeline = Pipeline(settings, None, broker)  # type: ignore[arg-type]
+
+        async def lost(stop: asyncio.Event) -> bool:
+            return False  # the partition went elsewhere while its batch was fetched
+
+        pipeline._still_owner = lost  # type: ignore[method-assign]
+        await asyncio.wait_for(pipeline._consume(partition, asyncio.Event()), 10)
+
+        # The partition's next owner gets the frame now, well inside its ack_wait.
+        assert RAW_FRAME_ACK_WAIT_S >= 5
+        nxt = await broker.js.pull_subscribe_bind(
+            relay_consumer(partition), stream=subjects.frames_in_stream
+        )
+        (again,) = await nxt.fetch(1, timeout=RAW_FRAME_ACK_WAIT_S / 2)
+        assert again.metadata.num_delivered == 2
+        assert RawFrame.model_validate_json(again.data).run_id == run_id
+    finally:
+        await broker.close()
