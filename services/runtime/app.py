@@ -37,6 +37,7 @@ from runwire.runtime import tracing
 from runwire.runtime.broker import Broker, StreamLimits
 from runwire.runtime.lifecycle import setup_process, teardown_process
 from runwire.runtime.logs import fields
+from runwire.runtime.metrics import freeze_startup_objects
 from runwire.runtime.outbox import Outbox
 from runwire.runtime.settings import CommonSettings
 from runwire.runtime.store import Store
@@ -210,6 +211,8 @@ class Service(Generic[S]):
         self.opened()
 
     async def _start_work(self) -> None:
+        if self.own_process:  # not a test's objects, when the stack runs inside it
+            freeze_startup_objects()
         self._work = asyncio.create_task(self.work(self._stop), name=f"{self.name}-work")
         self._work.add_done_callback(self._work_ended)
         log.info("%s ready", self.name)

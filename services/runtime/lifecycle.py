@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from runwire.runtime import faults, logs, tracing
 from runwire.runtime.errors import Unavailable
-from runwire.runtime.metrics import serve_metrics
+from runwire.runtime.metrics import serve_metrics, time_collections
 from runwire.runtime.settings import EXIT_CONFIG, CommonSettings
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,7 @@ def setup_process(name: str, settings: CommonSettings) -> TracerProvider | None:
     except (tracing.TracingConfigError, faults.FaultSpecError) as exc:
         raise CannotStart(str(exc)) from exc
     serve_metrics(name, settings.metrics_port, settings.metrics_host)
+    time_collections()
     return provider
 
 
