@@ -159,8 +159,9 @@ class _CollectionTimer:
     def __call__(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             self._started = time.perf_counter()
-        else:
+        elif self._started:
             self._by_generation[info["generation"]].observe(time.perf_counter() - self._started)
+            self._started = 0.0
 
 
 _timer: _CollectionTimer | None = None

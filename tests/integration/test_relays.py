@@ -256,7 +256,12 @@ async def test_a_relay_that_stops_relaying_a_partition_gives_back_the_frames_in_
     once, for the partition's next owner: none waits out its ack_wait, a stall of every
     run of the partition. (No store is needed: nothing is relayed.)"""
     subjects = Subjects(prefix)
-    settings = RelaySettings(nats_url=infra.nats_url, database_url=db_url, prefix=prefix)
+    settings = RelaySettings(
+        nats_url=infra.nats_url,
+        database_url=db_url,
+        prefix=prefix,
+        stream_replicas=infra.stream_replicas,
+    )
     broker = await Broker.connect(infra.nats_url, subjects, name="test-relay")
     try:
         await broker.ensure_streams(StreamLimits.of(settings))
