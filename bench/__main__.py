@@ -214,8 +214,8 @@ async def side_by_side(srv: Servers, results: Results, sizes: Sizes) -> None:
 async def streams(
     srv: Servers, results: Results, sizes: Sizes, ours: dict[int, many_streams.Level]
 ) -> None:
-    """Scenario 10 on runwire (a stack of its own, with room for every stream at once),
-    then on the Redis Streams peer; runwire's levels are left in `ours`."""
+    """Scenario 10, runwire (a stack of its own, with room for every stream at once) and
+    the Redis Streams peer level by level; runwire's levels are left in `ours`."""
     most = max(sizes.stream_levels)
     settings = {**BASE_SETTINGS, "max_in_flight": most}
     stack = Stack(srv, "streams", settings, executors=1)
@@ -223,10 +223,12 @@ async def streams(
         progress("starting runwire for many streams at once")
         await stack.start()
         await throughput.warm_up(stack)
-        ours.update(await many_streams.measure_runwire(stack, results, list(sizes.stream_levels)))
+        found, theirs = await many_streams.measure_side_by_side(
+            stack, srv, results, list(sizes.stream_levels)
+        )
+        ours.update(found)
     finally:
         await stack.close()
-    theirs = await many_streams.measure_redis(srv, results, list(sizes.stream_levels))
     many_streams.add_comparison(results, ours, theirs)
 
 

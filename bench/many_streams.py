@@ -5,7 +5,8 @@ are `READERS` processes of their own (`bench.stream_readers`), each starting its
 of the runs together and following every one to its end. runwire runs as in production,
 every service a process, every frame kept in Postgres; the peer is Redis Streams (XADD
 per token by `bench.redis_producer`, XREAD with resume by id, no persistence), the
-relay that LangGraph Platform and Vercel's `resumable-stream` use.
+relay that LangGraph Platform and Vercel's `resumable-stream` use. Each level runs on
+runwire and then at once on the peer, so that a level's two figures are side by side.
 
 Per level of N: the tokens per second delivered (each stream's own rate, summed: N x 50
 when every stream keeps its pace), how many streamed at once, the lag of every token
@@ -26,6 +27,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -178,25 +180,24 @@ def _record(results: Results, system: str, level: Level) -> None:
     )
 
 
-async def _ladder(
-    results: Results, system: str, levels: list[int], run_level: Any
-) -> dict[int, Level]:
-    """Each level in turn."""
-    found: dict[int, Level] = {}
-    for n in levels:
-        progress(f"10 many streams ({system}): {n} runs x {TOKENS} tokens every {DELAY_MS} ms")
-        try:
-            level = await run_level(n)
-        except Exception as exc:  # noqa: BLE001 - a failed level is a line of the table
-            level = Level(n, error=f"{type(exc).__name__}: {exc}"[:300])
-        found[n] = level
-        _record(results, system, level)
-        progress(
-            f"10 many streams ({system}): {n} runs: {level.delivered:.0f} of "
-            f"{level.offered:.0f} tokens/s, lag p99 {level.lag.get('p99')} ms, first token "
-            f"p99 {level.first.get('p99')} ms, exact {level.exact}/{n}, held {level.held}"
-        )
-        await asyncio.sleep(1.0)
+async def _level(results: Results, system: str, n: int, run_level: Any) -> Level:
+    """One level of one system: run, record, report."""
+    progress(f"10 many streams ({system}): {n} runs x {TOKENS} tokens every {DELAY_MS} ms")
+    try:
+        level: Level = await run_level(n)
+    except Exception as exc:  # noqa: BLE001 - a failed level is a line of the table
+        level = Level(n, error=f"{type(exc).__name__}: {exc}"[:300])
+    _record(results, system, level)
+    progress(
+        f"10 many streams ({system}): {n} runs: {level.delivered:.0f} of "
+        f"{level.offered:.0f} tokens/s, lag p99 {level.lag.get('p99')} ms, first token "
+        f"p99 {level.first.get('p99')} ms, exact {level.exact}/{n}, held {level.held}"
+    )
+    await asyncio.sleep(1.0)
+    return level
+
+
+def _most_held(results: Results, system: str, found: dict[int, Level]) -> None:
     held = [n for n, level in found.items() if level.held]
     results.add(
         f"10 many streams ({system})",
@@ -205,12 +206,19 @@ async def _ladder(
         "runs",
         f"levels tried: {', '.join(str(n) for n in found)}",
     )
+
+
+async def _ladder(
+    results: Results, system: str, levels: list[int], run_level: Any
+) -> dict[int, Level]:
+    """Each level in turn."""
+    found = {n: await _level(results, system, n, run_level) for n in levels}
+    _most_held(results, system, found)
     return found
 
 
-async def measure_runwire(
-    stack: Stack, results: Results, levels: list[int], system: str = "runwire"
-) -> dict[int, Level]:
+def _runwire_levels(stack: Stack) -> Any:
+    """What runs one level of N streams through `stack`."""
     base = {
         "system": "runwire",
         "nats_url": stack.nats_url,
@@ -228,7 +236,13 @@ async def measure_runwire(
         level.rss = peaks
         return level
 
-    return await _ladder(results, system, levels, run_level)
+    return run_level
+
+
+async def measure_runwire(
+    stack: Stack, results: Results, levels: list[int], system: str = "runwire"
+) -> dict[int, Level]:
+    return await _ladder(results, system, levels, _runwire_levels(stack))
 
 
 def _free_port() -> int:
@@ -279,7 +293,9 @@ def _redis_server(servers: Servers) -> Any:
             proc.wait(10)
 
 
-async def measure_redis(servers: Servers, results: Results, levels: list[int]) -> dict[int, Level]:
+@contextlib.asynccontextmanager
+async def _redis_levels(servers: Servers) -> AsyncIterator[Any]:
+    """A Redis server for the peer, and what runs one level of N streams through it."""
     try:
         import redis  # noqa: F401 - the bench's venv
     except ImportError as exc:
@@ -324,9 +340,28 @@ async def measure_redis(servers: Servers, results: Results, levels: list[int]) -
                 await producer.wait()
 
         try:
-            return await _ladder(results, "redis streams", levels, run_level)
+            yield run_level
         finally:
             sampler.stop()
+
+
+async def measure_side_by_side(
+    stack: Stack, servers: Servers, results: Results, levels: list[int]
+) -> tuple[dict[int, Level], dict[int, Level]]:
+    """Each level through runwire, then at once through the Redis Streams peer: the two
+    figures of a level are measured seconds apart, whatever the shared machine does over
+    the rest of the bench (measured one system after the other, the ratios moved with
+    it). The idle one stays up meanwhile, as in the throughput rounds."""
+    ours: dict[int, Level] = {}
+    theirs: dict[int, Level] = {}
+    async with _redis_levels(servers) as redis_level:
+        runwire_level = _runwire_levels(stack)
+        for n in levels:
+            ours[n] = await _level(results, "runwire", n, runwire_level)
+            theirs[n] = await _level(results, "redis streams", n, redis_level)
+    _most_held(results, "runwire", ours)
+    _most_held(results, "redis streams", theirs)
+    return ours, theirs
 
 
 def add_comparison(results: Results, ours: dict[int, Level], theirs: dict[int, Level]) -> None:
