@@ -291,7 +291,6 @@ async def test_a_relay_that_stops_relaying_a_partition_gives_back_the_frames_in_
         await asyncio.wait_for(pipeline._consume(partition, asyncio.Event()), 10)
 
         # The partition's next owner gets the frame now, well inside its ack_wait.
-        assert RAW_FRAME_ACK_WAIT_S >= 5
         nxt = await broker.js.pull_subscribe_bind(
             relay_consumer(partition), stream=subjects.frames_in_stream
         )
