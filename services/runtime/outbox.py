@@ -10,9 +10,11 @@ is stored once:
 
 - `Outbox.dispatch`, in the service that committed, right after the commit: the jobs
   and frames of its transaction that were due at once (the fast path: a submit's job, an
-  attempt's `done`). Transactions that commit while a dispatch is under way are looked
-  up together in the next one, and published rows are deleted in batches in the
-  background: under load a service makes one outbox query per batch, not per commit.
+  attempt's `done`). A submit's statement returns its jobs itself (`submit_runs`), so
+  they are published as they came; other transactions' rows are looked up: those that
+  commit while a dispatch is under way together in the next one. Published rows are
+  deleted in batches in the background: under load a service makes one outbox query
+  per batch, not per commit.
 - `Outbox.sweep`, in recovery, one replica at a time: run events (one publisher keeps a
   run's events in the order of its transitions), jobs that became due later (a retry
   after its backoff, a recovered run), and whatever a crashed or cut-off service left
@@ -101,13 +103,26 @@ class Outbox:
         return results
 
     async def dispatch(self, *runs: Run | None) -> Dispatched:
-        """Publish what the transitions that returned `runs` implied and was due at once.
+        """Publish what the transitions that returned `runs` implied and was due at once:
+        the messages a run came back with, at once; those of the others' transactions,
+        looked up in the outbox.
 
         Nothing is raised for a message that could not be published: the sweep publishes
         it after the grace (a full queue is reported in the result).
         """
-        xacts = {run.xact for run in runs if run is not None and run.xact is not None}
-        return await self._dispatch(xacts)
+        known = [r for r in runs if r is not None and r.messages is not None]
+        xacts = {
+            r.xact for r in runs if r is not None and r.messages is None and r.xact is not None
+        }
+        # A transaction that is looked up anyway brings its runs' messages with it.
+        given = [m for r in known if r.xact not in xacts for m in r.messages or []]
+        report = Dispatched()
+        if given:
+            await faults.point(faults.OUTBOX_COMMITTED)
+            self._left_for_sweep(self._report(await self._publish_all(given), report))
+        if xacts:
+            report.queue_full.extend((await self._dispatch(xacts)).queue_full)
+        return report
 
     async def dispatch_xact(self, xact: str | None) -> Dispatched:
         """`dispatch` for a transaction known by its id."""
@@ -150,18 +165,32 @@ class Outbox:
             return
         of_xact = {m.id: xact for xact, messages in found.items() for m in messages}
         messages = sorted((m for ms in found.values() for m in ms), key=lambda m: m.id)
-        failed: RunwireError | None = None
+        by_xact: dict[str, list[tuple[OutboxMessage, RunwireError | None]]] = {}
         for message, error in await self._publish_all(messages):
-            report = reports[of_xact[message.id]]
+            by_xact.setdefault(of_xact[message.id], []).append((message, error))
+        failed = [self._report(published, reports[xact]) for xact, published in by_xact.items()]
+        self._left_for_sweep(next((f for f in failed if f is not None), None))
+
+    def _report(
+        self, published: list[tuple[OutboxMessage, RunwireError | None]], report: Dispatched
+    ) -> RunwireError | None:
+        """Note what was published (deleted soon) and what a full queue refused; returns
+        the first other failure."""
+        failed: RunwireError | None = None
+        for message, error in published:
             if error is None:
                 self._published.append(message.id)
             elif isinstance(error, QueueFull) and message.kind == OutboxKind.JOB:
                 report.queue_full.append(message.run_id)
             else:
                 failed = failed or error
+        self._schedule_delete()
+        return failed
+
+    @staticmethod
+    def _left_for_sweep(failed: RunwireError | None) -> None:
         if failed is not None:
             log.warning("messages of a transition left for the sweep: %s", failed.message)
-        self._schedule_delete()
 
     def _schedule_delete(self) -> None:
         if self._published and (self._deleter is None or self._deleter.done()):

@@ -547,6 +547,38 @@ async def test_submits_at_the_same_moment_are_one_statement_with_each_run_as_if_
         await store.close()
 
 
+async def test_a_submit_comes_back_with_its_job_so_that_nothing_reads_the_outbox_again(
+    db_url: str,
+) -> None:
+    """A submit's statement returns the job its insert wrote: the submitter publishes it
+    right after the commit. Each run gets its own job (the rows the outbox holds for the
+    transaction, as the dispatch would have read them); a lone submit as well; a large
+    input, inserted on its own, leaves its job to be read from the outbox."""
+    store = await Store.connect(db_url, pool_size=4)
+    try:
+        asked = [_submitted(f"j{i}") for i in range(6)]
+        runs = [r for r in await asyncio.gather(*(store.insert_run(**a) for a in asked)) if r]  # type: ignore[arg-type]
+        lone = await store.insert_run(**_submitted("alone"))  # type: ignore[arg-type]
+        large = await store.insert_run(**_submitted("large", input={"text": "x" * 20_000}))  # type: ignore[arg-type]
+        assert lone is not None
+        assert large is not None
+        for run in [*runs, lone]:
+            assert run.messages is not None
+            assert [(m.kind, m.run_id, m.runner) for m in run.messages] == [
+                (OutboxKind.JOB, run.run_id, "scripted")
+            ]
+            assert json.loads(run.messages[0].body)["generation"] == 0
+            assert run.xact is not None
+            stored = (await store.outbox_of([run.xact]))[run.xact]
+            assert run.messages[0] in stored
+        assert large.messages is None
+        assert [m.kind for m in (await store.outbox_of([large.xact or ""]))[large.xact or ""]] == [
+            OutboxKind.JOB
+        ]
+    finally:
+        await store.close()
+
+
 async def test_a_quota_refuses_only_the_runs_of_a_batch_past_it(db_url: str) -> None:
     store = await Store.connect(db_url, pool_size=4)
     try:

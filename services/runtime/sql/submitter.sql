@@ -41,6 +41,15 @@ SELECT r.*, pg_current_xact_id()::text AS xact
                    $12::text[], $13::text[], $14::bigint[], $15::bigint[], $16::text[],
                    $17::text[]) r;
 
+-- name: submit_runs
+-- insert_runs, and what the transaction implies that is due at once: the runs' rows, then
+-- one row without a run whose `messages` are those (see submit_runs in migration 0024).
+SELECT (x.o_run).*, x.o_messages AS messages, pg_current_xact_id()::text AS xact
+  FROM submit_runs($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+                   $7::text[], $8::integer[], $9::integer[], $10::integer[], $11::text,
+                   $12::text[], $13::text[], $14::bigint[], $15::bigint[], $16::text[],
+                   $17::text[]) x;
+
 -- name: run_by_request
 SELECT * FROM runs WHERE tenant = $1 AND request_id = $2;
 

@@ -86,6 +86,9 @@ class Run:
     # The transaction of the transition that returned this row: what it implies waits in
     # the outbox under this id, for the service to publish (None for a plain read).
     xact: str | None = None
+    # What that transition implies that was due at once, when its statement returned it
+    # (a submit's job): published as they are. None: looked up in the outbox by `xact`.
+    messages: "list[OutboxMessage] | None" = field(default=None, repr=False)
 
     @classmethod
     def from_record(cls, rec: asyncpg.Record) -> "Run":
@@ -195,6 +198,20 @@ class OutboxMessage:
     trace_parent: str | None
     # A job's runner (its subject carries it); None for frames and events.
     runner: str | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "OutboxMessage":
+        """A message as a statement returned it in a JSON array (`submit_runs`)."""
+        return cls(
+            int(data["id"]),
+            OutboxKind(data["kind"]),
+            data["tenant"],
+            str(data["run_id"]),
+            data["msg_id"],
+            data["body"],
+            data["trace_parent"],
+            data.get("runner"),
+        )
 
     @classmethod
     def from_record(cls, rec: asyncpg.Record) -> "OutboxMessage":

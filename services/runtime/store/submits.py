@@ -1,5 +1,6 @@
 """The submitter's queries: accept a run, cancel runs, fail a run the queue refused."""
 
+import dataclasses
 import json
 import uuid
 from typing import Any, NamedTuple
@@ -11,7 +12,7 @@ from runwire.runtime.errors import QuotaExceeded, RunwireError, StoreError
 from runwire.runtime.settings import DEFAULT_SUPERSEDE_GRACE_MS
 from runwire.runtime.store.batching import Batcher
 from runwire.runtime.store.queries import Queries
-from runwire.runtime.store.rows import Run, parse_run_id
+from runwire.runtime.store.rows import OutboxMessage, Run, parse_run_id
 
 
 class _Submitted(NamedTuple):
@@ -44,6 +45,22 @@ BATCHED_INPUT_BYTES = 16 * 1024
 
 def _json(value: Any) -> str | None:
     return None if value is None else json.dumps(value)
+
+
+def _with_messages(rows: list[asyncpg.Record]) -> dict[uuid.UUID, Run]:
+    """The runs `submit_runs` inserted, each with the messages of the transaction that
+    are its own (its job); one that names no run of the batch goes with the first run,
+    so that it is published all the same."""
+    runs = [Run.from_record(rec) for rec in rows if rec["run_id"] is not None]
+    of_run: dict[str, list[OutboxMessage]] = {run.run_id: [] for run in runs}
+    for rec in rows:
+        if rec["run_id"] is None:
+            for data in rec["messages"] or []:
+                message = OutboxMessage.from_json(data)
+                of_run.get(message.run_id, of_run[runs[0].run_id] if runs else []).append(message)
+    return {
+        uuid.UUID(run.run_id): dataclasses.replace(run, messages=of_run[run.run_id]) for run in runs
+    }
 
 
 class SubmitterQueries(Queries):
@@ -166,28 +183,26 @@ class SubmitterQueries(Queries):
         return found
 
     async def _insert_many(self, items: list[_Submitted]) -> list[Run | RunwireError | None]:
-        """The inserts asked for at the same moment: one statement for those with small
-        inputs, by tenant and request id (the order two batches that share a request id
-        take it in); a lone submit, or a large input, as its own `insert_run`."""
+        """The inserts asked for at the same moment: one `submit_runs` statement for those
+        with small inputs, by tenant and request id (the order two batches that share a
+        request id take it in), which also returns their jobs; a large input as its own
+        `insert_run` (its job is then read from the outbox)."""
         found: dict[uuid.UUID, Run | RunwireError] = {}
         small: dict[str, list[tuple[_Submitted, str, str]]] = {}  # by actor: a statement
         alone: list[_Submitted] = []
         for item in sorted(items, key=lambda a: (a.tenant, a.request_id)):
-            if len(items) == 1:
-                alone.append(item)
-                continue
             texts = json.dumps(item.input), json.dumps(item.metadata)
             if sum(map(len, texts)) > BATCHED_INPUT_BYTES:
                 alone.append(item)
             else:
                 small.setdefault(item.actor, []).append((item, *texts))
         for actor, group in small.items():
-            if len(group) == 1:
-                alone.append(group[0][0])
-                continue
             try:
-                rows = await self._fetch("insert_runs", *self._columns(group, actor))
+                rows = await self._fetch("submit_runs", *self._columns(group, actor))
             except (StoreError, QuotaExceeded):
+                if len(group) == 1:
+                    alone.append(group[0][0])  # its own error, from insert_run
+                    continue
                 # One run's fault (a quota that refuses it, a value Postgres refuses): each
                 # on its own, so that only that run fails.
                 alone.extend(item for item, _, _ in group)
@@ -195,8 +210,7 @@ class SubmitterQueries(Queries):
             except RunwireError as exc:  # Postgres unavailable: every run of the batch
                 found.update((item.run_id, exc) for item, _, _ in group)
                 continue
-            for rec in rows:
-                found[uuid.UUID(str(rec["run_id"]))] = Run.from_record(rec)
+            found.update(_with_messages(rows))
         for item in alone:
             try:
                 run = await self._run_or_none("insert_run", *item)
