@@ -446,11 +446,18 @@ async def test_finishes_made_together_are_one_statement_and_one_bad_result_spoil
         after = {r.run_id: await store.get_run_by_id(r.run_id) for r in (fenced, bad)}
     finally:
         await store.close()
-    assert statements[:1] == ["finish_runs"]
+    assert statements[:1] == ["finish_runs_told"]
     assert [r.status for r in together if isinstance(r, Run)] == [RunStatus.FINISHED] * 2
     assert [r.result for r in together if isinstance(r, Run)] == [{"text": "ok"}, {"text": "fine"}]
+    # Each came back with its `done` frame: published without reading the outbox again.
+    for run in together:
+        assert isinstance(run, Run)
+        assert run.messages is not None
+        assert [(m.kind, json.loads(m.body)["type"]) for m in run.messages] == [
+            (OutboxKind.FRAME, "done")
+        ]
     # The second batch failed whole, then each was written alone.
-    assert statements[1:4] == ["finish_runs", "finish_run", "finish_run"]
+    assert statements[1:4] == ["finish_runs_told", "finish_run", "finish_run"]
     assert isinstance(spoiled[0], LostRace)
     assert isinstance(spoiled[1], StoreError)
     assert all(r is not None and r.status == RunStatus.RUNNING for r in after.values())

@@ -84,11 +84,14 @@ WITH upd AS (
 )
 SELECT *, pg_current_xact_id()::text AS xact FROM upd;
 
--- name: finish_runs
--- finish_run for many attempts at once, in one statement (see migration 0020).
-SELECT *, pg_current_xact_id()::text AS xact
-  FROM finish_runs($1::uuid[], $2::integer[], $3::text[], $4::text[], $5, $6::integer[],
-                   $7::text[]);
+-- name: finish_runs_told
+-- finish_run for many attempts at once, in one statement (finish_runs, migration 0020),
+-- and what the transaction implies that is due at once (each run's `done`, the job of
+-- the next run of a session): the runs' rows, then one row without a run whose
+-- `messages` are those (see finish_runs_told in migration 0024).
+SELECT (x.o_run).*, x.o_messages AS messages, pg_current_xact_id()::text AS xact
+  FROM finish_runs_told($1::uuid[], $2::integer[], $3::text[], $4::text[], $5,
+                        $6::integer[], $7::text[]) x;
 
 -- name: close_attempt
 -- Ends a running attempt in a terminal status ('failed' or 'canceled') with an error.

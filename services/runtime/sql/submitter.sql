@@ -32,18 +32,11 @@ WITH quota AS (
 )
 SELECT *, pg_current_xact_id()::text AS xact FROM ins;
 
--- name: insert_runs
--- insert_run for the runs submitted at the same moment outside a session, in one
--- statement (see insert_runs in migration 0021).
-SELECT r.*, pg_current_xact_id()::text AS xact
-  FROM insert_runs($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-                   $7::text[], $8::integer[], $9::integer[], $10::integer[], $11::text,
-                   $12::text[], $13::text[], $14::bigint[], $15::bigint[], $16::text[],
-                   $17::text[]) r;
-
 -- name: submit_runs
--- insert_runs, and what the transaction implies that is due at once: the runs' rows, then
--- one row without a run whose `messages` are those (see submit_runs in migration 0024).
+-- insert_run for the runs submitted at the same moment outside a session, in one
+-- statement (insert_runs, migration 0021), and what the transaction implies that is due
+-- at once (their jobs): the runs' rows, then one row without a run whose `messages` are
+-- those (see submit_runs in migration 0024).
 SELECT (x.o_run).*, x.o_messages AS messages, pg_current_xact_id()::text AS xact
   FROM submit_runs($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
                    $7::text[], $8::integer[], $9::integer[], $10::integer[], $11::text,

@@ -18,7 +18,7 @@ from runwire.contracts.status import RunStatus
 from runwire.runtime.errors import CANCELED_ERROR, LostRace, StoreError
 from runwire.runtime.store.batching import Batcher
 from runwire.runtime.store.queries import Queries
-from runwire.runtime.store.rows import BudgetGrant, Effect, Run
+from runwire.runtime.store.rows import BudgetGrant, Effect, Run, runs_told
 from runwire.runtime.store.schema import QUERIES
 
 CANCELED_BODY = CANCELED_ERROR.model_dump(mode="json")
@@ -308,7 +308,7 @@ class ExecutorQueries(Queries):
         for actor, group in by_actor.items():
             try:
                 rows = await self._fetch(
-                    "finish_runs",
+                    "finish_runs_told",
                     [f[0] for f in group],
                     [f[1] for f in group],
                     [json.dumps(f[2]) for f in group],
@@ -322,8 +322,7 @@ class ExecutorQueries(Queries):
                     raise
                 await self._each_alone("finish_run", group, found)
                 continue
-            for rec in rows:
-                run = Run.from_record(rec)
+            for run in runs_told(rows):
                 found[(uuid.UUID(run.run_id), run.generation)] = run
         return [found.pop((f[0], f[1]), None) for f in finishes]
 

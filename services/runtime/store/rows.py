@@ -1,5 +1,6 @@
 """Rows as the services use them: a run, frame segments, outbox messages to publish."""
 
+import dataclasses
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -363,3 +364,19 @@ class FrameState:
     generation: int = 0
     ended: bool = False
     finished: bool = False
+
+
+def runs_told(records: list[asyncpg.Record]) -> list[Run]:
+    """The runs a statement that also tells its messages returned (`submit_runs`,
+    `finish_runs_told`: the runs' rows, then one row without a run that holds the
+    messages), each with the messages that are its own; a message of another run (the
+    job of the next run of a session) goes with the first run, so that it is published
+    all the same."""
+    runs = [Run.from_record(rec) for rec in records if rec["run_id"] is not None]
+    of_run: dict[str, list[OutboxMessage]] = {run.run_id: [] for run in runs}
+    for rec in records:
+        if rec["run_id"] is None and runs:
+            for data in rec["messages"] or []:
+                message = OutboxMessage.from_json(data)
+                of_run.get(message.run_id, of_run[runs[0].run_id]).append(message)
+    return [dataclasses.replace(run, messages=of_run[run.run_id]) for run in runs]

@@ -1,6 +1,5 @@
 """The submitter's queries: accept a run, cancel runs, fail a run the queue refused."""
 
-import dataclasses
 import json
 import uuid
 from typing import Any, NamedTuple
@@ -12,7 +11,7 @@ from runwire.runtime.errors import QuotaExceeded, RunwireError, StoreError
 from runwire.runtime.settings import DEFAULT_SUPERSEDE_GRACE_MS
 from runwire.runtime.store.batching import Batcher
 from runwire.runtime.store.queries import Queries
-from runwire.runtime.store.rows import OutboxMessage, Run, parse_run_id
+from runwire.runtime.store.rows import Run, parse_run_id, runs_told
 
 
 class _Submitted(NamedTuple):
@@ -45,22 +44,6 @@ BATCHED_INPUT_BYTES = 16 * 1024
 
 def _json(value: Any) -> str | None:
     return None if value is None else json.dumps(value)
-
-
-def _with_messages(rows: list[asyncpg.Record]) -> dict[uuid.UUID, Run]:
-    """The runs `submit_runs` inserted, each with the messages of the transaction that
-    are its own (its job); one that names no run of the batch goes with the first run,
-    so that it is published all the same."""
-    runs = [Run.from_record(rec) for rec in rows if rec["run_id"] is not None]
-    of_run: dict[str, list[OutboxMessage]] = {run.run_id: [] for run in runs}
-    for rec in rows:
-        if rec["run_id"] is None:
-            for data in rec["messages"] or []:
-                message = OutboxMessage.from_json(data)
-                of_run.get(message.run_id, of_run[runs[0].run_id] if runs else []).append(message)
-    return {
-        uuid.UUID(run.run_id): dataclasses.replace(run, messages=of_run[run.run_id]) for run in runs
-    }
 
 
 class SubmitterQueries(Queries):
@@ -210,7 +193,7 @@ class SubmitterQueries(Queries):
             except RunwireError as exc:  # Postgres unavailable: every run of the batch
                 found.update((item.run_id, exc) for item, _, _ in group)
                 continue
-            found.update(_with_messages(rows))
+            found.update((uuid.UUID(run.run_id), run) for run in runs_told(rows))
         for item in alone:
             try:
                 run = await self._run_or_none("insert_run", *item)
