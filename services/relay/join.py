@@ -16,7 +16,7 @@ from runwire.contracts.commands import JoinCommand
 from runwire.contracts.frames import Frame, FrameType
 from runwire.contracts.headers import REPLAY_NEXT
 from runwire.contracts.replies import JoinReply, LiveCursor, RunSummary
-from runwire.runtime.broker import HDR_FRAME_SEQ, HDR_FRAME_TYPE, Broker, StoredMsg
+from runwire.runtime.broker import Broker, StoredMsg, frame_position
 from runwire.runtime.commands import HeadedReply
 from runwire.runtime.errors import NotFound
 from runwire.runtime.settings import RelaySettings
@@ -30,8 +30,8 @@ MAX_SEGMENTS = 10_000
 
 def _seq(msg: StoredMsg) -> int:
     """A stored frame's seq, from the header the relay published it with (else its body)."""
-    header = msg.headers.get(HDR_FRAME_SEQ)
-    return int(header) if header is not None else Frame.model_validate_json(msg.data).seq
+    position = frame_position(msg.headers)
+    return position.seq if position is not None else Frame.model_validate_json(msg.data).seq
 
 
 class _SplicedReply(JoinReply, HeadedReply):
@@ -151,7 +151,8 @@ class Joiner:
             batch = await self.store.segment_texts_after(cmd.run_id, cursor, asked)
 
         if last is not None and not full:
-            closed = closed or last.headers.get(HDR_FRAME_TYPE) == FrameType.DONE.value
+            position = frame_position(last.headers)
+            closed = closed or (position is not None and position.type == FrameType.DONE.value)
             if last.stream_seq >= read_from:
                 stored = await self.broker.read_subject(stream, subject, read_from, last.stream_seq)
                 # By seq, each once: a publish the relay retried may have been stored

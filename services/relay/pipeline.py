@@ -24,7 +24,6 @@ from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TypeGuard
 
 from nats.aio.msg import Msg
 from pydantic import ValidationError
@@ -35,15 +34,12 @@ from runwire.relay.partitions import PartitionOwner
 from runwire.relay.sequencer import RunCursor, Verdict
 from runwire.runtime import faults, tracing
 from runwire.runtime.broker import (
-    HDR_FRAME_SEQ,
-    HDR_FRAME_TYPE,
-    HDR_GENERATION,
-    HDR_RAW_SEQ,
     RELAY_PARTITIONS,
     Broker,
     StoredMsg,
     StreamLimits,
     failed_publish,
+    frame_position,
     relay_consumer,
 )
 from runwire.runtime.consumer import DurablePull
@@ -144,21 +140,17 @@ class _Covered:
         return i >= 0 and seq <= self._lasts[i]
 
 
-def _numbered(last: StoredMsg | None) -> TypeGuard[StoredMsg]:
-    """Whether the last published frame tells the relay's position in the run."""
-    return last is not None and HDR_GENERATION in last.headers
-
-
 def _cursor_from(last: StoredMsg | None, state: FrameState | None) -> RunCursor:
     """A run's cursor from the last frame published for it, or, when the stream no longer
     holds any (purged after the run ended), from Postgres (last seq, frames closed); and
     what Postgres says of the run's attempts (None: no such run)."""
-    if _numbered(last):
+    position = frame_position(last.headers) if last is not None else None
+    if position is not None:
         cursor = RunCursor(
-            generation=int(last.headers[HDR_GENERATION]),
-            raw_seq=int(last.headers[HDR_RAW_SEQ]),
-            seq=int(last.headers[HDR_FRAME_SEQ]),
-            closed=last.headers.get(HDR_FRAME_TYPE) == FrameType.DONE.value,
+            generation=position.generation,
+            raw_seq=position.raw_seq,
+            seq=position.seq,
+            closed=position.type == FrameType.DONE.value,
         )
     else:
         cursor = RunCursor(

@@ -11,6 +11,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import nats
 import nats.errors
@@ -79,6 +80,12 @@ def relay_consumer(partition: int) -> str:
 HDR_MSG_ID = "Nats-Msg-Id"
 HDR_EXPECTED_STREAM = "Nats-Expected-Stream"
 NO_RESPONDERS = "503"
+# Where a client frame stands, in one header of the message the relay published it in:
+# "<generation> <raw seq> <seq> <type>" (the relay's position in the run, read back when
+# it takes a run up again). One header, not four: every client parses every header of
+# every frame it receives, and they were larger than a token's frame.
+HDR_POSITION = "Rw-Pos"
+# The four headers of frames published before runwire packed them (still read).
 HDR_GENERATION = "Rw-Generation"
 HDR_RAW_SEQ = "Rw-Raw-Seq"
 HDR_FRAME_SEQ = "Rw-Seq"
@@ -121,6 +128,36 @@ class StoredMsg:
     stream_seq: int
     headers: dict[str, str]
     data: bytes
+
+
+class FramePosition(NamedTuple):
+    """A published client frame's place: its attempt, its seq in the attempt, its seq in
+    the run, its type."""
+
+    generation: int
+    raw_seq: int
+    seq: int
+    type: str
+
+
+def frame_position(headers: dict[str, str]) -> FramePosition | None:
+    """The position a client frame was published with; None for a message that has none
+    (or a damaged one)."""
+    try:
+        packed = headers.get(HDR_POSITION)
+        if packed is not None:
+            generation, raw_seq, seq, type = packed.split(" ")
+            return FramePosition(int(generation), int(raw_seq), int(seq), type)
+        if HDR_GENERATION in headers:
+            return FramePosition(
+                int(headers[HDR_GENERATION]),
+                int(headers[HDR_RAW_SEQ]),
+                int(headers[HDR_FRAME_SEQ]),
+                headers.get(HDR_FRAME_TYPE, ""),
+            )
+    except (KeyError, ValueError):
+        pass
+    return None
 
 
 def _stream_seq(reply: Msg, subject: str, stream: str) -> int:
@@ -529,12 +566,7 @@ class Broker:
             body,
             f"{frame.run_id}:{frame.seq}",
             self.subjects.run_frames_stream,
-            headers={
-                HDR_GENERATION: str(generation),
-                HDR_RAW_SEQ: str(raw_seq),
-                HDR_FRAME_SEQ: str(frame.seq),
-                HDR_FRAME_TYPE: frame.type.value,
-            },
+            headers={HDR_POSITION: f"{generation} {raw_seq} {frame.seq} {frame.type.value}"},
         )
 
     async def publish_client_frame(

@@ -6,8 +6,10 @@ import random
 import pytest
 
 from runwire.executor.outcome import backoff_ms
+from runwire.relay.pipeline import _cursor_from
 from runwire.relay.sequencer import RunCursor, Verdict
 from runwire.runners.scripted import tokens_delivered
+from runwire.runtime.broker import FramePosition, StoredMsg, frame_position
 from runwire.runtime.store import QUERIES, load_queries
 
 pytestmark = pytest.mark.unit
@@ -27,6 +29,31 @@ def test_cursor_keeps_in_order_frames_and_numbers_them_across_generations() -> N
     assert cursor.judge(3, 2) == Verdict.WAIT
     cursor.advance(2, 2, True)
     assert cursor.judge(3, 1) == Verdict.DROP  # nothing after done
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Nats-Msg-Id": "r:7", "Rw-Pos": "3 5 7 done"},
+        # A frame an earlier version published, with a header for each part.
+        {"Rw-Generation": "3", "Rw-Raw-Seq": "5", "Rw-Seq": "7", "Rw-Type": "done"},
+    ],
+)
+def test_a_relay_takes_a_run_up_where_its_last_published_frame_stands(
+    headers: dict[str, str],
+) -> None:
+    last = StoredMsg(42, headers, b"{}")
+    assert frame_position(headers) == FramePosition(3, 5, 7, "done")
+    cursor = _cursor_from(last, None)
+    assert (cursor.generation, cursor.raw_seq, cursor.seq, cursor.closed) == (3, 5, 7, True)
+    # Nothing after `done`, and an older attempt's frame is a repeat.
+    assert cursor.judge(3, 6) == Verdict.DROP
+
+
+@pytest.mark.parametrize("packed", ["3 5 done", "a b c d", "3 5 7 done extra"])
+def test_a_damaged_position_is_no_position(packed: str) -> None:
+    assert frame_position({"Rw-Pos": packed}) is None
+    assert frame_position({}) is None
 
 
 @pytest.mark.parametrize(
