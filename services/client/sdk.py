@@ -210,7 +210,9 @@ async def _next(sub: Subscription, idle: float) -> Msg | None:
             return None
     if queue.empty():
         try:
-            msg = await asyncio.wait_for(queue.get(), idle)
+            # A timeout scope, not `wait_for`: no task per wait (a token's frame each).
+            async with asyncio.timeout(idle):
+                msg = await queue.get()
         except TimeoutError:
             return None
     else:

@@ -473,6 +473,7 @@ class Pipeline:
         """
         urgent = False
         failed = False
+        relayed = 0
         for pending in batch:
             with bind(run_id=pending.raw.run_id, tenant=pending.raw.tenant):
                 if not failed:
@@ -483,7 +484,7 @@ class Pipeline:
                     await pending.msg.nak(delay=0.5)
                     continue
                 is_done = pending.raw.type == FrameType.DONE
-                FRAMES_RELAYED.inc()
+                relayed += 1
                 RELAY_LAG.observe(max(0.0, (datetime.now(UTC) - pending.frame.at).total_seconds()))
                 self._buffer(pending, stream_seq, is_done)
                 urgent = urgent or pending.raw.type in URGENT_FRAME_TYPES
@@ -491,6 +492,8 @@ class Pipeline:
                     # Keep memory flat: a closed run's cursor is rebuilt if ever needed.
                     cursors.pop(pending.raw.run_id, None)
         batch.clear()
+        if relayed:
+            FRAMES_RELAYED.inc(relayed)
         if urgent or any(b.size >= self.settings.segment_bytes for b in self.buffers.values()):
             # At once, by the flusher: the partition goes on meanwhile (a write inline held
             # every partition up behind Postgres, at each run's first and last frame).
