@@ -1,6 +1,5 @@
 """Rows as the services use them: a run, frame segments, outbox messages to publish."""
 
-import dataclasses
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -92,7 +91,9 @@ class Run:
     messages: "list[OutboxMessage] | None" = field(default=None, repr=False)
 
     @classmethod
-    def from_record(cls, rec: asyncpg.Record) -> "Run":
+    def from_record(
+        cls, rec: asyncpg.Record, messages: "list[OutboxMessage] | None" = None
+    ) -> "Run":
         return cls(
             run_id=str(rec["run_id"]),
             tenant=rec["tenant"],
@@ -137,6 +138,7 @@ class Run:
             node_id=rec.get("node_id"),
             retry_base_ms=rec.get("retry_base_ms"),
             xact=rec.get("xact"),
+            messages=messages,
         )
 
     def summary(self) -> RunSummary:
@@ -372,11 +374,12 @@ def runs_told(records: list[asyncpg.Record]) -> list[Run]:
     messages), each with the messages that are its own; a message of another run (the
     job of the next run of a session) goes with the first run, so that it is published
     all the same."""
-    runs = [Run.from_record(rec) for rec in records if rec["run_id"] is not None]
-    of_run: dict[str, list[OutboxMessage]] = {run.run_id: [] for run in runs}
+    rows = [rec for rec in records if rec["run_id"] is not None]
+    of_run: dict[str, list[OutboxMessage]] = {str(rec["run_id"]): [] for rec in rows}
     for rec in records:
-        if rec["run_id"] is None and runs:
+        if rec["run_id"] is None and rows:
+            first = of_run[str(rows[0]["run_id"])]
             for data in rec["messages"] or []:
                 message = OutboxMessage.from_json(data)
-                of_run.get(message.run_id, of_run[runs[0].run_id]).append(message)
-    return [dataclasses.replace(run, messages=of_run[run.run_id]) for run in runs]
+                of_run.get(message.run_id, first).append(message)
+    return [Run.from_record(rec, of_run[str(rec["run_id"])]) for rec in rows]
