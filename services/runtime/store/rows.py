@@ -87,7 +87,8 @@ class Run:
     # the outbox under this id, for the service to publish (None for a plain read).
     xact: str | None = None
     # What that transition implies that was due at once, when its statement returned it
-    # (a submit's job): published as they are. None: looked up in the outbox by `xact`.
+    # (a submit's job, a finish's `done`): published as they are. None: looked up in the
+    # outbox by `xact`.
     messages: "list[OutboxMessage] | None" = field(default=None, repr=False)
 
     @classmethod
@@ -204,7 +205,7 @@ class OutboxMessage:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "OutboxMessage":
-        """A message as a statement returned it in a JSON array (`submit_runs`)."""
+        """A message as a statement returned it in a JSON array (`xact_messages`)."""
         return cls(
             int(data["id"]),
             OutboxKind(data["kind"]),

@@ -182,9 +182,9 @@ class SubmitterQueries(Queries):
         for actor, group in small.items():
             try:
                 rows = await self._fetch("submit_runs", *self._columns(group, actor))
-            except (StoreError, QuotaExceeded):
+            except (StoreError, QuotaExceeded) as exc:
                 if len(group) == 1:
-                    alone.append(group[0][0])  # its own error, from insert_run
+                    found[group[0][0].run_id] = exc  # its own fault
                     continue
                 # One run's fault (a quota that refuses it, a value Postgres refuses): each
                 # on its own, so that only that run fails.
