@@ -12,8 +12,10 @@ exactly the subjects it needs, written as a nats-server `authorization` block.
   but not `set_budget`, `set_policy` or `resolve_effect`: an operator's), receive
   replies only on their own inbox prefix (`_INBOX_<tenant>.>`), and read only their own
   runs' frames and events: core subscriptions under `<prefix>.<tenant>.runs.>` and
-  `.events.>`, and JetStream consumers whose filter is under them (the filtered form of
-  the consumer-create API, `$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`). Nothing
+  `.events.>`, JetStream consumers whose filter is under them (the filtered form of
+  the consumer-create API, `$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`), and the
+  last stored frame of one of their runs (the subject form of the direct get,
+  `$JS.API.DIRECT.GET.<stream>.<subject>`). Nothing
   else: no stream management, no jobs, no control subjects, no other tenant's subjects.
 - **The gateway** (`svc-gateway`): what every tenant's clients may do, for the tenants
   there are (it acts for the tenant a request's API key names; the keys' hashes are in
@@ -213,6 +215,7 @@ def tenant_permissions(tenant: str, subjects: Subjects) -> dict[str, Any]:
                 f"{p}.{tenant}.cmd.>",
                 f"$JS.API.CONSUMER.CREATE.{subjects.run_frames_stream}.*.{runs}",
                 f"$JS.API.CONSUMER.CREATE.{subjects.events_stream}.*.{events}",
+                f"$JS.API.DIRECT.GET.{subjects.run_frames_stream}.{runs}",
                 f"{p}.health.*",
             ],
             "deny": [f"{p}.{tenant}.cmd.{name}" for name in ADMIN_COMMANDS],
@@ -267,6 +270,7 @@ def operator_permissions(subjects: Subjects) -> dict[str, Any]:
                 "$JS.API.CONSUMER.NAMES.*",
                 f"$JS.API.CONSUMER.CREATE.{subjects.run_frames_stream}.*.{p}.*.runs.>",
                 f"$JS.API.CONSUMER.CREATE.{subjects.events_stream}.*.{p}.*.events.>",
+                f"$JS.API.DIRECT.GET.{subjects.run_frames_stream}.{p}.*.runs.>",
             ]
         },
         "subscribe": {"allow": [">"]},

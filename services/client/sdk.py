@@ -12,7 +12,7 @@ import logging
 import re
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from typing import Any
 
 import nats
@@ -91,8 +91,12 @@ SEND_HOPS = 3
 # how long one may stay quiet in the stream before the client joins it.
 FRESH_RUNS = 10_000
 FRESH_IDLE_S = 1.0
+# How long a client waits for the stream to say whether it holds a frame of a run.
+LAST_FRAME_TIMEOUT_S = 1
 
 
+# The status of a direct get that found no message.
+NOT_FOUND = "404"
 # How the broker says no (nats-server's -ERR line): the operation and its subject.
 _VIOLATION = re.compile(r"permissions violation for (publish|subscription) to \"?([^\"']+)", re.I)
 
@@ -524,7 +528,9 @@ class Client:
             # A run this client just submitted: the stream holds every frame it has, from
             # its first, so it is followed there at once and the relay is not asked. A
             # gap (frames the stream no longer holds), or a quiet run, and it is joined.
-            frames = self._in_order(fresh.subject, fresh.stream, 1, cursor, idle=FRESH_IDLE_S)
+            frames = self._in_order(
+                fresh.subject, fresh.stream, 1, cursor, idle=FRESH_IDLE_S, live=True
+            )
             async for frame in frames:
                 cursor = frame.seq
                 yield frame
@@ -593,12 +599,48 @@ class Client:
                 _drop(ahead[1])
 
     async def _in_order(
-        self, subject: str, stream: str, start: int, cursor: int, *, idle: float = LIVE_IDLE_S
+        self,
+        subject: str,
+        stream: str,
+        start: int,
+        cursor: int,
+        *,
+        idle: float = LIVE_IDLE_S,
+        live: bool = False,
     ) -> AsyncIterator[Frame]:
         """Live frames after `cursor`, strictly by seq: one stored out of order (a publish
         the relay retried) waits for the frames before it. Ends when the subscription
-        goes quiet or fails, or when a frame is missing for good (the caller joins)."""
+        goes quiet or fails, or when a frame is missing for good (the caller joins).
+
+        `live`: a run just submitted, of which nothing is stored yet, is followed on its
+        subject itself, without a JetStream consumer: creating and removing one costs
+        nats-server about 240 µs, and each frame it delivers about 19 µs more than a
+        plain subscription does. The stream is read instead, from `start`, when it holds
+        a frame of the run already, or once the subscription misses one (a frame comes
+        ahead of it)."""
         early: dict[int, Frame] = {}
+        heard = self._listen(subject, stream, idle) if live else None
+        if heard is not None:
+            listened = False
+            async for frame in heard:
+                listened = True
+                if frame is None:
+                    continue  # listening: nothing was stored before
+                if frame.seq > cursor:
+                    early[frame.seq] = frame
+                while cursor + 1 in early:
+                    frame = early.pop(cursor + 1)
+                    cursor = frame.seq
+                    yield frame
+                    if frame.type == FrameType.DONE:
+                        await heard.aclose()
+                        return
+                if early:
+                    break  # a frame ahead of one the subscription missed: the stream has it
+            else:
+                if listened:
+                    return  # quiet: the caller joins, as after a quiet consumer
+            await heard.aclose()
         async for frame in self._follow(subject, stream, start, idle):
             if frame.seq > cursor:
                 early[frame.seq] = frame
@@ -610,6 +652,43 @@ class Client:
                 yield frame
                 if frame.type == FrameType.DONE:
                     return
+
+    async def _listen(
+        self, subject: str, stream: str, idle: float
+    ) -> AsyncGenerator[Frame | None, None]:
+        """Frames as they are published on `subject`, through a plain subscription, until
+        it stays quiet for `idle` or fails; first None once the subscription is in place
+        and the stream holds no frame of the subject. Nothing at all when the stream
+        holds one already (published before the subscription was in place), or cannot
+        tell: the caller reads the stream."""
+        try:
+            sub = await self.nc.subscribe(subject)
+        except nats.errors.Error as exc:
+            log.info("live subscription failed (%s); reading the stream", exc)
+            return
+        try:
+            try:
+                await self.nc.flush(timeout=LAST_FRAME_TIMEOUT_S)  # in place on the server
+                last = await self._send(
+                    f"$JS.API.DIRECT.GET.{stream}.{subject}", b"", None, LAST_FRAME_TIMEOUT_S
+                )
+            except (nats.errors.Error, ClientError, TimeoutError) as exc:
+                log.info("the stream did not say what it holds (%s); reading it", exc)
+                return
+            if (last.headers or {}).get("Status") != NOT_FOUND:
+                return
+            yield None
+            while not self.nc.is_closed:
+                msg = await _next(sub, idle)
+                if msg is None:
+                    return
+                try:
+                    yield Frame.model_validate_json(msg.data, context=STORED_FRAMES)
+                except ValidationError:
+                    log.warning("malformed frame on %s skipped", subject)
+        finally:
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
 
     async def events(self, run_id: str = "*") -> AsyncIterator[RunEvent]:
         """Follow run events of this tenant live (all runs, or one). The subscription is

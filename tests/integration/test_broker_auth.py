@@ -175,6 +175,13 @@ async def test_a_tenant_cannot_reach_another_tenants_runs(
             ),
         )
         assert mine.name == "mine"
+        # The last stored frame of a run (how a client learns whether a run it just
+        # submitted has frames yet): of its own runs only.
+        direct = f"$JS.API.DIRECT.GET.{s.run_frames_stream}"
+        with pytest.raises((nats.errors.TimeoutError, TimeoutError)):
+            await nc.request(f"{direct}.{s.run_frames('globex', run_id)}", b"", timeout=1)
+        none_yet = await nc.request(f"{direct}.{s.run_frames('acme', run_id)}", b"", timeout=5)
+        assert (none_yet.headers or {}).get("Status") == "404"
     finally:
         await nc.close()
     await globex.close()

@@ -219,6 +219,54 @@ async def test_a_run_its_client_just_submitted_streams_without_asking_the_relay(
     assert _joins_answered() == before + 1
 
 
+async def _followers_of(client: Client, run_id: str) -> list[str]:
+    """The consumers of the run frames stream that read the run's subject."""
+    subject = client.subjects.run_frames(client.tenant, run_id)
+    consumers = await client.nc.jetstream().consumers_info(client.subjects.run_frames_stream)
+    return [c.name for c in consumers if c.config.filter_subject == subject]
+
+
+async def test_a_run_its_client_just_submitted_is_followed_without_a_consumer(
+    stack: InProcessStack,
+) -> None:
+    """The broker keeps nothing for a client following the run it just submitted: it
+    listens on the run's subject, where every frame is published as it is stored."""
+    before = _joins_answered()
+    tokens = [f"t{i} " for i in range(12)]
+    reply = await stack.client.submit({"tokens": tokens, "token_delay_ms": 20})
+    run_id = reply.run.run_id
+    frames: list[Frame] = []
+    followers: list[str] | None = None
+    async for frame in stack.client.stream(run_id):
+        frames.append(frame)
+        if frame.type == FrameType.MESSAGE and followers is None:
+            followers = await _followers_of(stack.client, run_id)
+
+    assert followers == []
+    assert_well_formed(frames)
+    assert "".join(f.data["text"] for f in frames if f.type == FrameType.MESSAGE) == "".join(tokens)
+    assert _joins_answered() == before
+
+
+async def test_a_fresh_run_that_ended_before_it_was_followed_comes_whole_from_the_stream(
+    stack: InProcessStack,
+) -> None:
+    """Nothing is published on the run's subject any more: its client finds its frames in
+    the stream, without asking the relay."""
+    reply = await stack.client.submit({"tokens": ["all", " done", " already"]})
+    run_id = reply.run.run_id
+    await eventually(lambda: _closed(stack, run_id), timeout=10)
+    before = _joins_answered()
+
+    frames, transcript = await collect(stack.client, run_id)
+
+    assert_well_formed(frames)
+    assert transcript.text == "all done already"
+    assert _joins_answered() == before
+    again, _ = await collect(stack.client, run_id)  # a join: the same frames
+    assert [f.model_dump() for f in again] == [f.model_dump() for f in frames]
+
+
 async def test_a_fresh_run_whose_frames_left_the_stream_is_joined_from_postgres(
     stack: InProcessStack, infra: Servers
 ) -> None:
