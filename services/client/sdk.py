@@ -525,9 +525,10 @@ class Client:
         cursor = after
         fresh = self._fresh.pop(run_id, None) if after == 0 else None
         if fresh is not None:
-            # A run this client just submitted: the stream holds every frame it has, from
-            # its first, so it is followed there at once and the relay is not asked. A
-            # gap (frames the stream no longer holds), or a quiet run, and it is joined.
+            # A run this client just submitted: every frame it has is on its subject, or
+            # still in the stream, from its first, so it is followed there at once and
+            # the relay is not asked (see `_in_order`). A gap (frames the stream no
+            # longer holds), or a quiet run, and it is joined.
             frames = self._in_order(
                 fresh.subject, fresh.stream, 1, cursor, idle=FRESH_IDLE_S, live=True
             )
