@@ -620,39 +620,38 @@ class Client:
         a frame of the run already, or once the subscription misses one (a frame comes
         ahead of it)."""
         early: dict[int, Frame] = {}
-        heard = self._listen(subject, stream, idle) if live else None
-        if heard is not None:
-            listened = False
-            async for frame in heard:
-                listened = True
-                if frame is None:
-                    continue  # listening: nothing was stored before
-                if frame.seq > cursor:
-                    early[frame.seq] = frame
-                while cursor + 1 in early:
-                    frame = early.pop(cursor + 1)
-                    cursor = frame.seq
-                    yield frame
-                    if frame.type == FrameType.DONE:
-                        await heard.aclose()
+        listening = live
+        source: AsyncGenerator[Frame | None, None] = (
+            self._listen(subject, stream, idle)
+            if live
+            else self._follow(subject, stream, start, idle)
+        )
+        try:
+            while True:
+                heard = False
+                async for frame in source:
+                    heard = True
+                    if frame is None:
+                        continue  # listening: the stream held nothing of the run yet
+                    if frame.seq > cursor:
+                        early[frame.seq] = frame
+                    if len(early) > EARLY_LIMIT:
                         return
-                if early:
-                    break  # a frame ahead of one the subscription missed: the stream has it
-            else:
-                if listened:
-                    return  # quiet: the caller joins, as after a quiet consumer
-            await heard.aclose()
-        async for frame in self._follow(subject, stream, start, idle):
-            if frame.seq > cursor:
-                early[frame.seq] = frame
-            if len(early) > EARLY_LIMIT:
-                return
-            while cursor + 1 in early:
-                frame = early.pop(cursor + 1)
-                cursor = frame.seq
-                yield frame
-                if frame.type == FrameType.DONE:
-                    return
+                    while cursor + 1 in early:
+                        frame = early.pop(cursor + 1)
+                        cursor = frame.seq
+                        yield frame
+                        if frame.type == FrameType.DONE:
+                            return
+                    if listening and early:
+                        break  # a frame ahead of one the subscription missed: in the stream
+                else:
+                    if not listening or heard:
+                        return  # quiet (or failed): the caller joins
+                await source.aclose()
+                source, listening = self._follow(subject, stream, start, idle), False
+        finally:
+            await source.aclose()
 
     async def _listen(
         self, subject: str, stream: str, idle: float
@@ -679,14 +678,8 @@ class Client:
             if (last.headers or {}).get("Status") != NOT_FOUND:
                 return
             yield None
-            while not self.nc.is_closed:
-                msg = await _next(sub, idle)
-                if msg is None:
-                    return
-                try:
-                    yield Frame.model_validate_json(msg.data, context=STORED_FRAMES)
-                except ValidationError:
-                    log.warning("malformed frame on %s skipped", subject)
+            async for frame in self._frames_on(sub, subject, idle):
+                yield frame
         finally:
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
@@ -712,7 +705,7 @@ class Client:
 
     async def _follow(
         self, subject: str, stream: str, start: int, idle: float
-    ) -> AsyncIterator[Frame]:
+    ) -> AsyncGenerator[Frame, None]:
         """Live frames from a stream position, until the subscription goes quiet or fails.
 
         Through a consumer of its own, filtered to the run's subject and created with the
@@ -747,14 +740,22 @@ class Client:
                 await sub.unsubscribe()
             return
         try:
-            while not self.nc.is_closed:
-                msg = await _next(sub, idle)
-                if msg is None:
-                    return  # quiet or closed: re-join to learn whether the run goes on
-                try:
-                    yield Frame.model_validate_json(msg.data, context=STORED_FRAMES)
-                except ValidationError:
-                    log.warning("malformed frame on %s skipped", subject)
+            async for frame in self._frames_on(sub, subject, idle):
+                yield frame
         finally:
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
+
+    async def _frames_on(
+        self, sub: Subscription, subject: str, idle: float
+    ) -> AsyncGenerator[Frame, None]:
+        """The frames `sub` receives, until it stays quiet for `idle` or the connection
+        closes (the caller re-joins to learn whether the run goes on)."""
+        while not self.nc.is_closed:
+            msg = await _next(sub, idle)
+            if msg is None:
+                return
+            try:
+                yield Frame.model_validate_json(msg.data, context=STORED_FRAMES)
+            except ValidationError:
+                log.warning("malformed frame on %s skipped", subject)
