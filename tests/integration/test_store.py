@@ -134,6 +134,44 @@ async def test_every_named_query_prepares(db_url: str) -> None:
         await conn.close()
 
 
+async def test_a_burst_of_work_finds_every_connection_open_and_knowing_the_types(
+    db_url: str,
+) -> None:
+    """A service opens all its Postgres connections as it starts and keeps them, each
+    knowing runwire's types: a burst of work (the first after a start, or after a quiet
+    while) waits for no connection to be opened, and no statement for its types to be
+    looked up in Postgres (milliseconds each, in the middle of runs' starts)."""
+    backends = (
+        "SELECT array_agg(pid ORDER BY pid) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+    store = await Store.connect(db_url, pool_size=3)
+    admin = await asyncpg.connect(db_url)
+    held: list[asyncpg.pool.PoolConnectionProxy] = []
+    try:
+        opened = await admin.fetchval(backends)
+        assert len(opened) == 3, "every connection is open before any work"
+        lookups: list[str] = []
+        # The burst: every connection of the pool busy at once, each preparing every
+        # statement that runwire sends.
+        held = [await store._pool.acquire() for _ in range(3)]
+        for conn in held:
+            conn.add_query_logger(lambda logged: lookups.append(logged.query))
+
+        async def prepare_all(conn: asyncpg.pool.PoolConnectionProxy) -> None:
+            for sql in QUERIES.values():
+                await conn.prepare(sql)
+
+        await asyncio.gather(*(prepare_all(conn) for conn in held))
+        assert lookups == [], f"types looked up in Postgres: {lookups[:1]}"
+        assert await admin.fetchval(backends) == opened, "no connection opened or closed"
+    finally:
+        for conn in held:
+            await store._pool.release(conn)
+        await admin.close()
+        await store.close()
+
+
 @pytest.mark.parametrize(
     ("query", "args"),
     [("purge_due", (600.0, 500)), ("outbox_due", (2000, 500))],

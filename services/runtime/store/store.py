@@ -49,7 +49,11 @@ class Store(SubmitterQueries, ExecutorQueries, RecoveryQueries, RelayQueries, Ou
     async def connect(
         cls, dsn: str, *, pool_size: int = 10, timeout: float = CONNECT_TIMEOUT_S
     ) -> "Store":
-        """Migrate and open a pool, retrying with backoff while Postgres is not up yet."""
+        """Migrate and open a pool, retrying with backoff while Postgres is not up yet.
+
+        Every connection of the pool is opened now and kept however long it stays idle:
+        a burst of work (the first after a start, or after a quiet hour) never waits for
+        connections to be opened, authenticated and taught runwire's types."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         delay = 0.1
@@ -58,8 +62,9 @@ class Store(SubmitterQueries, ExecutorQueries, RecoveryQueries, RelayQueries, Ou
                 await migrate(dsn)  # MigrationFailed goes straight to the caller
                 pool = await asyncpg.create_pool(
                     dsn,
-                    min_size=1,
+                    min_size=pool_size,
                     max_size=pool_size,
+                    max_inactive_connection_lifetime=0,
                     init=init_connection,
                     reset=_keep_session,
                 )
