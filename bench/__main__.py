@@ -222,6 +222,7 @@ async def streams(
     try:
         progress("starting runwire for many streams at once")
         await stack.start()
+        await many_streams.measure_first_burst(stack, results)
         await throughput.warm_up(stack)
         found, theirs = await many_streams.measure_side_by_side(
             stack, srv, results, list(sizes.stream_levels)
