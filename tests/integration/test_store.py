@@ -144,6 +144,7 @@ async def test_a_burst_of_work_finds_every_connection_open_and_knowing_the_types
     backends = (
         "SELECT array_agg(pid ORDER BY pid) FROM pg_stat_activity"
         " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        " AND backend_type = 'client backend'"
     )
     store = await Store.connect(db_url, pool_size=3)
     admin = await asyncpg.connect(db_url)
