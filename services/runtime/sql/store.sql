@@ -10,6 +10,17 @@ SELECT * FROM runs WHERE run_id = $1;
 -- name: ping
 SELECT 1 AS ok;
 
+-- name: learn_types
+-- Prepared by every pooled connection as it opens (never run): it names each type of
+-- runwire's statements that asyncpg does not know by itself, runwire's enums and the
+-- arrays of any type (asyncpg asks Postgres about array types too), so that the
+-- connection learns them all in one lookup instead of one lookup (milliseconds) per
+-- type the first time a statement uses it, in the middle of a run's work.
+SELECT NULL::run_status, NULL::run_status[], NULL::outbox_kind, NULL::outbox_kind[],
+       NULL::effect_state, NULL::effect_state[], NULL::node_status, NULL::node_status[],
+       NULL::text[], NULL::integer[], NULL::bigint[], NULL::uuid[], NULL::boolean[],
+       NULL::jsonb[], NULL::timestamptz[];
+
 -- name: events_timeline
 -- Every recorded transition, oldest first (for audits and tests).
 SELECT run_id, event, status, attempt, actor, code, reason, at FROM run_events ORDER BY at, id;

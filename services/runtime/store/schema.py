@@ -40,24 +40,13 @@ def load_all() -> dict[str, str]:
 QUERIES = load_all()
 
 
-# The types of runwire's statements that asyncpg does not know by itself: its own enums
-# and the arrays of any type (asyncpg asks Postgres about every array type too). A
-# connection learns them all in one lookup as it opens; otherwise the first statement
-# of each connection that uses one waits for a lookup of its own (milliseconds each) in
-# the middle of a run's work.
-OWN_TYPES = ("run_status", "outbox_kind", "effect_state", "node_status")
-ARRAY_TYPES = ("text", "integer", "bigint", "uuid", "boolean", "jsonb", "timestamptz")
-_LEARN_TYPES = "SELECT " + ", ".join(
-    [f"NULL::{t}, NULL::{t}[]" for t in OWN_TYPES] + [f"NULL::{t}[]" for t in ARRAY_TYPES]
-)
-
-
 async def init_connection(conn: asyncpg.Connection) -> None:
     for json_type in ("json", "jsonb"):
         await conn.set_type_codec(
             json_type, encoder=json.dumps, decoder=json.loads, schema="pg_catalog"
         )
-    await conn.prepare(_LEARN_TYPES)
+    # Every type of runwire's statements, learned in one lookup (see `learn_types`).
+    await conn.prepare(QUERIES["learn_types"])
 
 
 def _migrations() -> list[tuple[int, str, str]]:
