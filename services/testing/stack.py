@@ -14,6 +14,8 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+import nats.errors
+
 from runwire.client import Client, ClientError, Transcript
 from runwire.contracts.errors import ErrorCode
 from runwire.contracts.frames import Frame
@@ -133,6 +135,8 @@ class InProcessStack:
             self.nats_url, prefix=self.prefix, tenant="default", user=user, password=password
         )
         await wait_ready(self.client)
+        for service in ("recovery", "executor") if executors else ("recovery",):
+            await wait_answering(self.client, service)
         return self
 
     def _client_identity(self) -> tuple[str | None, str | None]:
@@ -215,6 +219,20 @@ async def wait_ready(client: Client, timeout: float = 30) -> None:
 
     await eventually(submitter, timeout=timeout, interval=0.1)
     await eventually(relay, timeout=timeout, interval=0.1)
+
+
+async def wait_answering(client: Client, service: str, timeout: float = 30) -> None:
+    """Until `service` (a kind: executor, recovery, ...) answers its health request: its
+    start, which opens every Postgres connection first, is over."""
+
+    async def answers() -> bool:
+        try:
+            await client.nc.request(client.subjects.health(service), b"", timeout=1)
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+            return False
+        return True
+
+    await eventually(answers, timeout=timeout, interval=0.05)
 
 
 async def collect(
