@@ -8,7 +8,7 @@ START_TIMEOUT ?=
 CLUSTER ?=
 STACK_OPTIONS := $(if $(START_TIMEOUT),--start-timeout $(START_TIMEOUT)) $(if $(CLUSTER),--cluster $(CLUSTER))
 
-.PHONY: install run up down logs status browser bench-peers test test-soak fuzz lint typecheck unit integration chaos schemas docs bench clean
+.PHONY: install run up down logs status browser bench-peers test test-soak security fuzz lint typecheck unit integration chaos schemas docs bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +70,10 @@ integration: $(STAMP)
 
 chaos: $(STAMP)
 	$(BIN)/pytest -n $(PYTEST_WORKERS) -q -m chaos
+
+## The attacks alone: as a tenant, an outsider and a stolen service identity.
+security: $(STAMP)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) -q -m security
 
 ## 500 runs while executors are killed at random; prints recoveries and their times.
 test-soak: $(STAMP)

@@ -143,6 +143,15 @@ class Subjects:
 # The inbox prefix of the gateway's own connection (for its bucket of threads); no
 # tenant's (`_INBOX_<tenant>`) can be it.
 GATEWAY_INBOX = "_GATEWAY_INBOX"
+# NATS's default inbox prefix: a client that sets none (a product's own app on a broker
+# that enforces no identities; the stack's health probe).
+DEFAULT_INBOX = "_INBOX"
+# The inbox of a service's own connection (`_SVC_INBOX_<service>`): its JetStream API
+# replies and publish acknowledgements, and its replicas' probes, arrive there and no
+# other service's or client's do. No tenant's (`_INBOX_<tenant>`) can be it.
+SERVICE_INBOX = "_SVC_INBOX"
+# Where some service may deliver a reply: a tenant's inbox, NATS's default, a service's.
+_INBOX_SUBJECT = re.compile(r"^(_INBOX(_[A-Za-z0-9_-]{1,64})?|_SVC_INBOX_[a-z]+)\.[^.\s]")
 
 
 def inbox_prefix(tenant: str) -> str:
@@ -155,3 +164,24 @@ def inbox_prefix(tenant: str) -> str:
 def valid_tenant(tenant: str) -> bool:
     """A tenant is one subject token of letters, digits, `_` or `-`."""
     return bool(TENANT_PATTERN.match(tenant))
+
+
+def service_inbox(service: str) -> str:
+    """The inbox prefix of a service's own connection (`_SVC_INBOX_<service>`)."""
+    return f"{SERVICE_INBOX}_{service}"
+
+
+def reply_inboxes(tenant: str) -> tuple[str, str]:
+    """Where a command of `tenant` is answered: under its own inbox prefix
+    (`_INBOX_<tenant>.`, which every client acting for it uses: its own, the gateway's,
+    the operator's) or NATS's default (`_INBOX.`, a client that sets no prefix on a
+    broker that enforces no identities). A request naming any other reply subject (a
+    jobs subject, another tenant's frames, events or inbox) gets no answer at all: the
+    reply subject is the requester's choice, and a service must not publish for it."""
+    return f"{inbox_prefix(tenant)}.", f"{DEFAULT_INBOX}."
+
+
+def is_inbox(subject: str) -> bool:
+    """Whether `subject` lies in an inbox (a tenant's, NATS's default, a service's):
+    where a health reply, which any identity may ask for, may go."""
+    return bool(_INBOX_SUBJECT.match(subject))

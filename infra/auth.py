@@ -5,8 +5,11 @@ exactly the subjects it needs, written as a nats-server `authorization` block.
   subscribes only to the commands, notices and health requests it answers and publishes
   only what it sends (only executors and the outbox publish raw frames, only relays
   publish client frames, only the submitter sends cancel notices, only the outbox and
-  recovery publish jobs and run events); each answers requests through
-  `allow_responses`, and may ask its own service's health (its replicas' probes do).
+  recovery publish jobs and run events); it answers requests only into inboxes (each
+  tenant's, NATS's default, its own: never `allow_responses`, which would publish
+  wherever a requester points the reply), hears replies only in its own inbox
+  (`_SVC_INBOX_<service>`), and may ask its own service's health (its replicas'
+  probes do).
   They manage the streams and consumers (`$JS.API.>`).
 - **Tenants** (`tenant-<name>`): request their own commands (`<prefix>.<tenant>.cmd.>`,
   but not `set_budget`, `set_policy` or `resolve_effect`: an operator's), receive
@@ -37,10 +40,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 from runwire.contracts.subjects import (
     COMMANDS,
+    DEFAULT_INBOX,
     GATEWAY_INBOX,
     TENANT_PATTERN,
     Subjects,
     inbox_prefix,
+    service_inbox,
 )
 from runwire.gateway.keys import add_key, new_key, remove_tenant_keys
 
@@ -157,13 +162,21 @@ def reload_server(pid_file: Path) -> bool:
     return True
 
 
-def service_permissions(service: str, subjects: Subjects) -> dict[str, Any]:
-    """What a service may publish and subscribe to."""
+def service_permissions(
+    service: str, subjects: Subjects, tenants: list[str] | None = None
+) -> dict[str, Any]:
+    """What a service may publish and subscribe to. Its replies go only into inboxes:
+    each tenant's of `tenants`, NATS's default (the stack's health probe) and its own
+    (its replicas' probes). Not `allow_responses`, which lets a responder publish to
+    whatever reply subject a requester names: a tenant naming a jobs subject, another
+    tenant's frames or a cancel notice would have had a service publish there."""
     p = subjects.prefix
-    subscribe = ["_INBOX.>", subjects.health(service)]
+    own = f"{service_inbox(service)}.>"
+    subscribe = [own, subjects.health(service)]
     # Its own health too: a replica's readiness probe asks it as the service's identity
-    # (`runwire health <service> --local`, with replies on NATS's default inbox).
-    publish = ["$JS.API.>", "$JS.ACK.>", subjects.health(service)]
+    # (`runwire health <service> --local`, with replies in the service's own inbox).
+    publish = ["$JS.API.>", "$JS.ACK.>", subjects.health(service), own, f"{DEFAULT_INBOX}.>"]
+    publish += [f"{inbox_prefix(tenant)}.>" for tenant in tenants or []]
     if service == "submitter":
         subscribe += [f"{p}.*.cmd.{name}" for name in COMMANDS if name != "join"]
         publish += [f"{p}.jobs.>", f"{p}.frames.in.>", f"{p}.ctl.cancel.>"]
@@ -180,7 +193,6 @@ def service_permissions(service: str, subjects: Subjects) -> dict[str, Any]:
     return {
         "publish": {"allow": publish, "deny": _service_denied(service, subjects)},
         "subscribe": {"allow": subscribe},
-        "allow_responses": True,
     }
 
 
@@ -285,7 +297,9 @@ def render(identities: Identities, subjects: Subjects) -> str:
         if name == service_user(GATEWAY):
             permissions = gateway_permissions(identities.tenants, subjects)
         elif name.startswith("svc-"):
-            permissions = service_permissions(name.removeprefix("svc-"), subjects)
+            permissions = service_permissions(
+                name.removeprefix("svc-"), subjects, identities.tenants
+            )
         elif name.startswith("tenant-"):
             permissions = tenant_permissions(name.removeprefix("tenant-"), subjects)
         elif name == OPERATOR:

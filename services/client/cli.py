@@ -20,6 +20,7 @@ from runwire.client.top import run_top
 from runwire.contracts.frames import Frame, FrameType
 from runwire.contracts.health import HealthReply
 from runwire.contracts.replies import RunSummary
+from runwire.contracts.subjects import service_inbox
 from runwire.contracts.workflows import NodeRunData
 from runwire.infra.auth import (
     IDENTITIES_FILE,
@@ -32,8 +33,6 @@ from runwire.infra.auth import (
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
-# NATS's own inbox prefix: the only one where a service's identity may hear replies.
-DEFAULT_INBOX = "_INBOX"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -262,7 +261,8 @@ async def _main(args: argparse.Namespace) -> int:
     url = args.nats_url or settings.nats_url
     tenant = args.tenant or settings.tenant
     password = settings.nats_password.get_secret_value() if settings.nats_password else None
-    # A replica's probe asks as its service's identity, which hears no tenant's inbox.
+    # A replica's probe asks as its service's identity, which hears replies only in its
+    # service's own inbox (`_SVC_INBOX_<service>`), no tenant's.
     probing = args.command == "health" and settings.nats_user == service_user(args.service)
     try:
         client = await Client.connect(
@@ -271,7 +271,7 @@ async def _main(args: argparse.Namespace) -> int:
             prefix=settings.prefix,
             user=settings.nats_user,
             password=password,
-            inbox=DEFAULT_INBOX if probing else None,
+            inbox=service_inbox(args.service) if probing else None,
         )
     except (OSError, TimeoutError) as exc:
         print(

@@ -42,7 +42,7 @@ from runwire.runtime.app import Service
 from runwire.runtime.broker import EXECUTOR_CONSUMER, Broker, StreamLimits
 from runwire.runtime.commands import describe
 from runwire.runtime.consumer import DurablePull
-from runwire.runtime.errors import RunwireError
+from runwire.runtime.errors import LostRace, RunwireError
 from runwire.runtime.health import serve_health
 from runwire.runtime.lifecycle import CannotStart, run
 from runwire.runtime.logs import bind, fields
@@ -193,11 +193,29 @@ class Executor:
         await self.outbox.close()
 
     def on_cancel_notice(self, run_id: str) -> None:
-        """Abort the run's attempt if it runs here (the notice goes to every executor)."""
+        """Abort the run's attempt if it runs here (the notice goes to every executor) and
+        Postgres says its cancel was requested: a notice alone is never believed (only
+        the submitter may send one, but a second line costs one batched query)."""
         attempt = self.attempts.get(run_id)
         if attempt is not None:
-            with bind(run_id=run_id):
-                log.info("cancel notice: aborting the attempt")
+            task = asyncio.create_task(self._cancel_if_requested(attempt))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _cancel_if_requested(self, attempt: Attempt) -> None:
+        run_id = attempt.run.run_id
+        with bind(run_id=run_id):
+            try:
+                requested = await self.store.cancel_requested(run_id, attempt.generation)
+            except LostRace:
+                return  # fenced out: its own heartbeat ends it
+            except RunwireError as exc:
+                log.warning("cancel notice not checked (%s); the attempt's poll will", exc)
+                return
+            if not requested:
+                log.warning("cancel notice for a run whose cancel was not requested: ignored")
+                return
+            log.info("cancel notice: aborting the attempt")
             attempt.abort(AbortReason.CANCEL)
 
     async def _handle(self, msg: Msg) -> None:

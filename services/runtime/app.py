@@ -32,7 +32,7 @@ from faststream.nats import NatsBroker
 from nats.aio.client import Client as NatsClient
 from opentelemetry.sdk.trace import TracerProvider
 
-from runwire.contracts.subjects import Subjects
+from runwire.contracts.subjects import Subjects, service_inbox
 from runwire.runtime import tracing
 from runwire.runtime.broker import Broker, StreamLimits
 from runwire.runtime.lifecycle import setup_process, teardown_process
@@ -197,6 +197,7 @@ class Service(Generic[S]):
                     settings.nats_password.get_secret_value() if settings.nats_password else None
                 ),
                 ping_interval_s=settings.nats_ping_interval_ms / 1000,
+                inbox=service_inbox(self.name),
             )
             await self._broker.ensure_streams(StreamLimits.of(settings))
         except BaseException:

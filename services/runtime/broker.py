@@ -33,7 +33,7 @@ from nats.js.api import (
 from runwire.client.settings import server_urls
 from runwire.contracts.frames import Frame, RawFrame
 from runwire.contracts.headers import TRACEPARENT
-from runwire.contracts.subjects import Subjects
+from runwire.contracts.subjects import DEFAULT_INBOX, Subjects
 from runwire.runtime.errors import PayloadTooLarge, QueueFull, RunwireError, Unavailable
 from runwire.runtime.settings import (
     DEFAULT_FRAME_FOLLOWERS,
@@ -230,9 +230,12 @@ class Broker:
         user: str | None = None,
         password: str | None = None,
         ping_interval_s: float = DEFAULT_NATS_PING_INTERVAL_MS / 1000,
+        inbox: str = DEFAULT_INBOX,
     ) -> "Broker":
         """Connect (as `user`, on a broker that enforces identities), retrying with
-        backoff until `timeout`; then reconnect forever. Refused credentials fail at once."""
+        backoff until `timeout`; then reconnect forever. Refused credentials fail at once.
+        Replies (JetStream API answers, publish acknowledgements) arrive under `inbox`
+        (a service's own, `_SVC_INBOX_<service>`)."""
 
         refused = asyncio.Event()
 
@@ -268,6 +271,7 @@ class Broker:
                         reconnected_cb=on_reconnect,
                         user=user,
                         password=password,
+                        inbox_prefix=inbox,
                         # A server that stops answering (frozen, cut off) is left for
                         # another of the cluster after PING_MAX unanswered pings.
                         ping_interval=ping_interval_s,

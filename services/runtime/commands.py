@@ -55,12 +55,12 @@ from opentelemetry import trace
 from pydantic import BaseModel, ValidationError
 
 from runwire.contracts.errors import ErrorBody, ErrorCode, ErrorReply
-from runwire.contracts.subjects import valid_tenant
+from runwire.contracts.subjects import is_inbox, reply_inboxes, valid_tenant
 from runwire.runtime import tracing
 from runwire.runtime.app import Service
 from runwire.runtime.errors import InvalidRequest, NotFound, PayloadTooLarge, RunwireError
 from runwire.runtime.logs import fields
-from runwire.runtime.metrics import COMMAND_DURATION
+from runwire.runtime.metrics import COMMAND_DURATION, COMMANDS_REFUSED
 
 log = logging.getLogger(__name__)
 
@@ -205,6 +205,15 @@ def _error(code: ErrorCode, message: str, *, retryable: bool) -> ErrorReply:
     return ErrorReply(error=ErrorBody(code=code, message=message, retryable=retryable))
 
 
+def _answerable(reply_to: str, tenant: str) -> bool:
+    """Whether a command of `tenant` may be answered at `reply_to`: under the tenant's
+    own inbox (or NATS's default). A subject whose tenant token is not one is answered
+    INVALID_REQUEST in any inbox: that fixed answer says nothing of anyone."""
+    if not valid_tenant(tenant):
+        return is_inbox(reply_to)
+    return reply_to.startswith(reply_inboxes(tenant))
+
+
 class _Answer(BaseMiddleware[Any, Any]):
     """One command's reply: see `CommandReplies`."""
 
@@ -219,6 +228,17 @@ class _Answer(BaseMiddleware[Any, Any]):
         subject = str(msg.raw_message.subject)
         name = subject.rsplit(".", 1)[-1]
         tenant = str(msg.path.get("tenant", ""))
+        if msg.reply_to and not _answerable(msg.reply_to, tenant):
+            # The reply subject is the requester's choice: answering there would publish
+            # for it (jobs, another tenant's frames or events). Not served, not answered.
+            log.warning(
+                "command %s refused: its reply subject is outside the tenant's inbox",
+                name,
+                extra=fields(tenant=tenant, reply_to=msg.reply_to[:200]),
+            )
+            COMMANDS_REFUSED.labels(name).inc()
+            msg.reply_to = ""
+            return b""
         # FastStream's span for this message, in the caller's trace when it sent one.
         span = trace.get_current_span()
         span.update_name(f"command {name}")

@@ -131,6 +131,12 @@ COMMAND_DURATION = Histogram(
     ["command"],
     registry=None,
 )
+COMMANDS_REFUSED = Counter(
+    "runwire_commands_refused_total",
+    "Commands not served because their reply subject lay outside the tenant's inbox.",
+    ["command"],
+    registry=None,
+)
 
 # -- every service: the garbage collector -------------------------------------------
 GC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
@@ -189,9 +195,9 @@ def freeze_startup_objects() -> None:
 # The families each service moves. The command server is shared runtime code that the
 # submitter (submit, get, cancel, ...) and the relay (join) both run.
 FAMILIES: dict[str, tuple[Collector, ...]] = {
-    "submitter": (COMMAND_DURATION,),
+    "submitter": (COMMAND_DURATION, COMMANDS_REFUSED),
     "executor": (ATTEMPTS_IN_FLIGHT, ATTEMPT_DURATION, ATTEMPT_OUTCOMES, RETRIES),
-    "relay": (FRAMES_RELAYED, RELAY_LAG, COMMAND_DURATION),
+    "relay": (FRAMES_RELAYED, RELAY_LAG, COMMAND_DURATION, COMMANDS_REFUSED),
     "recovery": (QUEUE, RECOVERIES, INTERRUPTED),
 }
 

@@ -1,10 +1,12 @@
 """Integration fixtures: the four services in this process against real servers."""
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
 from runwire.testing.servers import Servers
+from tests.secured import Broker
 from tests.services import InProcessStack
 
 
@@ -21,3 +23,22 @@ async def stack(
         infra.nats_url, db_url, prefix, overrides=overrides, db_roles=infra.service_roles
     ) as running:
         yield running
+
+
+@pytest.fixture
+async def broker(tmp_path: Path, prefix: str) -> AsyncIterator[Broker]:
+    running = Broker(tmp_path, prefix)
+    running.server.start()
+    try:
+        yield running
+    finally:
+        running.server.stop()
+
+
+@pytest.fixture
+async def secured(broker: Broker, db_url: str, prefix: str) -> AsyncIterator[InProcessStack]:
+    """The four services on the authenticating broker, each as its own identity."""
+    async with InProcessStack(
+        broker.server.url, db_url, prefix, identities=broker.identities
+    ) as stack:
+        yield stack

@@ -10,6 +10,7 @@ from runwire import ClientError
 from runwire.contracts.errors import ErrorCode, ErrorReply
 from runwire.contracts.frames import FrameType
 from runwire.contracts.status import RunStatus
+from runwire.contracts.subjects import inbox_prefix
 from runwire.executor.main import executor_consumer
 from tests.services import InProcessStack, collect, eventually
 
@@ -17,9 +18,12 @@ pytestmark = pytest.mark.integration
 
 
 async def _raw(stack: InProcessStack, command: str, body: bytes, tenant: str = "default") -> dict:  # type: ignore[type-arg]
-    msg = await stack.client.nc.request(
-        stack.client.subjects.command(tenant, command), body, timeout=10
-    )
+    # Answered only in the tenant's own inbox: ask from there, as its clients do.
+    nc = stack.client.nc
+    inbox = f"{inbox_prefix(tenant)}.{uuid.uuid4().hex}"
+    sub = await nc.subscribe(inbox, max_msgs=1)
+    await nc.publish(stack.client.subjects.command(tenant, command), body, reply=inbox)
+    msg = await sub.next_msg(timeout=10)
     reply: dict = json.loads(msg.data)  # type: ignore[type-arg]
     return reply
 

@@ -5,92 +5,26 @@ identity are refused by the broker itself, not only by runwire's services."""
 import asyncio
 import os
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import nats
 import nats.errors
 import nats.js.errors
 import pytest
-from nats.aio.client import Client as NatsClient
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from runwire import ClientError
 from runwire.client import Client
 from runwire.contracts.errors import ErrorCode
 from runwire.contracts.status import RunStatus
-from runwire.contracts.subjects import Subjects, inbox_prefix
-from runwire.infra.auth import Identities, render, service_user, tenant_user
-from runwire.infra.embedded import EmbeddedNats
+from runwire.contracts.subjects import inbox_prefix, service_inbox
+from runwire.infra.auth import service_user, tenant_user
+from tests.secured import Broker
 from tests.services import InProcessStack, collect, eventually
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-class Broker:
-    """An authenticating nats-server and the identities it accepts."""
-
-    def __init__(self, folder: Path, prefix: str) -> None:
-        self.subjects = Subjects(prefix)
-        self.identities = Identities.generate()
-        for tenant in ("default", "acme", "globex"):
-            self.identities.add_tenant(tenant)
-        self.auth_file = folder / "auth.conf"
-        self.write()
-        self.server = EmbeddedNats(folder / "nats", authorization=self.auth_file)
-
-    def write(self) -> None:
-        self.auth_file.write_text(render(self.identities, self.subjects))
-
-    async def connect(
-        self, user: str | None, *, inbox: str = "_INBOX"
-    ) -> tuple[NatsClient, list[str]]:
-        """A raw connection as `user`, with the errors the broker sends it."""
-        errors: list[str] = []
-
-        async def on_error(exc: Exception) -> None:
-            errors.append(str(exc))
-
-        nc = await nats.connect(
-            self.server.url,
-            user=user,
-            password=self.identities.passwords.get(user or "", None),
-            error_cb=on_error,
-            inbox_prefix=inbox,
-            allow_reconnect=False,
-        )
-        return nc, errors
-
-    async def tenant(self, tenant: str) -> Client:
-        user = tenant_user(tenant)
-        return await Client.connect(
-            self.server.url,
-            tenant=tenant,
-            prefix=self.subjects.prefix,
-            user=user,
-            password=self.identities.passwords[user],
-        )
-
-
-@pytest.fixture
-async def broker(tmp_path: Path, prefix: str) -> AsyncIterator[Broker]:
-    running = Broker(tmp_path, prefix)
-    running.server.start()
-    try:
-        yield running
-    finally:
-        running.server.stop()
-
-
-@pytest.fixture
-async def secured(broker: Broker, db_url: str, prefix: str) -> AsyncIterator[InProcessStack]:
-    """The four services on the authenticating broker, each as its own identity."""
-    async with InProcessStack(
-        broker.server.url, db_url, prefix, identities=broker.identities
-    ) as stack:
-        yield stack
 
 
 async def test_the_services_run_a_run_as_their_own_identities(
@@ -210,7 +144,7 @@ async def test_a_tenant_cannot_manage_streams_publish_jobs_or_control_runs(
         await eventually(lambda: sum("publish" in e.lower() for e in errors) >= 10)
     finally:
         await nc.close()
-    service, _ = await broker.connect(service_user("recovery"))
+    service, _ = await broker.connect(service_user("recovery"), inbox=service_inbox("recovery"))
     try:
         info = await service.jetstream().stream_info(s.run_frames_stream)
     finally:
@@ -236,7 +170,7 @@ async def test_outsiders_and_stolen_service_identities_are_refused(
     # An executor's identity publishes raw frames and jobs, never client frames or
     # cancel notices, and cannot delete or purge a stream.
     s = broker.subjects
-    nc, errors = await broker.connect(service_user("executor"))
+    nc, errors = await broker.connect(service_user("executor"), inbox=service_inbox("executor"))
     try:
         await nc.publish(s.run_frames("acme", "00000000-0000-0000-0000-000000000000"), b"{}")
         await nc.publish(s.cancel_notice("00000000-0000-0000-0000-000000000000"), b"")
@@ -248,7 +182,7 @@ async def test_outsiders_and_stolen_service_identities_are_refused(
     finally:
         await nc.close()
     # Recovery purges ended runs' client frames, and nothing else.
-    nc, errors = await broker.connect(service_user("recovery"))
+    nc, errors = await broker.connect(service_user("recovery"), inbox=service_inbox("recovery"))
     try:
         await nc.publish(f"$JS.API.STREAM.PURGE.{s.jobs_stream}", b"")
         await nc.publish(f"$JS.API.STREAM.DELETE.{s.jobs_stream}", b"")
