@@ -116,6 +116,11 @@ class Subjects:
         """Where clients read a run's frames, in `seq` order."""
         return f"{self.prefix}.{tenant}.runs.{run_id}.frames"
 
+    @staticmethod
+    def run_of_frames(subject: str) -> str:
+        """The run id of a run's client frames subject."""
+        return subject.split(".")[3]
+
     @property
     def run_frames_wildcard(self) -> str:
         return f"{self.prefix}.*.runs.*.frames"

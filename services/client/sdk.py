@@ -751,11 +751,19 @@ class Client:
     ) -> AsyncGenerator[Frame, None]:
         """The frames `sub` receives, until it stays quiet for `idle` or the connection
         closes (the caller re-joins to learn whether the run goes on)."""
+        run_id = Subjects.run_of_frames(subject)
         while not self.nc.is_closed:
             msg = await _next(sub, idle)
             if msg is None:
                 return
             try:
-                yield Frame.model_validate_json(msg.data, context=STORED_FRAMES)
+                frame = Frame.model_validate_json(msg.data, context=STORED_FRAMES)
             except ValidationError:
                 log.warning("malformed frame on %s skipped", subject)
+                continue
+            if frame.run_id != run_id:
+                # Another run's frame, delivered here by someone's consumer (the broker
+                # lets a consumer deliver to any subject): never part of this run.
+                log.warning("a frame of another run on %s skipped", subject)
+                continue
+            yield frame
