@@ -29,6 +29,7 @@ from runwire.gateway import langgraph
 from runwire.gateway.errors import described, status_of
 from runwire.gateway.keys import ApiKeys
 from runwire.gateway.langgraph import Threads
+from runwire.gateway.limits import Limits
 from runwire.gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
@@ -251,6 +252,11 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
             await threads.close()
 
     app = FastAPI(title="runwire gateway", version="1", lifespan=lifespan)
+    app.add_middleware(
+        Limits,
+        max_body_bytes=settings.gateway_max_body_bytes,
+        max_per_key=settings.gateway_max_requests_per_key,
+    )
     if settings.gateway_cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -280,26 +286,13 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
             )
         return await tenants.client(tenant)
 
-    async def body_of(request: Request) -> bytes:
-        body = await request.body()
-        if len(body) > settings.gateway_max_body_bytes:
-            raise ClientError(
-                ErrorBody(
-                    code=ErrorCode.PAYLOAD_TOO_LARGE,
-                    message=f"body of {len(body)} bytes is over the limit of "
-                    f"{settings.gateway_max_body_bytes}",
-                    retryable=False,
-                )
-            )
-        return body
-
     @app.post("/v1/runs")
     async def submit(request: Request) -> Response:
         """Submit a run: the body is the submit command. 201 with the run, or 200 with
         the first run of a `request_id` used before (`duplicate: true`)."""
         client = await client_of(request)
         try:
-            cmd = SubmitCommand.model_validate_json(await body_of(request))
+            cmd = SubmitCommand.model_validate_json(await request.body())  # size: Limits
         except ValidationError as exc:
             return error_response(ErrorCode.INVALID_REQUEST, described(exc))
         reply = await client.submit_command(cmd)

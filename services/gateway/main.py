@@ -18,4 +18,5 @@ def main() -> None:
         port=settings.gateway_port,
         log_level=settings.log_level.lower(),
         timeout_graceful_shutdown=5,
+        limit_concurrency=settings.gateway_max_connections,
     )

@@ -10,6 +10,8 @@ from runwire.contracts.subjects import DEFAULT_PREFIX
 DEFAULT_PORT = 8480
 DEFAULT_HEARTBEAT_S = 10.0
 DEFAULT_MAX_BODY_BYTES = 512 * 1024
+DEFAULT_MAX_REQUESTS_PER_KEY = 64
+DEFAULT_MAX_CONNECTIONS = 2048
 
 
 class GatewaySettings(BaseSettings):
@@ -34,4 +36,8 @@ class GatewaySettings(BaseSettings):
     # A comment line on an idle event stream this often, so proxies keep it open.
     gateway_heartbeat_s: float = Field(default=DEFAULT_HEARTBEAT_S, gt=0, le=300)
     gateway_max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1024)
+    # Requests one API key may have in flight at once, its open event streams included
+    # (429 QUOTA_EXCEEDED past it); connections the process takes at once (503 past it).
+    gateway_max_requests_per_key: int = Field(default=DEFAULT_MAX_REQUESTS_PER_KEY, ge=1)
+    gateway_max_connections: int = Field(default=DEFAULT_MAX_CONNECTIONS, ge=1)
     log_level: str = "INFO"

@@ -33,6 +33,8 @@ async def http(stack: InProcessStack, tmp_path: Path) -> AsyncIterator[httpx.Asy
             tmp_path,
             gateway_heartbeat_s=0.3,
             gateway_max_body_bytes=4096,
+            # A thousand readers of one run, under one key.
+            gateway_max_requests_per_key=2000,
         ) as url,
         httpx.AsyncClient(base_url=url, timeout=30) as client,
     ):
