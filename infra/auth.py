@@ -188,6 +188,11 @@ def service_permissions(
         publish += [f"{p}.*.runs.*.frames"]
     elif service == "recovery":
         publish += [f"{p}.jobs.>", f"{p}.frames.in.>", f"{p}.*.events.>"]
+        # Consumers created and removed on the streams tenants read (it polices them).
+        subscribe += [
+            f"$JS.EVENT.ADVISORY.CONSUMER.*.{stream}.*"
+            for stream in (subjects.run_frames_stream, subjects.events_stream)
+        ]
     else:
         raise ValueError(f"unknown service {service!r}")
     return {

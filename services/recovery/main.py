@@ -7,7 +7,8 @@ write with `FOR UPDATE SKIP LOCKED`, so any number of replicas can run them at o
 without acting twice on a run: expired leases, queue timeouts, session turns after a
 cancel's grace, lost jobs, retention. Every `lease_watch_ms` it also looks for runs
 whose executor is gone (so they resume within a fraction of a second), and every
-`outbox_interval_ms` it sweeps the outbox (one replica at a time).
+`outbox_interval_ms` it sweeps the outbox (one replica at a time), and it removes
+tenants' consumers that break the rules the broker cannot check (`consumers.py`).
 """
 
 import asyncio
@@ -16,6 +17,7 @@ import logging
 from typing import Protocol
 
 from runwire.recovery.budgets import OrphanedReservations
+from runwire.recovery.consumers import TenantConsumers
 from runwire.recovery.leases import ExpiredLeases, PresenceWatch
 from runwire.recovery.lost_jobs import LostJobs
 from runwire.recovery.queue_timeouts import QueueTimeouts
@@ -97,6 +99,7 @@ class RecoveryService(Service[RecoverySettings]):
 
     async def work(self, stop: asyncio.Event) -> None:
         sweeping = asyncio.create_task(_sweep(self.settings, self.outbox, stop))
+        policing = asyncio.create_task(TenantConsumers(self.settings, self.broker).watch(stop))
         presence = PresenceWatch(self.settings.database_url, self.settings.presence_settle_ms)
         all_duties = duties(self.settings, self.store, self.broker, self.outbox, presence)
         leases = next(d for d in all_duties if isinstance(d, ExpiredLeases))
@@ -107,6 +110,7 @@ class RecoveryService(Service[RecoverySettings]):
             await presence.close()
             await watching
         await sweeping
+        await policing
 
     async def _tick_until(self, stop: asyncio.Event, all_duties: list[Duty]) -> None:
         settings, broker = self.settings, self.broker

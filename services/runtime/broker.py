@@ -23,6 +23,7 @@ from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
+    ConsumerInfo,
     DiscardPolicy,
     RetentionPolicy,
     StorageType,
@@ -58,6 +59,8 @@ RAW_LOOK_LIMIT = 256
 READ_BEHIND_TRIES = 12
 READ_BEHIND_DELAY_S = 0.03
 PING_MAX = 3
+# The most consumers the server lists in one answer.
+CONSUMER_PAGE = 256
 DECLARE_TIMEOUT_S = 1.0
 EVENTS_MAX_AGE_S = 7 * 24 * 3600
 # A header value never carries a line break (it would end the header block).
@@ -439,6 +442,27 @@ class Broker:
             return bool(await self.js.delete_consumer(stream, durable))
         except nats.js.errors.NotFoundError:
             return False
+
+    async def consumers_of(self, stream: str) -> list[ConsumerInfo]:
+        """Every consumer of `stream`, with its configuration (read a page at a time)."""
+        found: list[ConsumerInfo] = []
+        try:
+            while True:
+                page = await self.js.consumers_info(stream, offset=len(found) or None)
+                found += page
+                if len(page) < CONSUMER_PAGE:
+                    return found
+        except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+            raise Unavailable(f"listing the consumers of {stream} failed: {exc}") from exc
+
+    async def consumer_of(self, stream: str, name: str) -> ConsumerInfo | None:
+        """One consumer of `stream` with its configuration; None if there is none."""
+        try:
+            return await self.js.consumer_info(stream, name)
+        except nats.js.errors.NotFoundError:
+            return None
+        except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+            raise Unavailable(f"reading consumer {name} of {stream} failed: {exc}") from exc
 
     async def pull(self, stream: str, durable: str) -> JetStreamContext.PullSubscription:
         return await self.js.pull_subscribe_bind(durable=durable, stream=stream)

@@ -50,6 +50,11 @@ DEFAULT_RECOVERY_BACKOFF_MS = 200
 DEFAULT_PRESENCE_SETTLE_MS = 10_000
 DEFAULT_MAX_RECOVERIES = 3
 DEFAULT_REPUBLISH_AFTER_MS = 30_000
+# What a tenant's own JetStream consumers may be (recovery removes any other).
+DEFAULT_TENANT_MAX_CONSUMERS = 256
+DEFAULT_TENANT_CONSUMER_MAX_INACTIVE_MS = 300_000
+DEFAULT_TENANT_CONSUMER_MAX_DELIVER = 10
+DEFAULT_CONSUMER_SWEEP_MS = 10_000
 # Clients following runs live at once (and for a few seconds after each stops): the run
 # frames stream's consumer limit.
 DEFAULT_FRAME_FOLLOWERS = 100_000
@@ -195,6 +200,17 @@ class RecoverySettings(CommonSettings):
     presence_settle_ms: int = Field(default=DEFAULT_PRESENCE_SETTLE_MS, ge=0)
     republish_after_ms: int = Field(default=DEFAULT_REPUBLISH_AFTER_MS, ge=100)
     batch_size: int = Field(default=500, ge=1)
+    # A tenant's consumers on the frames and events streams (which the broker lets it
+    # create with any configuration): at most this many per stream, ephemeral, gone
+    # this long after their client stops reading, delivering only into the tenant's
+    # inbox, and, when acknowledged, delivered at most this many times. Recovery removes
+    # any other as soon as it is created, and looks at them all every sweep.
+    tenant_max_consumers: int = Field(default=DEFAULT_TENANT_MAX_CONSUMERS, ge=1)
+    tenant_consumer_max_inactive_ms: int = Field(
+        default=DEFAULT_TENANT_CONSUMER_MAX_INACTIVE_MS, ge=1_000
+    )
+    tenant_consumer_max_deliver: int = Field(default=DEFAULT_TENANT_CONSUMER_MAX_DELIVER, ge=1)
+    consumer_sweep_ms: int = Field(default=DEFAULT_CONSUMER_SWEEP_MS, ge=100)
 
     @field_validator("frame_retention", "stream_purge_grace", mode="before")
     @classmethod

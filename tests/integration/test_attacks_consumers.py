@@ -2,19 +2,22 @@
 frames and events, and the broker does not check where such a consumer delivers:
 nats-server refuses only a deliver subject its own stream stores (a cycle), so a
 consumer of a tenant's events may deliver into another tenant's frames subject. A
-client following a run takes only that run's frames, wherever messages come from."""
+client following a run takes only that run's frames, wherever messages come from; and recovery
+removes a tenant's consumer that breaks the rules the broker cannot check."""
 
 import asyncio
 import logging
 
+import nats.js.errors
 import pytest
+from nats.aio.client import Client as NatsClient
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from runwire.contracts.frames import FrameType
 from runwire.contracts.subjects import inbox_prefix
-from runwire.infra.auth import tenant_user
+from runwire.infra.auth import OPERATOR, tenant_user
 from tests.secured import Broker
-from tests.services import InProcessStack, collect
+from tests.services import InProcessStack, collect, eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.security]
 
@@ -66,5 +69,81 @@ async def test_a_consumer_delivering_into_another_tenants_run_changes_nothing_it
     assert seen.count(FrameType.DONE) == 1
     assert seen.count(FrameType.MESSAGE) == len(tokens)
     assert rejoined.text == "".join(tokens)
-    # The attack did reach the victim's subscription: its messages were skipped.
-    assert "skipped" in caplog.text
+    # Recovery removed the consumer as soon as it was created (and whatever it
+    # delivered before was skipped).
+    assert "a tenant's consumer removed: it delivers outside the tenant's inbox" in caplog.text
+
+
+async def _alive(nc: NatsClient, stream: str, name: str) -> bool:
+    try:
+        await nc.jetstream(timeout=5).consumer_info(stream, name)
+    except nats.js.errors.NotFoundError:
+        return False
+    return True
+
+
+async def test_a_tenants_consumers_that_break_the_rules_are_removed(
+    broker: Broker, db_url: str, prefix: str
+) -> None:
+    s = broker.subjects
+    mine = f"{inbox_prefix('acme')}.mine"
+    # What the broker lets a tenant create, and recovery removes.
+    broken = {
+        "durable": ConsumerConfig(name="keep", durable_name="keep", ack_policy=AckPolicy.NONE),
+        "forever": ConsumerConfig(name="forever", inactive_threshold=86_400.0),
+        "elsewhere": ConsumerConfig(name="elsewhere", deliver_subject=s.command("acme", "submit")),
+        "redelivered": ConsumerConfig(
+            name="redelivered",
+            deliver_subject=mine,
+            ack_policy=AckPolicy.EXPLICIT,
+            max_deliver=-1,
+            ack_wait=1.0,
+        ),
+    }
+    overrides = {"tenant_max_consumers": 3, "consumer_sweep_ms": 200}
+    async with InProcessStack(
+        broker.server.url, db_url, prefix, identities=broker.identities, overrides=overrides
+    ):
+        acme = await broker.tenant("acme")
+        attacker, _ = await broker.connect(tenant_user("acme"), inbox=inbox_prefix("acme"))
+        operator, _ = await broker.connect(OPERATOR)
+        try:
+            done = await acme.submit({"tokens": ["a ", "b"]})
+            await collect(acme, done.run.run_id)
+            js = attacker.jetstream(timeout=5)
+            names = []
+            for config in broken.values():
+                config.filter_subject = s.events("acme", done.run.run_id)
+                config.deliver_policy = DeliverPolicy.ALL
+                names.append((await js.add_consumer(s.events_stream, config)).name)
+            for name in names:
+                await eventually(lambda n=name: _gone(operator, s.events_stream, n), timeout=15)
+
+            # Keeping the rules, a tenant may hold three; the fourth and fifth go.
+            kept = []
+            for i in range(5):
+                info = await js.add_consumer(
+                    s.run_frames_stream,
+                    ConsumerConfig(
+                        name=f"ok-{i}",
+                        filter_subject=s.run_frames("acme", done.run.run_id),
+                        deliver_subject=f"{mine}.{i}",
+                        ack_policy=AckPolicy.NONE,
+                        inactive_threshold=60.0,
+                    ),
+                )
+                kept.append(info.name)
+
+            async def three_left() -> bool:
+                alive = [await _alive(operator, s.run_frames_stream, n) for n in kept]
+                return alive == [True, True, True, False, False]
+
+            await eventually(three_left, timeout=15)
+        finally:
+            await operator.close()
+            await attacker.close()
+            await acme.close()
+
+
+async def _gone(nc: NatsClient, stream: str, name: str) -> bool:
+    return not await _alive(nc, stream, name)
