@@ -458,11 +458,12 @@ class Broker:
     async def consumer_of(self, stream: str, name: str) -> ConsumerInfo | None:
         """One consumer of `stream` with its configuration; None if there is none."""
         try:
-            return await self.js.consumer_info(stream, name)
+            info: ConsumerInfo = await self.js.consumer_info(stream, name)
         except nats.js.errors.NotFoundError:
             return None
         except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
             raise Unavailable(f"reading consumer {name} of {stream} failed: {exc}") from exc
+        return info
 
     async def pull(self, stream: str, durable: str) -> JetStreamContext.PullSubscription:
         return await self.js.pull_subscribe_bind(durable=durable, stream=stream)
