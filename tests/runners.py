@@ -8,6 +8,7 @@ from pydantic import Field
 
 import runwire
 from runwire.contracts.base import WireModel
+from runwire.contracts.frames import FrameType
 
 
 class EchoInput(WireModel):
@@ -156,3 +157,19 @@ async def mailer(ctx: runwire.AttemptContext) -> dict[str, Any]:
         raise runwire.RunnerError("failing after the emails, as asked", retryable=True)
     await ctx.message(" ".join(sent))
     return {"sent": sent}
+
+
+# Text no Postgres column can hold: a NUL character, and half of a UTF-16 surrogate pair.
+NUL_TEXT = "before\x00after"
+SURROGATE_TEXT = "half \ud800 a pair"
+
+
+@runwire.runner()
+async def unstorable(ctx: runwire.AttemptContext) -> dict[str, Any]:
+    """Emit what a model's output, a tool's result or a runner's own text may hold but
+    Postgres cannot store (a submitted input cannot: the submitter refuses it), in a
+    text delta, a status frame and the result."""
+    await ctx.message(NUL_TEXT)
+    await ctx.emit(FrameType.STATUS, {"status": "thinking\x00"})
+    await ctx.message(SURROGATE_TEXT)
+    return {"note": NUL_TEXT}

@@ -43,6 +43,7 @@ from runwire.runtime.errors import (
     Unavailable,
 )
 from runwire.runtime.settings import ExecutorSettings
+from runwire.runtime.storable import storable, storable_text
 from runwire.runtime.store import Run, Store
 from runwire.runtime.tokens import frame_token
 
@@ -148,6 +149,8 @@ class Attempt:
         self.abort_signal = AbortSignal()
         self.abort_reason: AbortReason | None = None
         self.closed = False
+        # Whether text the runner emitted had characters replaced (logged once).
+        self._replaced = False
         # Made inside the attempt's span: its frames carry it, for the relay's spans.
         self._traceparent = tracing.current_traceparent()
 
@@ -180,6 +183,7 @@ class Attempt:
         faster than frames are stored sends fewer, larger frames (a client sees the same
         text), and one that emits slower sends each delta at once.
         """
+        data = self._storable(type.value, data)
         text = data.get("text") if type == FrameType.MESSAGE else None
         if isinstance(text, str) and self._coalescing():
             # What a frame of joined deltas may hold: its JSON stays well under the
@@ -196,6 +200,19 @@ class Attempt:
                 return
         await self._send_held()
         await self._publish(type, data, self._seq + 1, datetime.now(UTC))
+
+    def _storable(self, what: str, value: Any) -> Any:
+        """`value` with the characters Postgres cannot store replaced (see
+        `runwire.runtime.storable`): the frame a follower sees now is the one stored."""
+        clean = storable(value)
+        if clean is not value and not self._replaced:
+            self._replaced = True  # once per attempt: a stream of them is one problem
+            log.warning(
+                "the runner's %s held a NUL character or a lone surrogate, which Postgres "
+                "cannot store; replaced with U+FFFD (and in any later frame)",
+                what,
+            )
+        return clean
 
     def _coalescing(self) -> bool:
         return self._settings.coalesce_text and not self.closed
@@ -300,6 +317,7 @@ class Attempt:
     async def _checkpoint(self, state: Any) -> None:
         if self.closed:
             raise AttemptClosed(f"attempt {self.generation} of run {self.run.run_id} is closed")
+        state = self._storable("checkpoint", state)
         await self.publish(FrameType.CHECKPOINT, {"state": state})
         await self.sync()  # the text saved with the checkpoint must be in the stream
         try:
@@ -484,19 +502,19 @@ class Attempt:
             return Outcome(abort=self.abort_reason)
         exc = task.exception()
         if exc is None:
-            return Outcome(result=task.result() or {})
+            return Outcome(result=self._storable("result", task.result() or {}))
         if isinstance(exc, RunnerError):
             wait = exc.retry_after_s
+            message = storable_text(exc.message)
             return Outcome(
-                error=ErrorBody(code=exc.code, message=exc.message, retryable=exc.retryable),
+                error=ErrorBody(code=exc.code, message=message, retryable=exc.retryable),
                 retry_after_ms=None if wait is None else max(0, round(wait * 1000)),
             )
         if isinstance(exc, AttemptClosed):
             return Outcome(abort=self.abort_reason or AbortReason.LOST)
         if isinstance(exc, RunwireError):
-            return Outcome(
-                error=ErrorBody(code=exc.code, message=exc.message, retryable=exc.retryable)
-            )
+            message = storable_text(exc.message)
+            return Outcome(error=ErrorBody(code=exc.code, message=message, retryable=exc.retryable))
         log.error("runner raised %s", type(exc).__name__, exc_info=exc)
         return Outcome(
             error=ErrorBody(

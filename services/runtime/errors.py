@@ -95,3 +95,9 @@ class StoreError(RunwireError):
 
     code = ErrorCode.UNAVAILABLE
     retryable = True
+
+
+class StoreRefused(StoreError):
+    """Postgres refused what a statement holds (a data exception or an integrity
+    violation, SQLSTATE class 22 or 23): the same statement would fail again, unlike one
+    rolled back for a deadlock."""

@@ -1,0 +1,193 @@
+"""Attacks through what a run produces (issue 32): frames Postgres cannot store, error
+text that carries secrets, jobs no executor serves."""
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from runwire.client import Client
+from runwire.contracts.frames import Frame, FrameType, RawFrame
+from runwire.contracts.status import RunStatus
+from runwire.contracts.subjects import Subjects
+from runwire.relay.pipeline import Pipeline, SegmentBuffer
+from runwire.runtime.broker import Broker
+from runwire.runtime.settings import RelaySettings
+from runwire.runtime.tokens import frame_token
+from runwire.testing.servers import Servers
+from tests.runners import unstorable
+from tests.services import InProcessStack, all_frames_stored, collect, eventually
+
+pytestmark = [pytest.mark.integration, pytest.mark.security]
+
+REPLACED = "\ufffd"
+OTHER_TOKENS = [f"w{i} " for i in range(30)]
+
+
+@pytest.fixture
+async def frames_stack(infra: Servers, db_url: str, prefix: str) -> AsyncIterator[InProcessStack]:
+    """The stack with the `unstorable` runner; a run's frames leave the stream soon after
+    it ended, so a re-join after the end is served from Postgres."""
+    async with InProcessStack(
+        infra.nats_url,
+        db_url,
+        prefix,
+        db_roles=infra.service_roles,
+        runners={"unstorable": unstorable},
+        overrides={
+            "stream_replicas": infra.stream_replicas,
+            "stream_purge_grace": timedelta(milliseconds=300),
+        },
+    ) as stack:
+        yield stack
+
+
+async def _stream_holds_none(stack: InProcessStack, tenant: str, run_id: str) -> bool:
+    info = await stack.client.nc.jetstream().stream_info(
+        stack.client.subjects.run_frames_stream,
+        subjects_filter=stack.client.subjects.run_frames(tenant, run_id),
+    )
+    return not info.state.subjects
+
+
+async def test_a_nul_in_a_frame_stalls_no_other_tenant(
+    frames_stack: InProcessStack, infra: Servers
+) -> None:
+    stack = frames_stack
+    async with await Client.connect(infra.nats_url, prefix=stack.prefix, tenant="acme") as acme:
+        other = await acme.submit({"tokens": OTHER_TOKENS, "token_delay_ms": 20})
+        following = asyncio.create_task(collect(acme, other.run.run_id, timeout=60))
+        bad = await stack.client.submit({}, runner="unstorable")
+        bad_id = bad.run.run_id
+        live, live_text = await collect(stack.client, bad_id, timeout=60)
+        other_frames, other_text = await following
+
+        # The other tenant's run streamed and finished, and Postgres has all its frames.
+        assert other_text.text == "".join(OTHER_TOKENS)
+        assert (await acme.get(other.run.run_id)).status == RunStatus.FINISHED
+        await eventually(
+            lambda: all_frames_stored(stack.store, other.run.run_id, len(other_frames)),
+            timeout=20,
+        )
+
+        # The bad run finished, each unstorable character replaced by U+FFFD, the same in
+        # its live frames, its result, and a re-join once the stream dropped it.
+        expected = f"before{REPLACED}after" + f"half {REPLACED} a pair"
+        assert live_text.text == expected
+        statuses = [f.data["status"] for f in live if f.type == FrameType.STATUS]
+        assert statuses == [f"thinking{REPLACED}"]
+        run = await stack.client.get(bad_id)
+        assert run.status == RunStatus.FINISHED
+        assert run.result == {"text": expected, "note": f"before{REPLACED}after"}
+        await eventually(lambda: all_frames_stored(stack.store, bad_id, len(live)), timeout=20)
+        await eventually(lambda: _stream_holds_none(stack, "default", bad_id), timeout=20)
+        again, again_text = await collect(stack.client, bad_id, timeout=30)
+        assert [f.model_dump() for f in again] == [f.model_dump() for f in live]
+        assert again_text.text == expected
+
+
+async def test_a_nul_an_attempt_did_not_replace_is_replaced_by_the_relay(
+    infra: Servers, db_url: str, prefix: str
+) -> None:
+    """An attempt of an earlier version (or a faulty one) publishes a frame holding a NUL:
+    the relay relays it with U+FFFD in its place, the same live and in Postgres, and
+    another tenant's run meanwhile streams, finishes and is stored."""
+    stack = InProcessStack(
+        infra.nats_url,
+        db_url,
+        prefix,
+        db_roles=infra.service_roles,
+        overrides={"stream_replicas": infra.stream_replicas},
+    )
+    await stack.start(executors=0)
+    broker = await Broker.connect(stack.nats_url, Subjects(stack.prefix), name="old-executor")
+    try:
+        reply = await stack.client.submit({"tokens": ["unused"]})
+        run_id = reply.run.run_id
+        claimed = await eventually(lambda: stack.store.claim(run_id, 0, "old", 60_000))
+        assert claimed.frame_secret is not None
+        token = frame_token(claimed.frame_secret, claimed.generation)
+
+        def raw(seq: int, type_: FrameType, data: dict[str, Any]) -> RawFrame:
+            return RawFrame(
+                run_id=run_id,
+                tenant="default",
+                generation=claimed.generation,
+                seq=seq,
+                type=type_,
+                data=data,
+                at=datetime.now(UTC),
+                token=token,
+            )
+
+        for frame in (
+            raw(1, FrameType.RUN, {"attempt": 1, "resumed": False, "partial_length": 0}),
+            raw(2, FrameType.MESSAGE, {"text": "x\x00y"}),
+            raw(3, FrameType.DONE, {"status": "finished"}),
+        ):
+            await broker.publish_raw_frame(frame)
+        live, live_text = await collect(stack.client, run_id, timeout=30)
+
+        stack.start_executor()
+        async with await Client.connect(infra.nats_url, prefix=stack.prefix, tenant="acme") as acme:
+            other = await acme.submit({"tokens": OTHER_TOKENS})
+            other_frames, other_text = await collect(acme, other.run.run_id, timeout=30)
+            assert other_text.text == "".join(OTHER_TOKENS)
+            await eventually(
+                lambda: all_frames_stored(stack.store, other.run.run_id, len(other_frames)),
+                timeout=20,
+            )
+
+        assert live_text.text == f"x{REPLACED}y"
+        await eventually(lambda: all_frames_stored(stack.store, run_id, len(live)), timeout=20)
+        await stack.client.nc.jetstream().purge_stream(
+            stack.client.subjects.run_frames_stream,
+            subject=stack.client.subjects.run_frames("default", run_id),
+        )
+        again = await stack.client.join(run_id, 0)
+        assert [f.model_dump() for f in again.replay] == [f.model_dump() for f in live]
+    finally:
+        await broker.close()
+        await stack.close()
+
+
+def _buffer(run_id: str, text: str) -> SegmentBuffer:
+    body = Frame(
+        run_id=run_id, seq=1, type=FrameType.MESSAGE, data={"text": text}, at=datetime.now(UTC)
+    ).model_dump_json()
+    return SegmentBuffer(run_id, 1, "default", last_seq=1, frames=[body], size=len(body))
+
+
+async def test_a_segment_postgres_refuses_spoils_no_other_runs_segment(
+    infra: Servers, db_url: str, prefix: str
+) -> None:
+    """One flush writes the segments of many runs in one statement: a segment Postgres
+    refuses (a NUL, buffered by a relay of an earlier version) is left out, the others
+    are written, and the relay does not try it again on every flush."""
+    stack = InProcessStack(
+        infra.nats_url,
+        db_url,
+        prefix,
+        db_roles=infra.service_roles,
+        overrides={"stream_replicas": infra.stream_replicas},
+    )
+    await stack.start(executors=0)
+    settings = RelaySettings(nats_url=infra.nats_url, database_url=db_url, prefix=prefix)
+    broker = await Broker.connect(stack.nats_url, Subjects(stack.prefix), name="test-relay")
+    try:
+        good = (await stack.client.submit({"tokens": ["a"]})).run.run_id
+        bad = (await stack.client.submit({"tokens": ["b"]})).run.run_id
+        pipeline = Pipeline(settings, stack.store, broker)
+        pipeline.buffers = {good: _buffer(good, "fine"), bad: _buffer(bad, "x\x00y")}
+
+        await pipeline.flush()
+
+        (written,) = await stack.store.segments_after(good, 0)
+        assert written.frames[0]["data"] == {"text": "fine"}
+        assert await stack.store.segments_after(bad, 0) == []
+        assert pipeline.buffers == {}
+    finally:
+        await broker.close()
+        await stack.close()
