@@ -29,6 +29,7 @@ from runwire.runners.base import (
     Runner,
     RunnerError,
     RunnerSpec,
+    unexpected,
 )
 from runwire.runners.effects import EffectAdapter
 from runwire.runners.tools import ToolSpec
@@ -60,6 +61,22 @@ STORED = {CHECKED: True}
 PUBLISH_WINDOW = 256
 # The most text one coalesced `message` frame holds (characters).
 COALESCE_MAX_CHARS = 16_384
+# What a run records when its attempt failed on Postgres or NATS (see `attempt_error`).
+ATTEMPT_UNAVAILABLE_MESSAGE = (
+    "the attempt could not reach runwire's store or broker; the executor logged the "
+    "details with the run_id"
+)
+
+
+def attempt_error(exc: RunwireError, retryable: bool) -> ErrorBody:
+    """The error a run records for a runwire error that ended its attempt. One of
+    runwire's infrastructure (Postgres or NATS away or refusing, code UNAVAILABLE) says
+    so and no more: what the driver said (a query, an address) stays in the log, as it
+    does for a command's reply."""
+    if exc.code != ErrorCode.UNAVAILABLE:
+        return ErrorBody(code=exc.code, message=storable_text(exc.message), retryable=retryable)
+    log.warning("the attempt failed on runwire's store or broker: %s", exc.message)
+    return ErrorBody(code=exc.code, message=ATTEMPT_UNAVAILABLE_MESSAGE, retryable=retryable)
 
 
 @dataclass
@@ -367,10 +384,14 @@ class Attempt:
             return None
         try:
             pin = spec.pin(self.run.input)
-        except Exception as exc:  # noqa: BLE001 - a pin that cannot be made fails the run
+        except Exception as exc:
+            log.error("the runner's pin raised %s", type(exc).__name__, exc_info=exc)
             return ErrorBody(
                 code=ErrorCode.RUNNER_FATAL,
-                message=f"the runner's configuration cannot be read: {exc}",
+                message=(
+                    f"the runner's configuration cannot be read ({type(exc).__name__}); "
+                    "the executor logged the details with the run_id"
+                ),
                 retryable=False,
             )
         if self.run.config_pin is None:
@@ -484,7 +505,7 @@ class Attempt:
             try:
                 await self.sync()
             except Unavailable as exc:
-                return Outcome(error=ErrorBody(code=exc.code, message=exc.message, retryable=True))
+                return Outcome(error=attempt_error(exc, retryable=True))
             return self._outcome(runner_task)
         finally:
             self.closed = True
@@ -513,14 +534,11 @@ class Attempt:
         if isinstance(exc, AttemptClosed):
             return Outcome(abort=self.abort_reason or AbortReason.LOST)
         if isinstance(exc, RunwireError):
-            message = storable_text(exc.message)
-            return Outcome(error=ErrorBody(code=exc.code, message=message, retryable=exc.retryable))
+            return Outcome(error=attempt_error(exc, exc.retryable))
         log.error("runner raised %s", type(exc).__name__, exc_info=exc)
         return Outcome(
             error=ErrorBody(
-                code=ErrorCode.RUNNER_ERROR,
-                message=f"runner crashed: {type(exc).__name__}: {exc}",
-                retryable=True,
+                code=ErrorCode.RUNNER_ERROR, message=unexpected("runner", exc), retryable=True
             )
         )
 

@@ -2,7 +2,9 @@
 text that carries secrets, jobs no executor serves."""
 
 import asyncio
-from collections.abc import AsyncIterator
+import json
+import logging
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -14,10 +16,11 @@ from runwire.contracts.status import RunStatus
 from runwire.contracts.subjects import Subjects
 from runwire.relay.pipeline import Pipeline, SegmentBuffer
 from runwire.runtime.broker import Broker
+from runwire.runtime.logs import JsonFormatter
 from runwire.runtime.settings import RelaySettings
 from runwire.runtime.tokens import frame_token
 from runwire.testing.servers import Servers
-from tests.runners import unstorable
+from tests.runners import FAKE_SECRET, leaky, leaky_tool, unstorable
 from tests.services import InProcessStack, all_frames_stored, collect, eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.security]
@@ -191,3 +194,96 @@ async def test_a_segment_postgres_refuses_spoils_no_other_runs_segment(
     finally:
         await broker.close()
         await stack.close()
+
+
+class _Lines(logging.Handler):
+    """The log lines the services write in this process, as JSON (their run context
+    included)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.setFormatter(JsonFormatter())
+        self.lines: list[dict[str, Any]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(json.loads(self.format(record)))
+
+
+@pytest.fixture
+def log_lines() -> Iterator[_Lines]:
+    handler = _Lines()
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    yield handler
+    root.removeHandler(handler)
+    root.setLevel(level)
+
+
+async def test_no_exception_text_reaches_a_client(
+    infra: Servers, db_url: str, prefix: str, log_lines: _Lines
+) -> None:
+    """A runner or a tool that raises an exception whose text holds a credential: what a
+    client reads (frames live and on a re-join, the run, its events) names the exception's
+    class at most; the executor's log has the whole of it, with the run. A RunnerError
+    keeps its author's words."""
+    async with InProcessStack(
+        infra.nats_url,
+        db_url,
+        prefix,
+        db_roles=infra.service_roles,
+        runners={"leaky": leaky},
+        tools={"leaky_tool": leaky_tool},
+        overrides={"stream_replicas": infra.stream_replicas},
+    ) as stack:
+        runs = {
+            how: (await stack.client.submit({"how": how}, runner="leaky", max_attempts=1)).run
+            for how in ("crash", "tool", "own")
+        }
+        seen: dict[str, str] = {}
+        for how, run in runs.items():
+            live, transcript = await collect(stack.client, run.run_id, timeout=30)
+            joined = await stack.client.join(run.run_id, 0)
+            ended = await stack.client.get(run.run_id)
+            events = await stack.store.run_events(run.run_id)
+            seen[how] = json.dumps(
+                {
+                    "live": [f.model_dump(mode="json") for f in live],
+                    "joined": [f.model_dump(mode="json") for f in joined.replay],
+                    "run": ended.model_dump(mode="json"),
+                    "events": events,
+                },
+                default=str,
+            )
+            if how == "tool":
+                assert ended.status == RunStatus.FINISHED
+                assert transcript.text == (
+                    "the tool said: the tool 'leaky_tool' failed unexpectedly "
+                    "(ConnectionError); the executor logged the details with the run_id"
+                )
+            else:
+                assert ended.status == RunStatus.FAILED
+                assert ended.error is not None
+                errors = [f.data["message"] for f in live if f.type == FrameType.ERROR]
+                assert errors == [ended.error.message]
+        assert runs["crash"].run_id in seen["crash"]
+        crash = await stack.client.get(runs["crash"].run_id)
+        own = await stack.client.get(runs["own"].run_id)
+
+    for how, text in seen.items():
+        assert FAKE_SECRET not in text, how
+    assert crash.error is not None
+    assert own.error is not None
+    assert crash.error.message == (
+        "the runner failed unexpectedly (ValueError); the executor logged the details "
+        "with the run_id"
+    )
+    assert own.error.message == "the search index is not ready"
+    for how in ("crash", "tool"):
+        logged = [
+            line
+            for line in log_lines.lines
+            if line.get("run_id") == runs[how].run_id and FAKE_SECRET in line.get("exc", "")
+        ]
+        assert logged, how
