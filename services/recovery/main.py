@@ -57,7 +57,7 @@ def duties(
     """Recovery's duties, in the order a tick runs them."""
     return [
         ExpiredLeases(settings, store, broker, outbox, presence),
-        QueueTimeouts(settings, store, outbox),
+        QueueTimeouts(settings, store, broker, outbox),
         SessionTurns(settings, store),
         WorkflowDeadlines(settings, store, outbox),
         LostJobs(settings, store, broker, outbox),

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from runwire.client import Client
+from runwire.contracts.errors import ErrorCode
 from runwire.contracts.frames import Frame, FrameType, RawFrame
 from runwire.contracts.status import RunStatus
 from runwire.contracts.subjects import Subjects
@@ -20,7 +21,7 @@ from runwire.runtime.logs import JsonFormatter
 from runwire.runtime.settings import RelaySettings
 from runwire.runtime.tokens import frame_token
 from runwire.testing.servers import Servers
-from tests.runners import FAKE_SECRET, leaky, leaky_tool, unstorable
+from tests.runners import FAKE_SECRET, echo, leaky, leaky_tool, unstorable
 from tests.services import InProcessStack, all_frames_stored, collect, eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.security]
@@ -287,3 +288,93 @@ async def test_no_exception_text_reaches_a_client(
             if line.get("run_id") == runs[how].run_id and FAKE_SECRET in line.get("exc", "")
         ]
         assert logged, how
+
+
+async def _jobs_of(stack: InProcessStack, runner: str) -> int:
+    """How many jobs of `runner` the jobs stream holds."""
+    subjects = stack.client.subjects
+    info = await stack.client.nc.jetstream().stream_info(
+        subjects.jobs_stream, subjects_filter=subjects.job(runner, "*")
+    )
+    return sum((info.state.subjects or {}).values())
+
+
+async def test_jobs_no_executor_serves_leave_the_queue_by_their_queue_timeout(
+    infra: Servers, db_url: str, prefix: str
+) -> None:
+    """Runs of a runner the submitter knows but no executor serves (installed beside the
+    submitter only): each fails with QUEUE_TIMEOUT once its queue timeout passed, and
+    its job leaves the jobs stream, where it would hold a place of the queue (and
+    with enough of them, every tenant would get QUEUE_FULL)."""
+    stack = InProcessStack(
+        infra.nats_url,
+        db_url,
+        prefix,
+        db_roles=infra.service_roles,
+        runners={"echo": echo},
+        overrides={"stream_replicas": infra.stream_replicas},
+    )
+    await stack.start(executors=0)
+    try:
+        stack.start_executor(runners={})  # the installed runners only: not `echo`
+        runs = [
+            (await stack.client.submit({"text": "hi"}, runner="echo", queue_timeout_ms=500)).run
+            for _ in range(3)
+        ]
+        assert await _jobs_of(stack, "echo") == 3
+        scripted = await stack.client.submit({"tokens": ["still", " served"]})
+        _, transcript = await collect(stack.client, scripted.run.run_id)
+
+        for run in runs:
+            frames, _ = await collect(stack.client, run.run_id, timeout=20)
+            assert frames[-1].data == {"status": "failed", "code": "QUEUE_TIMEOUT"}
+            ended = await stack.client.get(run.run_id)
+            assert ended.status == RunStatus.FAILED
+            assert ended.error is not None
+            assert ended.error.code == ErrorCode.QUEUE_TIMEOUT
+        await eventually(lambda: _no_jobs_of(stack, "echo"), timeout=10)
+        assert transcript.text == "still served"
+    finally:
+        await stack.close()
+
+
+async def _no_jobs_of(stack: InProcessStack, runner: str) -> bool:
+    return await _jobs_of(stack, runner) == 0
+
+
+async def test_jobs_no_executor_serves_leave_the_queue_without_a_queue_timeout(
+    infra: Servers, db_url: str, prefix: str
+) -> None:
+    """Runs with no queue timeout, under a runner no executor has ever served: they fail
+    with QUEUE_TIMEOUT once they waited `unserved_timeout_ms`, saying why, and their jobs
+    leave the jobs stream; runs of a runner an executor serves are not touched."""
+    stack = InProcessStack(
+        infra.nats_url,
+        db_url,
+        prefix,
+        db_roles=infra.service_roles,
+        runners={"echo": echo},
+        overrides={"stream_replicas": infra.stream_replicas, "unserved_timeout_ms": 500},
+    )
+    await stack.start(executors=0)
+    try:
+        stack.start_executor(runners={})  # the installed runners only: not `echo`
+        runs = [(await stack.client.submit({"text": "hi"}, runner="echo")).run for _ in range(3)]
+        assert await _jobs_of(stack, "echo") == 3
+        scripted = await stack.client.submit({"tokens": ["t "] * 30, "token_delay_ms": 30})
+        _, transcript = await collect(stack.client, scripted.run.run_id)
+
+        for run in runs:
+            frames, _ = await collect(stack.client, run.run_id, timeout=20)
+            assert frames[-1].data == {"status": "failed", "code": "QUEUE_TIMEOUT"}
+            ended = await stack.client.get(run.run_id)
+            assert ended.status == RunStatus.FAILED
+            assert ended.error is not None
+            assert ended.error.code == ErrorCode.QUEUE_TIMEOUT
+            assert "no executor serves the run's runner" in ended.error.message
+        await eventually(lambda: _no_jobs_of(stack, "echo"), timeout=10)
+        # The scripted run, which took longer than `unserved_timeout_ms`, finished.
+        assert transcript.text == "t " * 30
+        assert (await stack.client.get(scripted.run.run_id)).status == RunStatus.FINISHED
+    finally:
+        await stack.close()

@@ -84,6 +84,16 @@ class RecoveryQueries(Queries):
         rows = await self._fetch("expire_queue", limit, error.model_dump(mode="json"), actor)
         return [Run.from_record(r) for r in rows]
 
+    async def expire_unserved(
+        self, *, limit: int, error: ErrorBody, actor: str, after_ms: int, served: set[str]
+    ) -> list[Run]:
+        """Fail runs that waited `after_ms` for a first attempt under a runner not in
+        `served` (see `expire_unserved` in recovery.sql)."""
+        rows = await self._fetch(
+            "expire_unserved", limit, error.model_dump(mode="json"), actor, after_ms, sorted(served)
+        )
+        return [Run.from_record(r) for r in rows]
+
     async def purge_due(self, grace_s: float, limit: int) -> list[tuple[str, str]]:
         """Mark ended runs whose stream copy may go now; returns (run_id, tenant)."""
         rows = await self._fetch("purge_due", grace_s, limit)
