@@ -637,6 +637,22 @@ class Broker:
         no executor may be there to take it, and it would hold a place of the queue)."""
         await self.purge_subject(self.subjects.jobs_stream, self.subjects.job(runner, run_id))
 
+    async def jobs_by_run(self) -> dict[str, str] | None:
+        """Run id → runner of every job in the jobs stream, from one stream info request;
+        None when the answer is incomplete or unavailable (see `jobs_waiting`)."""
+        try:
+            info = await self.js.stream_info(
+                self.subjects.jobs_stream, subjects_filter=self.subjects.jobs_wildcard
+            )
+        except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+            log.warning("jobs stream not listed: %s", exc)
+            return None
+        subjects = info.state.subjects or {}
+        if sum(subjects.values()) < info.state.messages:
+            return None
+        # `<prefix>.jobs.<runner>.<run_id>.job`
+        return {subject.split(".")[-2]: subject.split(".")[-3] for subject in subjects}
+
     async def job_queued(self, runner: str, run_id: str) -> bool:
         """Whether the jobs stream still holds a job of this run."""
         last = await self.last_on_subject(

@@ -378,3 +378,28 @@ async def test_jobs_no_executor_serves_leave_the_queue_without_a_queue_timeout(
         assert (await stack.client.get(scripted.run.run_id)).status == RunStatus.FINISHED
     finally:
         await stack.close()
+
+
+async def test_jobs_of_canceled_runs_no_executor_serves_leave_the_queue(
+    infra: Servers, db_url: str, prefix: str
+) -> None:
+    """Runs queued under a runner no executor serves, canceled before their queue
+    timeout: their jobs, which no executor would ever take, leave the jobs stream."""
+    stack = InProcessStack(
+        infra.nats_url,
+        db_url,
+        prefix,
+        db_roles=infra.service_roles,
+        runners={"echo": echo},
+        overrides={"stream_replicas": infra.stream_replicas, "republish_after_ms": 200},
+    )
+    await stack.start(executors=0)
+    try:
+        stack.start_executor(runners={})  # the installed runners only: not `echo`
+        runs = [(await stack.client.submit({"text": "hi"}, runner="echo")).run for _ in range(3)]
+        assert await _jobs_of(stack, "echo") == 3
+        for run in runs:
+            assert (await stack.client.cancel(run.run_id)).status == RunStatus.CANCELED
+        await eventually(lambda: _no_jobs_of(stack, "echo"), timeout=10)
+    finally:
+        await stack.close()

@@ -131,6 +131,12 @@ WITH due AS (
 )
 SELECT *, pg_current_xact_id()::text AS xact FROM upd;
 
+-- name: settled_runs
+-- Which of these runs need no job any more: ended, or not there at all.
+SELECT k.run_id FROM unnest($1::uuid[]) AS k(run_id)
+ WHERE NOT EXISTS (SELECT 1 FROM runs r
+                    WHERE r.run_id = k.run_id AND NOT run_terminal(r.status));
+
 -- name: queue_stats
 -- Per tenant: runs waiting for an attempt, and the age of the oldest (since its submit).
 SELECT tenant, count(*) AS depth,
