@@ -8,6 +8,7 @@ from pydantic import Field
 
 import runwire
 from runwire.contracts.base import WireModel
+from runwire.contracts.frames import FrameType
 
 
 class EchoInput(WireModel):
@@ -156,3 +157,48 @@ async def mailer(ctx: runwire.AttemptContext) -> dict[str, Any]:
         raise runwire.RunnerError("failing after the emails, as asked", retryable=True)
     await ctx.message(" ".join(sent))
     return {"sent": sent}
+
+
+# Text no Postgres column can hold: a NUL character, and half of a UTF-16 surrogate pair.
+NUL_TEXT = "before\x00after"
+SURROGATE_TEXT = "half \ud800 a pair"
+
+
+@runwire.runner()
+async def unstorable(ctx: runwire.AttemptContext) -> dict[str, Any]:
+    """Emit what a model's output, a tool's result or a runner's own text may hold but
+    Postgres cannot store (a submitted input cannot: the submitter refuses it), in a
+    text delta, a status frame and the result."""
+    await ctx.message(NUL_TEXT)
+    await ctx.emit(FrameType.STATUS, {"status": "thinking\x00"})
+    await ctx.message(SURROGATE_TEXT)
+    return {"note": NUL_TEXT}
+
+
+# A credential that a failing library puts in its exception's text (a DSN, a key in a
+# URL): no client may read it.
+FAKE_SECRET = "sk-live-7f3a9c01d2e4b5a6"
+
+
+class NoArgs(WireModel):
+    """A tool that takes nothing."""
+
+
+@runwire.tool(input=NoArgs)
+async def leaky_tool(args: NoArgs) -> dict[str, Any]:
+    """Fail as an HTTP client does, with the request's URL (and its key) in the text."""
+    raise ConnectionError(f"GET https://api.example.com/v1/search?key={FAKE_SECRET} failed")
+
+
+@runwire.runner()
+async def leaky(ctx: runwire.AttemptContext) -> dict[str, Any]:
+    """Fail with a credential in the exception's text: raised by a library (`crash`),
+    by a tool (`tool`), or a RunnerError in the runner author's own words (`own`)."""
+    how = ctx.input.get("how", "crash")
+    if how == "tool":
+        outcome = await ctx.call_tool("leaky_tool", {})
+        await ctx.message(f"the tool said: {outcome.error}")
+        return {}
+    if how == "own":
+        raise runwire.RunnerError("the search index is not ready", retryable=False)
+    raise ValueError(f"cannot connect to postgresql://app:{FAKE_SECRET}@db.internal/prod")

@@ -29,6 +29,7 @@ from runwire.runners.base import (
     Runner,
     RunnerError,
     RunnerSpec,
+    unexpected,
 )
 from runwire.runners.effects import EffectAdapter
 from runwire.runners.tools import ToolSpec
@@ -43,6 +44,7 @@ from runwire.runtime.errors import (
     Unavailable,
 )
 from runwire.runtime.settings import ExecutorSettings
+from runwire.runtime.storable import storable, storable_text
 from runwire.runtime.store import Run, Store
 from runwire.runtime.tokens import frame_token
 
@@ -59,6 +61,22 @@ STORED = {CHECKED: True}
 PUBLISH_WINDOW = 256
 # The most text one coalesced `message` frame holds (characters).
 COALESCE_MAX_CHARS = 16_384
+# What a run records when its attempt failed on Postgres or NATS (see `attempt_error`).
+ATTEMPT_UNAVAILABLE_MESSAGE = (
+    "the attempt could not reach runwire's store or broker; the executor logged the "
+    "details with the run_id"
+)
+
+
+def attempt_error(exc: RunwireError, retryable: bool) -> ErrorBody:
+    """The error a run records for a runwire error that ended its attempt. One of
+    runwire's infrastructure (Postgres or NATS away or refusing, code UNAVAILABLE) says
+    so and no more: what the driver said (a query, an address) stays in the log, as it
+    does for a command's reply."""
+    if exc.code != ErrorCode.UNAVAILABLE:
+        return ErrorBody(code=exc.code, message=storable_text(exc.message), retryable=retryable)
+    log.warning("the attempt failed on runwire's store or broker: %s", exc.message)
+    return ErrorBody(code=exc.code, message=ATTEMPT_UNAVAILABLE_MESSAGE, retryable=retryable)
 
 
 @dataclass
@@ -148,6 +166,8 @@ class Attempt:
         self.abort_signal = AbortSignal()
         self.abort_reason: AbortReason | None = None
         self.closed = False
+        # Whether text the runner emitted had characters replaced (logged once).
+        self._replaced = False
         # Made inside the attempt's span: its frames carry it, for the relay's spans.
         self._traceparent = tracing.current_traceparent()
 
@@ -180,6 +200,7 @@ class Attempt:
         faster than frames are stored sends fewer, larger frames (a client sees the same
         text), and one that emits slower sends each delta at once.
         """
+        data = self._storable(type.value, data)
         text = data.get("text") if type == FrameType.MESSAGE else None
         if isinstance(text, str) and self._coalescing():
             # What a frame of joined deltas may hold: its JSON stays well under the
@@ -196,6 +217,19 @@ class Attempt:
                 return
         await self._send_held()
         await self._publish(type, data, self._seq + 1, datetime.now(UTC))
+
+    def _storable(self, what: str, value: Any) -> Any:
+        """`value` with the characters Postgres cannot store replaced (see
+        `runwire.runtime.storable`): the frame a follower sees now is the one stored."""
+        clean = storable(value)
+        if clean is not value and not self._replaced:
+            self._replaced = True  # once per attempt: a stream of them is one problem
+            log.warning(
+                "the runner's %s held a NUL character or a lone surrogate, which Postgres "
+                "cannot store; replaced with U+FFFD (and in any later frame)",
+                what,
+            )
+        return clean
 
     def _coalescing(self) -> bool:
         return self._settings.coalesce_text and not self.closed
@@ -300,6 +334,7 @@ class Attempt:
     async def _checkpoint(self, state: Any) -> None:
         if self.closed:
             raise AttemptClosed(f"attempt {self.generation} of run {self.run.run_id} is closed")
+        state = self._storable("checkpoint", state)
         await self.publish(FrameType.CHECKPOINT, {"state": state})
         await self.sync()  # the text saved with the checkpoint must be in the stream
         try:
@@ -349,10 +384,14 @@ class Attempt:
             return None
         try:
             pin = spec.pin(self.run.input)
-        except Exception as exc:  # noqa: BLE001 - a pin that cannot be made fails the run
+        except Exception as exc:
+            log.error("the runner's pin raised %s", type(exc).__name__, exc_info=exc)
             return ErrorBody(
                 code=ErrorCode.RUNNER_FATAL,
-                message=f"the runner's configuration cannot be read: {exc}",
+                message=(
+                    f"the runner's configuration cannot be read ({type(exc).__name__}); "
+                    "the executor logged the details with the run_id"
+                ),
                 retryable=False,
             )
         if self.run.config_pin is None:
@@ -466,7 +505,7 @@ class Attempt:
             try:
                 await self.sync()
             except Unavailable as exc:
-                return Outcome(error=ErrorBody(code=exc.code, message=exc.message, retryable=True))
+                return Outcome(error=attempt_error(exc, retryable=True))
             return self._outcome(runner_task)
         finally:
             self.closed = True
@@ -484,25 +523,22 @@ class Attempt:
             return Outcome(abort=self.abort_reason)
         exc = task.exception()
         if exc is None:
-            return Outcome(result=task.result() or {})
+            return Outcome(result=self._storable("result", task.result() or {}))
         if isinstance(exc, RunnerError):
             wait = exc.retry_after_s
+            message = storable_text(exc.message)
             return Outcome(
-                error=ErrorBody(code=exc.code, message=exc.message, retryable=exc.retryable),
+                error=ErrorBody(code=exc.code, message=message, retryable=exc.retryable),
                 retry_after_ms=None if wait is None else max(0, round(wait * 1000)),
             )
         if isinstance(exc, AttemptClosed):
             return Outcome(abort=self.abort_reason or AbortReason.LOST)
         if isinstance(exc, RunwireError):
-            return Outcome(
-                error=ErrorBody(code=exc.code, message=exc.message, retryable=exc.retryable)
-            )
+            return Outcome(error=attempt_error(exc, exc.retryable))
         log.error("runner raised %s", type(exc).__name__, exc_info=exc)
         return Outcome(
             error=ErrorBody(
-                code=ErrorCode.RUNNER_ERROR,
-                message=f"runner crashed: {type(exc).__name__}: {exc}",
-                retryable=True,
+                code=ErrorCode.RUNNER_ERROR, message=unexpected("runner", exc), retryable=True
             )
         )
 

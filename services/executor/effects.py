@@ -234,11 +234,14 @@ class EffectFence:
                 code=ErrorCode.EFFECT_FAILED,
             ) from exc
         except Exception as exc:
-            log.warning("effect %s: dispatch outcome unknown: %s", effect.key, exc)
-            await self._settle(claimed, EffectState.UNKNOWN, error=f"dispatch: {exc}")
+            # Its text (a URL with its key, a provider's answer) stays in the log: the
+            # effect frame and the run's error name its class only.
+            log.warning("effect %s: dispatch outcome unknown", effect.key, exc_info=exc)
+            failure = type(exc).__name__
+            await self._settle(claimed, EffectState.UNKNOWN, error=f"dispatch: {failure}")
             raise RunnerError(
-                f"effect {effect.key!r}: the dispatch's outcome is unknown ({exc}); a later "
-                "attempt reconciles it",
+                f"effect {effect.key!r}: the dispatch's outcome is unknown ({failure}; the "
+                "executor logged the details with the run_id); a later attempt reconciles it",
                 retryable=True,
             ) from exc
         await faults.point(faults.EFFECT_DISPATCHED)

@@ -27,10 +27,9 @@ from nats.aio.msg import Msg
 from opentelemetry.trace import SpanKind
 from pydantic import ValidationError
 
-from runwire.contracts.errors import ErrorBody
 from runwire.contracts.frames import Job
 from runwire.contracts.status import RunStatus
-from runwire.executor.attempt import AbortReason, Attempt, Outcome
+from runwire.executor.attempt import AbortReason, Attempt, Outcome, attempt_error
 from runwire.executor.outcome import Settler
 from runwire.executor.presence import Presence
 from runwire.runners.base import RunnerError, RunnerSpec
@@ -307,9 +306,7 @@ class Executor:
                 outcome = await attempt.execute()
             except RunwireError as exc:
                 log.warning("attempt could not publish: %s", exc.message)
-                outcome = Outcome(
-                    error=ErrorBody(code=exc.code, message=exc.message, retryable=True)
-                )
+                outcome = Outcome(error=attempt_error(exc, retryable=True))
             finally:
                 ATTEMPTS_IN_FLIGHT.dec()
                 ATTEMPT_DURATION.observe(time.monotonic() - started)

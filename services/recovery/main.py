@@ -5,10 +5,11 @@ Recovery is the suite's clock; FastStream serves its health. Every
 `recovery_interval_ms` it runs its duties, each a module of its own and each a guarded
 write with `FOR UPDATE SKIP LOCKED`, so any number of replicas can run them at once
 without acting twice on a run: expired leases, queue timeouts, session turns after a
-cancel's grace, lost jobs, retention. Every `lease_watch_ms` it also looks for runs
-whose executor is gone (so they resume within a fraction of a second), and every
-`outbox_interval_ms` it sweeps the outbox (one replica at a time), and it removes
-tenants' consumers that break the rules the broker cannot check (`consumers.py`).
+cancel's grace, lost jobs, jobs of ended runs nobody would take, retention. Every
+`lease_watch_ms` it also looks for runs whose executor is gone (so they resume within a
+fraction of a second), every `outbox_interval_ms` it sweeps the outbox (one replica at a
+time), and it removes tenants' consumers that break the rules the broker cannot check
+(`consumers.py`).
 """
 
 import asyncio
@@ -18,6 +19,7 @@ from typing import Protocol
 
 from runwire.recovery.budgets import OrphanedReservations
 from runwire.recovery.consumers import TenantConsumers
+from runwire.recovery.ended_jobs import EndedJobs
 from runwire.recovery.leases import ExpiredLeases, PresenceWatch
 from runwire.recovery.lost_jobs import LostJobs
 from runwire.recovery.queue_timeouts import QueueTimeouts
@@ -59,10 +61,11 @@ def duties(
     """Recovery's duties, in the order a tick runs them."""
     return [
         ExpiredLeases(settings, store, broker, outbox, presence),
-        QueueTimeouts(settings, store, outbox),
+        QueueTimeouts(settings, store, broker, outbox),
         SessionTurns(settings, store),
         WorkflowDeadlines(settings, store, outbox),
         LostJobs(settings, store, broker, outbox),
+        EndedJobs(settings, store, broker),
         Retention(settings, store, broker),
         OrphanedReservations(store),
     ]

@@ -43,10 +43,11 @@ from runwire.runtime.broker import (
     relay_consumer,
 )
 from runwire.runtime.consumer import DurablePull
-from runwire.runtime.errors import RunwireError
+from runwire.runtime.errors import RunwireError, StoreRefused
 from runwire.runtime.logs import bind, fields
 from runwire.runtime.metrics import FRAMES_RELAYED, RELAY_LAG
 from runwire.runtime.settings import RelaySettings
+from runwire.runtime.storable import NUL_ESCAPE, storable
 from runwire.runtime.store import FrameState, Segment, SegmentCount, Store
 from runwire.runtime.tokens import authentic
 
@@ -120,6 +121,17 @@ def _flush_spans(buffers: Iterable[SegmentBuffer], started_ns: int, error: str =
         if error:
             tracing.failed(current, error)
         current.end(end_time=ended_ns)
+
+
+def _segment(b: SegmentBuffer) -> Segment:
+    return Segment(
+        run_id=b.run_id,
+        first_seq=b.first_seq,
+        last_seq=b.last_seq,
+        last_stream_seq=b.last_stream_seq,
+        frames=b.frames,
+        closed=b.closed,
+    )
 
 
 class _Covered:
@@ -372,11 +384,21 @@ class Pipeline:
 
     async def _parse(self, msg: Msg) -> RawFrame | None:
         try:
-            return RawFrame.model_validate_json(msg.data)
+            raw = RawFrame.model_validate_json(msg.data)
         except ValidationError as exc:
             log.error("malformed raw frame dropped: %s", exc)
             await msg.term()
             return None
+        if NUL_ESCAPE in msg.data:
+            # Postgres cannot store a NUL (an attempt replaces it, an older or faulty one
+            # may not): replaced here, before the frame is published, so that what a
+            # follower sees is what its segment keeps, and the segment can be written.
+            log.warning(
+                "a raw frame held a NUL character; relayed with U+FFFD in its place",
+                extra=fields(run_id=raw.run_id, tenant=raw.tenant, seq=raw.seq),
+            )
+            raw = raw.model_copy(update={"data": storable(raw.data)})
+        return raw
 
     async def _process(
         self, cursors: dict[str, RunCursor], raw: RawFrame, msg: Msg, batch: list["Pending"]
@@ -532,46 +554,36 @@ class Pipeline:
         buffer.closed = buffer.closed or closed
 
     async def flush(self) -> None:
-        """Write every buffered segment in one statement; keep them on failure."""
+        """Write every buffered segment in one statement; keep them while Postgres is
+        away. A statement whose data Postgres refuses is written again run by run, so that
+        one run's segment it cannot take stops no other run's (see `_write_each`)."""
         async with self._flush_lock:
             if not self.buffers:
                 return
             pending = self.buffers
             self.buffers = {}
-            segments = [
-                Segment(
-                    run_id=b.run_id,
-                    first_seq=b.first_seq,
-                    last_seq=b.last_seq,
-                    last_stream_seq=b.last_stream_seq,
-                    frames=b.frames,
-                    closed=b.closed,
-                )
-                for b in pending.values()
-            ]
-            if any(s.closed for s in segments):
+            if any(b.closed for b in pending.values()):
                 await faults.point(faults.RELAY_UNWRITTEN)
             started = time.time_ns()
             try:
-                counts = await self.store.insert_segments(segments)
+                counts = await self.store.insert_segments([_segment(b) for b in pending.values()])
+            except StoreRefused as exc:
+                log.warning(
+                    "segments of %d runs refused together (%s); writing each run's alone",
+                    len(pending),
+                    exc.message,
+                )
+                counts = await self._write_each(pending.values(), started)
             except RunwireError as exc:
                 _flush_spans(pending.values(), started, exc.message)
-                log.warning("segments not written yet (%d runs): %s", len(segments), exc.message)
-                for run_id, old in pending.items():
-                    newer = self.buffers.get(run_id)
-                    if newer is not None:
-                        old.frames.extend(newer.frames)
-                        old.last_seq = newer.last_seq
-                        old.size += newer.size
-                        old.last_stream_seq = newer.last_stream_seq
-                        old.closed = old.closed or newer.closed
-                        old.acks.extend(newer.acks)
-                    self.buffers[run_id] = old
+                log.warning("segments not written yet (%d runs): %s", len(pending), exc.message)
+                self._keep(pending.values())
                 return
-            _flush_spans(pending.values(), started)
-            for b in pending.values():
-                for msg in b.acks:
-                    await msg.ack()
+            else:
+                _flush_spans(pending.values(), started)
+                for b in pending.values():
+                    for msg in b.acks:
+                        await msg.ack()
             for count in counts:
                 if count.closed and count.frame_count < count.last_seq:
                     try:
@@ -580,6 +592,55 @@ class Pipeline:
                         # The run's frames are still in the stream; the next `done` this
                         # relay drops for the run (a redelivery) tries again.
                         log.warning("segments of run %s not repaired: %s", count.run_id, exc)
+
+    async def _write_each(
+        self, buffers: Iterable[SegmentBuffer], started: int
+    ) -> list[SegmentCount]:
+        """Write each run's segment in a statement of its own. One Postgres refuses even
+        alone (text it cannot store, from a relay of an earlier version) is left out: its
+        frames were published, and stay readable from the stream until they expire there;
+        their raw frames are acknowledged, so that they do not come back, and the loss is
+        logged with the run. One not written for another reason (Postgres away, a
+        deadlock) is kept for the next flush."""
+        counts: list[SegmentCount] = []
+        kept: list[SegmentBuffer] = []
+        for b in buffers:
+            with bind(run_id=b.run_id, tenant=b.tenant):
+                try:
+                    counts.extend(await self.store.insert_segments([_segment(b)]))
+                except StoreRefused as exc:
+                    _flush_spans([b], started, exc.message)
+                    log.error(
+                        "frames %d..%d of the run cannot be written to Postgres (%s); left "
+                        "out of its segments: a join reads them from the stream until the "
+                        "run's frames expire there",
+                        b.first_seq,
+                        b.last_seq,
+                        exc.message,
+                    )
+                except RunwireError as exc:
+                    _flush_spans([b], started, exc.message)
+                    kept.append(b)
+                    continue
+                else:
+                    _flush_spans([b], started)
+                for msg in b.acks:
+                    await msg.ack()
+        self._keep(kept)
+        return counts
+
+    def _keep(self, buffers: Iterable[SegmentBuffer]) -> None:
+        """Buffer again segments that were not written, ahead of what came meanwhile."""
+        for old in buffers:
+            newer = self.buffers.get(old.run_id)
+            if newer is not None:
+                old.frames.extend(newer.frames)
+                old.last_seq = newer.last_seq
+                old.size += newer.size
+                old.last_stream_seq = newer.last_stream_seq
+                old.closed = old.closed or newer.closed
+                old.acks.extend(newer.acks)
+            self.buffers[old.run_id] = old
 
     async def _ensure_complete(self, tenant: str, run_id: str) -> None:
         run = await self.store.get_run_by_id(run_id)

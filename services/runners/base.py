@@ -10,6 +10,7 @@ fit (checked by the submitter) and how many of its attempts may run at once.
 import asyncio
 import contextlib
 import inspect
+import logging
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ from runwire.contracts.frames import Frame, FrameType
 
 if TYPE_CHECKING:
     from runwire.runners.tools import ToolSpec
+
+log = logging.getLogger(__name__)
 
 
 class RunnerError(Exception):
@@ -45,6 +48,17 @@ class RunnerError(Exception):
         self.retryable = retryable
         self.retry_after_s = retry_after_s
         self.code = code or (ErrorCode.RUNNER_ERROR if retryable else ErrorCode.RUNNER_FATAL)
+
+
+def unexpected(what: str, exc: BaseException) -> str:
+    """What a client reads of an exception that `what` (the runner, a tool) did not
+    raise on purpose: its class, never its text, which may hold whatever the code had in
+    hand (a key in a URL, a DSN, a provider's answer). The executor's log keeps it whole,
+    with the run_id."""
+    return (
+        f"the {what} failed unexpectedly ({type(exc).__name__}); the executor logged the "
+        "details with the run_id"
+    )
 
 
 class AttemptClosed(Exception):
@@ -234,8 +248,9 @@ class AttemptContext:
                 error = str(exc)
             except (RunnerError, AttemptClosed):
                 raise  # the attempt's failure (or end), not the call's result
-            except Exception as exc:  # noqa: BLE001 - a tool's failure is the call's result
-                error = f"{type(exc).__name__}: {exc}"
+            except Exception as exc:
+                log.error("tool %r raised %s", name, type(exc).__name__, exc_info=exc)
+                error = unexpected(f"tool {name!r}", exc)
         result = {"id": call_id, "name": name, "output": output, "error": error}
         await self._emit(FrameType.TOOL_RESULT, result)
         return ToolOutcome(call_id, name, output, error)

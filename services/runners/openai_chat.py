@@ -281,8 +281,15 @@ class OpenAIChat:
         if isinstance(exc, openai.APITimeoutError | http.TimeoutException):
             return RunnerError("the model provider did not answer in time", retryable=True)
         if isinstance(exc, openai.APIConnectionError | http.TransportError):
-            detail = self._redact(str(exc.__cause__ or exc))
-            return RunnerError(f"connection to the model provider failed: {detail}", retryable=True)
+            # What the HTTP client says (an address, a proxy's URL with its credentials)
+            # is for the log; a client reads the failure's class.
+            cause = exc.__cause__ or exc
+            log.warning("connection to the model provider failed: %s", self._redact(str(cause)))
+            return RunnerError(
+                f"connection to the model provider failed ({type(cause).__name__}); the "
+                "executor logged the details with the run_id",
+                retryable=True,
+            )
         if isinstance(exc, openai.APIError):
             return RunnerError(self._redact(f"model provider error: {exc.message}"), retryable=True)
         raise exc

@@ -639,6 +639,45 @@ class Broker:
             return None
         return {self.subjects.run_of_job(subject) for subject in subjects}
 
+    async def served_runners(self) -> set[str] | None:
+        """The runners whose jobs some executor takes: those with a consumer on the jobs
+        stream (an executor declares its runners' consumers as it starts; a durable one
+        stays while the executors are away). None when the stream cannot be asked."""
+        try:
+            consumers = await self.js.consumers_info(self.subjects.jobs_stream)
+        except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+            log.warning("the jobs stream's consumers not listed: %s", exc)
+            return None
+        served: set[str] = set()
+        for consumer in consumers:
+            config = consumer.config
+            for subject in [config.filter_subject, *(config.filter_subjects or [])]:
+                if subject:
+                    # `<prefix>.jobs.<runner>.*.job`, the filter of `jobs_of(runner)`.
+                    served.add(subject.split(".")[-3])
+        return served
+
+    async def drop_job(self, runner: str, run_id: str) -> None:
+        """Remove a run's job from the jobs stream (a run that ended without an attempt:
+        no executor may be there to take it, and it would hold a place of the queue)."""
+        await self.purge_subject(self.subjects.jobs_stream, self.subjects.job(runner, run_id))
+
+    async def jobs_by_run(self) -> dict[str, str] | None:
+        """Run id → runner of every job in the jobs stream, from one stream info request;
+        None when the answer is incomplete or unavailable (see `jobs_waiting`)."""
+        try:
+            info = await self.js.stream_info(
+                self.subjects.jobs_stream, subjects_filter=self.subjects.jobs_wildcard
+            )
+        except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+            log.warning("jobs stream not listed: %s", exc)
+            return None
+        subjects = info.state.subjects or {}
+        if sum(subjects.values()) < info.state.messages:
+            return None
+        # `<prefix>.jobs.<runner>.<run_id>.job`
+        return {subject.split(".")[-2]: subject.split(".")[-3] for subject in subjects}
+
     async def job_queued(self, runner: str, run_id: str) -> bool:
         """Whether the jobs stream still holds a job of this run."""
         last = await self.last_on_subject(

@@ -33,7 +33,6 @@ import asyncio
 import json
 import logging
 import math
-import re
 import time
 import typing
 from collections.abc import Awaitable, Callable
@@ -61,6 +60,7 @@ from runwire.runtime.app import Service
 from runwire.runtime.errors import InvalidRequest, NotFound, PayloadTooLarge, RunwireError
 from runwire.runtime.logs import fields
 from runwire.runtime.metrics import COMMAND_DURATION, COMMANDS_REFUSED
+from runwire.runtime.storable import UNSTORABLE_TEXT
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +88,6 @@ UNAVAILABLE_MESSAGE = (
 # How deep a body's objects and arrays may nest, and how long a number may be written.
 MAX_DEPTH = 64
 MAX_NUMBER_CHARS = 100
-# What Postgres cannot store in text or jsonb: NUL, and UTF-16 halves without a pair.
-UNSTORABLE_TEXT = re.compile("[\x00\ud800-\udfff]")
 # Commands one subscriber handles at once; more wait in the connection's buffer.
 COMMAND_WORKERS = 256
 # How long a stopping service waits for the commands it has taken to be answered.

@@ -20,6 +20,14 @@ QUEUE_TIMEOUT_ERROR = ErrorBody(
     message="the run waited in the queue past its queue timeout",
     retryable=True,
 )
+UNSERVED_ERROR = ErrorBody(
+    code=ErrorCode.QUEUE_TIMEOUT,
+    message=(
+        "no executor serves the run's runner: the run waited in the queue past the limit "
+        "of such a run (RUNWIRE_UNSERVED_TIMEOUT_MS)"
+    ),
+    retryable=True,
+)
 INTERRUPTED_ERROR = ErrorBody(
     code=ErrorCode.INTERRUPTED, message=INTERRUPTED_MESSAGE, retryable=True
 )
@@ -95,3 +103,9 @@ class StoreError(RunwireError):
 
     code = ErrorCode.UNAVAILABLE
     retryable = True
+
+
+class StoreRefused(StoreError):
+    """Postgres refused what a statement holds (a data exception or an integrity
+    violation, SQLSTATE class 22 or 23): the same statement would fail again, unlike one
+    rolled back for a deadlock."""

@@ -55,6 +55,7 @@ DEFAULT_TENANT_MAX_CONSUMERS = 256
 DEFAULT_TENANT_CONSUMER_MAX_INACTIVE_MS = 300_000
 DEFAULT_TENANT_CONSUMER_MAX_DELIVER = 10
 DEFAULT_CONSUMER_SWEEP_MS = 10_000
+DEFAULT_UNSERVED_TIMEOUT_MS = 600_000
 # Clients following runs live at once (and for a few seconds after each stops): the run
 # frames stream's consumer limit.
 DEFAULT_FRAME_FOLLOWERS = 100_000
@@ -199,6 +200,10 @@ class RecoverySettings(CommonSettings):
     # lived this long: after Postgres restarted, every executor takes its lock again.
     presence_settle_ms: int = Field(default=DEFAULT_PRESENCE_SETTLE_MS, ge=0)
     republish_after_ms: int = Field(default=DEFAULT_REPUBLISH_AFTER_MS, ge=100)
+    # A run that waited this long for a first attempt under a runner that no executor
+    # serves (no consumer of its jobs: an executor has never started with it) fails with
+    # QUEUE_TIMEOUT, and its job leaves the jobs stream, whatever its queue timeout.
+    unserved_timeout_ms: int = Field(default=DEFAULT_UNSERVED_TIMEOUT_MS, ge=100)
     batch_size: int = Field(default=500, ge=1)
     # A tenant's consumers on the frames and events streams (which the broker lets it
     # create with any configuration): at most this many per stream, ephemeral, gone

@@ -48,9 +48,16 @@ class RunnerCatalog:
             return None
         try:
             return spec.pin(value)
-        except Exception as exc:
+        except ValidationError as exc:  # the run's input, which its submitter may read
             raise InvalidRequest(
-                f"runner {runner!r} cannot pin this run's configuration: {exc}"
+                f"runner {runner!r} cannot pin this run's configuration: {describe(exc)}"
+            ) from exc
+        except Exception as exc:
+            # Its text may hold what the pin read (settings, a URL): the log has it.
+            log.error("runner %r's pin raised %s", runner, type(exc).__name__, exc_info=exc)
+            raise InvalidRequest(
+                f"runner {runner!r} cannot pin this run's configuration "
+                f"({type(exc).__name__}); the submitter logged the details"
             ) from exc
 
     def names(self) -> list[str]:

@@ -107,6 +107,36 @@ WITH due AS (
 )
 SELECT *, pg_current_xact_id()::text AS xact FROM upd;
 
+-- name: expire_unserved
+-- Runs waiting for a first attempt longer than $4 ms under a runner no executor serves
+-- (not among $5, the runners with a consumer on the jobs stream) fail like a queue
+-- timeout, with error $2: no executor would ever take their jobs.
+WITH due AS (
+    SELECT run_id FROM runs
+     WHERE status = 'queued' AND attempts = 0 AND job_published_at IS NOT NULL
+       AND runner <> ALL($5::text[])
+       AND created_at + make_interval(secs => $4 / 1000.0) <= now()
+     LIMIT $1
+     FOR UPDATE SKIP LOCKED
+), upd AS (
+    UPDATE runs r
+       SET status = 'failed', error = $2, close_seq = NULL, ended_at = now(),
+           updated_at = now()
+      FROM due WHERE r.run_id = due.run_id
+    RETURNING r.*
+), ev AS (
+    INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)
+    SELECT run_id, 'failed', status, attempts, $3, 'QUEUE_TIMEOUT', 'no executor serves its runner'
+      FROM upd
+)
+SELECT *, pg_current_xact_id()::text AS xact FROM upd;
+
+-- name: settled_runs
+-- Which of these runs need no job any more: ended, or not there at all.
+SELECT k.run_id FROM unnest($1::uuid[]) AS k(run_id)
+ WHERE NOT EXISTS (SELECT 1 FROM runs r
+                    WHERE r.run_id = k.run_id AND NOT run_terminal(r.status));
+
 -- name: queue_stats
 -- Per tenant: runs waiting for an attempt, and the age of the oldest (since its submit).
 SELECT tenant, count(*) AS depth,

@@ -11,7 +11,13 @@ from typing import Any
 
 import asyncpg
 
-from runwire.runtime.errors import LostRace, QuotaExceeded, StoreError, Unavailable
+from runwire.runtime.errors import (
+    LostRace,
+    QuotaExceeded,
+    StoreError,
+    StoreRefused,
+    Unavailable,
+)
 from runwire.runtime.store.rows import Run
 from runwire.runtime.store.schema import QUERIES
 
@@ -31,6 +37,9 @@ QUOTA_SQLSTATE = "RWQ01"
 # many times a statement of its own is tried.
 CONFLICTS = (asyncpg.DeadlockDetectedError, asyncpg.SerializationError)
 CONFLICT_ATTEMPTS = 5
+# SQLSTATE classes of what a statement holds, not of the moment: data exception,
+# integrity constraint violation.
+REFUSED_CLASSES = ("22", "23")
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +47,8 @@ log = logging.getLogger(__name__)
 def _failed(name: str, exc: asyncpg.PostgresError) -> Exception:
     if exc.sqlstate == QUOTA_SQLSTATE:
         return QuotaExceeded(str(exc))
+    if (exc.sqlstate or "")[:2] in REFUSED_CLASSES:
+        return StoreRefused(f"query {name} failed: {exc}")
     return StoreError(f"query {name} failed: {exc}")
 
 

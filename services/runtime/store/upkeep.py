@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from runwire.contracts.errors import ErrorBody
 from runwire.runtime.store.locks import EXECUTOR_PRESENCE_LOCKS
 from runwire.runtime.store.queries import Queries
-from runwire.runtime.store.rows import Run
+from runwire.runtime.store.rows import Run, parse_run_id
 
 
 class RecoveryQueries(Queries):
@@ -83,6 +83,25 @@ class RecoveryQueries(Queries):
     async def expire_queue(self, *, limit: int, error: ErrorBody, actor: str) -> list[Run]:
         rows = await self._fetch("expire_queue", limit, error.model_dump(mode="json"), actor)
         return [Run.from_record(r) for r in rows]
+
+    async def expire_unserved(
+        self, *, limit: int, error: ErrorBody, actor: str, after_ms: int, served: set[str]
+    ) -> list[Run]:
+        """Fail runs that waited `after_ms` for a first attempt under a runner not in
+        `served` (see `expire_unserved` in recovery.sql)."""
+        rows = await self._fetch(
+            "expire_unserved", limit, error.model_dump(mode="json"), actor, after_ms, sorted(served)
+        )
+        return [Run.from_record(r) for r in rows]
+
+    async def settled_runs(self, run_ids: Sequence[str]) -> set[str]:
+        """Which of `run_ids` need no job any more (ended, or no such run: an id that is
+        not a run's id among them)."""
+        keys = {run_id: parse_run_id(run_id) for run_id in run_ids}
+        valid = {str(key): run_id for run_id, key in keys.items() if key is not None}
+        rows = await self._fetch("settled_runs", [uuid.UUID(k) for k in valid])
+        settled = {valid[str(r["run_id"])] for r in rows}
+        return settled | {run_id for run_id, key in keys.items() if key is None}
 
     async def purge_due(self, grace_s: float, limit: int) -> list[tuple[str, str]]:
         """Mark ended runs whose stream copy may go now; returns (run_id, tenant)."""
