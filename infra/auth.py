@@ -175,7 +175,8 @@ def service_permissions(
     subscribe = [own, subjects.health(service)]
     # Its own health too: a replica's readiness probe asks it as the service's identity
     # (`runwire health <service> --local`, with replies in the service's own inbox).
-    publish = ["$JS.API.>", "$JS.ACK.>", subjects.health(service), own, f"{DEFAULT_INBOX}.>"]
+    publish = [*_stream_api(subjects), "$JS.ACK.>", subjects.health(service), own]
+    publish.append(f"{DEFAULT_INBOX}.>")
     publish += [f"{inbox_prefix(tenant)}.>" for tenant in tenants or []]
     if service == "submitter":
         subscribe += [f"{p}.*.cmd.{name}" for name in COMMANDS if name != "join"]
@@ -201,10 +202,36 @@ def service_permissions(
     }
 
 
+def _stream_api(subjects: Subjects) -> list[str]:
+    """The JetStream API a service may call: on runwire's four streams only (declare and
+    reconcile them, read them, and their consumers), so a stolen service identity cannot
+    make a stream of its own that would store another's subjects (a tenant's inbox)."""
+    api = ["$JS.API.INFO", "$JS.API.STREAM.NAMES"]
+    for stream in (
+        subjects.jobs_stream,
+        subjects.frames_in_stream,
+        subjects.run_frames_stream,
+        subjects.events_stream,
+    ):
+        api += [
+            f"$JS.API.STREAM.CREATE.{stream}",
+            f"$JS.API.STREAM.UPDATE.{stream}",
+            f"$JS.API.STREAM.INFO.{stream}",
+            f"$JS.API.STREAM.MSG.GET.{stream}",
+            f"$JS.API.STREAM.PURGE.{stream}",
+            f"$JS.API.DIRECT.GET.{stream}",
+            f"$JS.API.DIRECT.GET.{stream}.>",
+            f"$JS.API.CONSUMER.*.{stream}",  # LIST, NAMES, CREATE (unnamed)
+            f"$JS.API.CONSUMER.*.{stream}.>",  # CREATE, INFO, DELETE, MSG.NEXT
+            f"$JS.API.CONSUMER.*.*.{stream}.>",  # DURABLE.CREATE
+        ]
+    return api
+
+
 def _service_denied(service: str, subjects: Subjects) -> list[str]:
     """The JetStream API calls no service makes: deleting or snapshotting streams,
     deleting messages, account and server operations; and purges, which only recovery
-    makes, of ended runs' client frames."""
+    makes, of ended runs' client frames and of jobs no executor will take."""
     denied = [
         "$JS.API.STREAM.DELETE.>",
         "$JS.API.STREAM.MSG.DELETE.>",
@@ -218,7 +245,7 @@ def _service_denied(service: str, subjects: Subjects) -> list[str]:
     ]
     if service != "recovery":
         return [*denied, "$JS.API.STREAM.PURGE.>"]
-    others = (subjects.jobs_stream, subjects.frames_in_stream, subjects.events_stream)
+    others = (subjects.frames_in_stream, subjects.events_stream)
     return [*denied, *(f"$JS.API.STREAM.PURGE.{stream}" for stream in others)]
 
 

@@ -15,6 +15,7 @@ from runwire.contracts.errors import ErrorCode
 from runwire.contracts.frames import Frame, FrameType, RawFrame
 from runwire.contracts.status import RunStatus
 from runwire.contracts.subjects import Subjects
+from runwire.infra.auth import OPERATOR
 from runwire.relay.pipeline import Pipeline, SegmentBuffer
 from runwire.runtime.broker import Broker
 from runwire.runtime.logs import JsonFormatter
@@ -22,6 +23,7 @@ from runwire.runtime.settings import RelaySettings
 from runwire.runtime.tokens import frame_token
 from runwire.testing.servers import Servers
 from tests.runners import FAKE_SECRET, echo, leaky, leaky_tool, unstorable
+from tests.secured import Broker as SecuredBroker
 from tests.services import InProcessStack, all_frames_stored, collect, eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.security]
@@ -403,3 +405,37 @@ async def test_jobs_of_canceled_runs_no_executor_serves_leave_the_queue(
         await eventually(lambda: _no_jobs_of(stack, "echo"), timeout=10)
     finally:
         await stack.close()
+
+
+async def test_on_a_broker_that_enforces_identities_recovery_removes_such_jobs(
+    broker: SecuredBroker, db_url: str, prefix: str
+) -> None:
+    """The same as its service identity: recovery may purge a job's subject from the
+    jobs stream (and nothing else of it)."""
+    s = broker.subjects
+    stack = InProcessStack(
+        broker.server.url, db_url, prefix, identities=broker.identities, runners={"echo": echo}
+    )
+    await stack.start(executors=0)
+    operator, _ = await broker.connect(OPERATOR)
+
+    async def jobs_left() -> int:
+        info = await operator.jetstream().stream_info(
+            s.jobs_stream, subjects_filter=s.job("echo", "*")
+        )
+        return sum((info.state.subjects or {}).values())
+
+    try:
+        stack.start_executor(runners={})  # the installed runners only: not `echo`
+        run = (await stack.client.submit({"text": "hi"}, runner="echo", queue_timeout_ms=500)).run
+        assert await jobs_left() == 1
+        frames, _ = await collect(stack.client, run.run_id, timeout=20)
+        assert frames[-1].data == {"status": "failed", "code": "QUEUE_TIMEOUT"}
+        await eventually(lambda: _none(jobs_left), timeout=10)
+    finally:
+        await operator.close()
+        await stack.close()
+
+
+async def _none(count: Any) -> bool:
+    return bool(await count() == 0)

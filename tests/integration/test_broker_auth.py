@@ -168,7 +168,7 @@ async def test_outsiders_and_stolen_service_identities_are_refused(
     assert (nobody.value.code, wrong.value.code) == (ErrorCode.UNAUTHORIZED,) * 2
 
     # An executor's identity publishes raw frames and jobs, never client frames or
-    # cancel notices, and cannot delete or purge a stream.
+    # cancel notices, and cannot delete or purge a stream, or make one of its own.
     s = broker.subjects
     nc, errors = await broker.connect(service_user("executor"), inbox=service_inbox("executor"))
     try:
@@ -177,17 +177,20 @@ async def test_outsiders_and_stolen_service_identities_are_refused(
         await nc.publish(s.command("acme", "submit"), b"{}")
         await nc.publish(f"$JS.API.STREAM.DELETE.{s.run_frames_stream}", b"")
         await nc.publish(f"$JS.API.STREAM.PURGE.{s.jobs_stream}", b"")
+        # A stream of its own (one that would store a tenant's inbox, say).
+        await nc.publish("$JS.API.STREAM.CREATE.SNOOP", b"")
         await nc.flush()
-        await eventually(lambda: sum("publish" in e.lower() for e in errors) >= 5)
+        await eventually(lambda: sum("publish" in e.lower() for e in errors) >= 6)
     finally:
         await nc.close()
-    # Recovery purges ended runs' client frames, and nothing else.
+    # Recovery purges ended runs' client frames and jobs nobody takes, and nothing else.
     nc, errors = await broker.connect(service_user("recovery"), inbox=service_inbox("recovery"))
     try:
-        await nc.publish(f"$JS.API.STREAM.PURGE.{s.jobs_stream}", b"")
+        await nc.publish(f"$JS.API.STREAM.PURGE.{s.frames_in_stream}", b"")
+        await nc.publish(f"$JS.API.STREAM.PURGE.{s.events_stream}", b"")
         await nc.publish(f"$JS.API.STREAM.DELETE.{s.jobs_stream}", b"")
         await nc.flush()
-        await eventually(lambda: sum("publish" in e.lower() for e in errors) >= 2)
+        await eventually(lambda: sum("publish" in e.lower() for e in errors) >= 3)
         purged = await nc.jetstream().purge_stream(
             s.run_frames_stream,
             subject=s.run_frames("acme", "00000000-0000-0000-0000-000000000000"),
