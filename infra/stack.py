@@ -730,8 +730,8 @@ def _identities(layout: Layout, settings: CommonSettings) -> Identities:
     path = layout.identities_file
     identities = Identities.load(path) if path.exists() else Identities.generate()
     identities.add_tenant(DEFAULT_TENANT)
-    identities.save(path)
     write_private(layout.auth_file, render(identities, Subjects(settings.prefix)))
+    identities.save(path)  # with the hashes render made
     return identities
 
 

@@ -26,7 +26,7 @@ LONG_RUN = {"tokens": [f"t{i} " for i in range(400)], "token_delay_ms": 50}
 # What README's Metrics section promises each service fills in (counter families are
 # named without `_total` by the parser).
 OWN_FAMILIES = {
-    "submitter": {"runwire_command_duration_seconds"},
+    "submitter": {"runwire_command_duration_seconds", "runwire_commands_refused"},
     "executor": {
         "runwire_attempts_in_flight",
         "runwire_attempt_duration_seconds",
@@ -37,6 +37,7 @@ OWN_FAMILIES = {
         "runwire_frames_relayed",
         "runwire_relay_lag_seconds",
         "runwire_command_duration_seconds",
+        "runwire_commands_refused",
     },
     "recovery": {
         "runwire_queue_depth",
