@@ -53,6 +53,7 @@ from runwire.contracts.subjects import (
     service_inbox,
 )
 from runwire.gateway.keys import add_key, new_key, remove_tenant_keys
+from runwire.infra.embedded import ROUTE_USER
 
 SERVICES = ("submitter", "executor", "relay", "recovery")
 # Commands only an operator may send, whatever the tenant.
@@ -60,6 +61,9 @@ ADMIN_COMMANDS = ("set_budget", "set_policy", "resolve_effect")
 OPERATOR = "operator"
 # The gateway: a client of the others, acting for each tenant a key names.
 GATEWAY = "gateway"
+# The routes of a deployment's three servers (infra/deploy: the headless Service's names
+# in Kubernetes, network aliases in compose.yaml).
+DEPLOY_ROUTES = ("nats-0.nats:6222", "nats-1.nats:6222", "nats-2.nats:6222")
 # The cost of the bcrypt hashes the server's configuration holds (nats-server checks one
 # at each connection: about 60 ms of its CPU at 10).
 BCRYPT_ROUNDS = 10
@@ -83,6 +87,8 @@ class Identities:
     server's configuration holds instead of the password."""
 
     passwords: dict[str, str] = field(default_factory=dict)
+    # What the servers of a deployment's cluster route with (`nats-routes.conf`).
+    route_secret: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     # name -> (a digest of the password it was made from, its bcrypt hash): a hash is made
     # once per password (bcrypt is slow on purpose), not at every render.
     hashes: dict[str, tuple[str, str]] = field(default_factory=dict)
@@ -98,7 +104,8 @@ class Identities:
         runwire lacks (the gateway's) added."""
         saved = json.loads(path.read_text())
         hashes = {name: (str(h[0]), str(h[1])) for name, h in saved.get("hashes", {}).items()}
-        found = cls(dict(saved["passwords"]), hashes)
+        found = cls(dict(saved["passwords"]), hashes=hashes)
+        found.route_secret = str(saved.get("route_secret") or found.route_secret)
         for name in STANDING:
             found.passwords.setdefault(name, secrets.token_urlsafe(32))
         return found
@@ -106,7 +113,8 @@ class Identities:
     def save(self, path: Path) -> None:
         """Write, readable by this user only."""
         hashes = {name: list(h) for name, h in self.hashes.items() if name in self.passwords}
-        write_private(path, json.dumps({"passwords": self.passwords, "hashes": hashes}, indent=2))
+        saved = {"passwords": self.passwords, "route_secret": self.route_secret, "hashes": hashes}
+        write_private(path, json.dumps(saved, indent=2))
 
     def hashed(self, name: str) -> str:
         """The bcrypt hash of `name`'s password, as nats-server checks it (`$2a$`)."""
@@ -373,9 +381,26 @@ def render(identities: Identities, subjects: Subjects) -> str:
     )
 
 
+def render_routes(identities: Identities, hosts: tuple[str, ...] = DEPLOY_ROUTES) -> str:
+    """The part of a deployment's `cluster` block that authenticates routes (user
+    `route`): the password's bcrypt hash the servers check, and the routes to dial with
+    the password. It holds the secret: a Secret's file, never a ConfigMap's."""
+    secret = identities.route_secret
+    salt = bcrypt.gensalt(rounds=BCRYPT_ROUNDS, prefix=b"2a")
+    hashed = bcrypt.hashpw(secret.encode(), salt).decode()
+    routes = ", ".join(json.dumps(f"nats-route://{ROUTE_USER}:{secret}@{h}") for h in hosts)
+    return (
+        "# Written by runwire (infra/auth.py): how the cluster's servers route to each other.\n"
+        f"authorization: {{user: {ROUTE_USER}, password: {json.dumps(hashed)}}}\n"
+        "# A server ignores its own address among the routes: one list serves all three.\n"
+        f"routes: [{routes}]\n"
+    )
+
+
 # The files of a stack's folder (`.runwire/`, as `make up` lays it out).
 IDENTITIES_FILE = "identities.json"
 AUTH_FILE = "nats-auth.conf"
+ROUTES_FILE = "nats-routes.conf"
 ENV_FILE = "env"
 TENANTS_DIR = "tenants"
 NATS_PID_FILE = "nats/nats-server.pid"
@@ -401,6 +426,8 @@ def _apply(root: Path, identities: Identities) -> bool:
     running server was told."""
     prefix = _stack_env(root).get("RUNWIRE_PREFIX") or "rw"
     write_private(root / AUTH_FILE, render(identities, Subjects(prefix)))
+    # A deployment's cluster.conf includes it (a local stack's servers have their own).
+    write_private(root / ROUTES_FILE, render_routes(identities))
     identities.save(root / IDENTITIES_FILE)  # with the hashes render made
     # One server, or each server of a clustered stack (`nats/n1/`, ...).
     servers = [root / NATS_PID_FILE, *sorted((root / "nats").glob("n*/nats-server.pid"))]

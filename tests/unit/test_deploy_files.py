@@ -26,7 +26,7 @@ from pydantic_settings import BaseSettings
 
 from runwire.client.cli import _parser
 from runwire.contracts.subjects import Subjects
-from runwire.infra.auth import Identities, render
+from runwire.infra.auth import Identities, render, render_routes
 from runwire.runtime.settings import DEFAULT_DRAIN_MS
 
 pytestmark = pytest.mark.unit
@@ -321,6 +321,7 @@ def _lay_out_nats(folder: Path, config: str) -> Path:
     identities = Identities.generate()
     identities.add_tenant("default")
     (folder / "auth" / "nats-auth.conf").write_text(render(identities, Subjects("rw")))
+    (folder / "auth" / "nats-routes.conf").write_text(render_routes(identities))
     path = folder / "config" / "cluster.conf"
     path.write_text(config)
     return path
@@ -351,6 +352,12 @@ def test_nats_server_accepts_the_cluster_configuration(tmp_path: Path) -> None:
         (lambda text: text.replace("}", "", 1), {"SERVER_NAME": "nats-0"}, "parse error"),
         # A server started without its name.
         (lambda text: text, {}, "SERVER_NAME"),
+        # The routes' block gone from where the include expects it.
+        (
+            lambda text: text.replace("../auth/nats-routes.conf", "../auth/no-routes.conf"),
+            {"SERVER_NAME": "nats-0"},
+            "no-routes.conf",
+        ),
         # The identities' block gone from where the include expects it.
         (
             lambda text: text.replace("../auth/nats-auth.conf", "../auth/missing.conf"),
@@ -358,7 +365,7 @@ def test_nats_server_accepts_the_cluster_configuration(tmp_path: Path) -> None:
             "missing.conf",
         ),
     ],
-    ids=["syntax", "no-server-name", "no-identities"],
+    ids=["syntax", "no-server-name", "no-routes", "no-identities"],
 )
 def test_nats_server_refuses_a_broken_configuration(
     tmp_path: Path, broken: Any, env: dict[str, str], said: str
@@ -375,8 +382,13 @@ def test_the_cluster_configuration_sets_what_runwire_needs() -> None:
     assert re.search(r'^ping_interval: "10s"$', text, re.MULTILINE)
     assert re.search(r"^ping_max: 3$", text, re.MULTILINE)
     assert re.search(r"^max_payload: 8MB$", text, re.MULTILINE)
-    routes = re.findall(r"nats-route://(nats-\d)\.nats:6222", text)
-    assert routes == ["nats-0", "nats-1", "nats-2"]
+    assert 'include "../auth/nats-routes.conf"' in text
+    # The routes it includes: to each server, with the route password.
+    identities = Identities.generate()
+    routes = re.findall(
+        r"nats-route://route:([^@]+)@(nats-\d)\.nats:6222", render_routes(identities)
+    )
+    assert routes == [(identities.route_secret, f"nats-{i}") for i in range(3)]
 
 
 def test_the_kubernetes_nats_config_is_cluster_conf() -> None:
