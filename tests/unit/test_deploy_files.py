@@ -245,6 +245,55 @@ def test_every_service_runs_two_replicas_kept_through_disruptions() -> None:
         assert container["resources"]["limits"]["memory"] == "512Mi", name
 
 
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for expression in selector.get("matchExpressions", []):
+        assert expression["operator"] == "In"
+        if labels.get(expression["key"]) not in expression["values"]:
+            return False
+    return True
+
+
+def test_network_policies_leave_only_what_each_pod_serves_open() -> None:
+    policies = [doc for _, doc in _manifests() if doc["kind"] == "NetworkPolicy"]
+    pods = {
+        doc["metadata"]["name"]: doc["spec"]["template"]["metadata"]["labels"]
+        for _, doc in _manifests()
+        if doc["kind"] in ("Deployment", "StatefulSet", "Job")
+    }
+
+    def open_ports(pod: str, source: dict[str, str] | None) -> set[int]:
+        """The ports of `pod` a pod labelled `source` may reach (None: from outside)."""
+        ports: set[int] = set()
+        for policy in policies:
+            if not _selects(policy["spec"]["podSelector"], pods[pod]):
+                continue
+            for rule in policy["spec"].get("ingress", []):
+                peers = rule.get("from")
+                allowed = peers is None or any(
+                    source is not None
+                    and "podSelector" in peer
+                    and _selects(peer["podSelector"], source)
+                    for peer in peers
+                )
+                if allowed:
+                    ports |= {p["port"] for p in rule["ports"]}
+        return ports
+
+    # Every pod of runwire is under a policy (else Kubernetes leaves it all open).
+    for pod, labels in pods.items():
+        assert any(_selects(p["spec"]["podSelector"], labels) for p in policies), pod
+    # An executor (whose runners and effects may be talked into requests) reaches NATS's
+    # clients' port only: not the routes, not the monitoring port.
+    assert open_ports("nats", pods["executor"]) == {4222}
+    assert open_ports("nats", None) == {4222}
+    assert open_ports("nats", pods["nats"]) == {4222, 6222, 8222}
+    assert open_ports("gateway", None) == {8480}
+    for service in ("submitter", "executor", "relay", "recovery"):
+        assert open_ports(service, pods["executor"]) == set(), service
+
+
 # Compose
 
 
