@@ -192,14 +192,17 @@ def _know(cursor: RunCursor, state: FrameState | None) -> None:
     cursor.known = state is not None
     if state is not None:
         cursor.secret, cursor.claimed, cursor.ended = state.secret, state.generation, state.ended
+        cursor.tenant = state.tenant
 
 
 def _signed(cursor: RunCursor, raw: RawFrame) -> bool:
-    """Whether `raw` comes from an attempt of its run: a generation Postgres claimed (or
-    the closing frames of the next one, which Postgres writes for a run that ended
-    without an attempt), carrying that generation's token."""
+    """Whether `raw` comes from an attempt of its run: of the run's tenant, a generation
+    Postgres claimed (or the closing frames of the next one, which Postgres writes for a
+    run that ended without an attempt), carrying that generation's token."""
     if not cursor.known:
         return False
+    if cursor.tenant and raw.tenant != cursor.tenant:
+        return False  # signed, but published as another tenant's: never theirs to see
     claimed = raw.generation <= cursor.claimed or (
         raw.generation == cursor.claimed + 1
         and cursor.ended

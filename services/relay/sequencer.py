@@ -30,6 +30,7 @@ class RunCursor:
     claimed: int = 0
     ended: bool = False
     known: bool = True
+    tenant: str = ""
     # The generation whose token a frame last proved (each generation's is proved once).
     proved: int | None = field(default=None, repr=False)
     proved_token: str | None = field(default=None, repr=False)

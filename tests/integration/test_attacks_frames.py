@@ -439,3 +439,51 @@ async def test_on_a_broker_that_enforces_identities_recovery_removes_such_jobs(
 
 async def _none(count: Any) -> bool:
     return bool(await count() == 0)
+
+
+async def test_a_signed_frame_published_as_another_tenants_reaches_no_one(
+    infra: Servers, db_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A frame signed by a real attempt of a run of `default`, published under another
+    tenant's raw subject (what a faulty or hostile runner in an executor could do), is
+    refused: it would have appeared on that tenant's frames subject. The attempt's
+    frames under its own tenant are relayed."""
+    stack = InProcessStack(infra.nats_url, db_url, prefix, db_roles=infra.service_roles)
+    await stack.start(executors=0)
+    broker = await Broker.connect(stack.nats_url, Subjects(stack.prefix), name="test-executor")
+    try:
+        run_id = (await stack.client.submit({"tokens": ["unused"]})).run.run_id
+        claimed = await eventually(lambda: stack.store.claim(run_id, 0, "runner", 60_000))
+        assert claimed.frame_secret is not None
+        own = RawFrame(
+            run_id=run_id,
+            tenant="default",
+            generation=claimed.generation,
+            seq=1,
+            type=FrameType.MESSAGE,
+            data={"text": "its own "},
+            at=datetime.now(UTC),
+            token=frame_token(claimed.frame_secret, claimed.generation),
+        )
+        await broker.publish_raw_frame(own)
+        first = await asyncio.wait_for(_first_frame(stack.client, run_id), 20)
+        subject = stack.client.subjects.run_frames("acme", run_id)
+        elsewhere = await stack.client.nc.subscribe(subject)
+        leaked = own.model_copy(
+            update={"tenant": "acme", "seq": 2, "data": {"text": "for another tenant's eyes"}}
+        )
+        with caplog.at_level(logging.ERROR):
+            await broker.publish_raw_frame(leaked)
+            await eventually(lambda: "raw frame refused" in caplog.text)
+        with pytest.raises(TimeoutError):
+            await elsewhere.next_msg(timeout=0.5)
+    finally:
+        await broker.close()
+        await stack.close()
+    assert first.data == {"text": "its own "}
+
+
+async def _first_frame(client: Client, run_id: str) -> Frame:
+    async for frame in client.stream(run_id):
+        return frame
+    raise AssertionError("the run's stream ended with no frame")

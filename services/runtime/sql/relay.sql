@@ -4,9 +4,9 @@
 -- name: frame_states
 -- The relay's starting point for runs it has no cursor for, and what tells their real
 -- frames from forged ones (their secret, the generation last claimed, whether they ended,
--- and whether that attempt finished them).
+-- whether that attempt finished them, and whose run it is).
 SELECT run_id, last_seq, frames_closed, frame_secret, generation,
-       run_terminal(status) AS ended, status = 'finished' AS finished
+       run_terminal(status) AS ended, status = 'finished' AS finished, tenant
   FROM runs WHERE run_id = ANY($1::uuid[]);
 
 -- name: insert_segments

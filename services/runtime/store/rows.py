@@ -367,6 +367,8 @@ class FrameState:
     generation: int = 0
     ended: bool = False
     finished: bool = False
+    # Whose run it is: a raw frame published under another tenant is not the run's.
+    tenant: str = ""
 
 
 def runs_told(records: list[asyncpg.Record]) -> list[Run]:

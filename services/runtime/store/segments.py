@@ -32,6 +32,7 @@ class RelayQueries(Queries):
                 r["generation"],
                 r["ended"],
                 r["finished"],
+                r["tenant"],
             )
             for r in rows
         }
