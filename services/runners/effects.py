@@ -66,6 +66,17 @@ class EffectAdapter(Protocol):
         ...
 
 
+def policy_refusal(kind: str, tenant: str) -> str:
+    """Why a tenant's run may not perform an effect of `kind`, and the operator's command
+    that allows it (a tenant may perform no effect kind until an operator allows it)."""
+    return (
+        f"tenant {tenant!r} may not perform effects of kind {kind!r}; an operator must "
+        f"allow it first: runwire --env .runwire/operator.env --tenant {tenant} policy "
+        f"--effects {kind} (the list replaces the tenant's policy: name every kind it may "
+        "perform, comma-separated, or 'any')"
+    )
+
+
 def idempotency_key(run_id: str, key: str) -> str:
     """The key the other side deduplicates on: stable for the run's effect `key`."""
     return "rw-" + hashlib.sha256(f"{run_id}\0{key}".encode()).hexdigest()[:40]

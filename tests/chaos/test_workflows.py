@@ -174,6 +174,7 @@ async def test_an_effect_node_whose_executor_died_completes_from_its_receipt(
         }
         stack = await _stack(service_env, tmp_path)
         try:
+            await stack.allow_effects("http")
             victim = stack.start("executor-a", fault_points=f"{crash}=kill")
             run_id = await _run(stack, "mail", definition)
             await eventually(lambda: _dead(victim), timeout=30)

@@ -414,6 +414,7 @@ async def test_a_hundred_nodes_finish_on_two_executors(stack: InProcessStack) ->
 async def test_an_effect_node_sends_what_the_node_before_it_wrote_once(
     stack: InProcessStack,
 ) -> None:
+    await stack.allow_effects("http")
     async with EffectServer() as server:
         definition = {
             "nodes": [
