@@ -2,8 +2,9 @@
 a subject prefix of the test's own, with the test's runners registered, and a client.
 
 Clocks are short (heartbeats of 100 ms, leases of 1 s, ticks of 50-100 ms) so that
-retries and recoveries happen within a test's patience. A tenant may perform effects once
-the test allows them, as an operator would (`await stack.allow_effects("http")`).
+retries and recoveries happen within a test's patience. The executors' `http` effects may
+reach loopback (127.0.0.0/8), where a test's fake endpoints listen; a tenant may perform
+effects once the test allows them, as an operator would (`await stack.allow_effects("http")`).
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ FAST = {
     "nats_ping_interval_ms": 1000,
     "db_pool_size": 4,
     "log_level": "INFO",
+    # Not a clock: the servers a test's effects call listen on loopback, which an
+    # executor refuses unless its operator allows the network (none by default).
+    "effect_http_allow_networks": "127.0.0.0/8",
 }
 
 

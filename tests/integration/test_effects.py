@@ -77,7 +77,8 @@ async def test_an_effect_is_dispatched_once_and_its_steps_are_frames(
     assert steps[-1]["receipt_id"] == "ch_1"
     assert (steps[-1]["key"], steps[-1]["kind"]) == ("charge", "http")
     assert (row["state"], row["fence"]) == ("committed", 1)
-    assert json.loads(row["receipt"])["id"] == "ch_1"
+    # The status and the id only: not the rest of what the endpoint answered.
+    assert json.loads(row["receipt"]) == {"status": 200, "id": "ch_1"}
 
 
 async def test_a_retried_attempt_gets_the_stored_receipt_and_charges_nothing(
@@ -109,7 +110,9 @@ async def test_a_refused_effect_fails_the_run_with_effect_failed(
     assert (run.status, run.attempts) == (RunStatus.FAILED, 1)
     assert run.error is not None
     assert run.error.code == ErrorCode.EFFECT_FAILED
-    assert "card declined" in run.error.message
+    # The status code, never the endpoint's body.
+    assert "HTTP 402" in run.error.message
+    assert "card declined" not in run.error.message
     assert row["state"] == "failed"
     assert [f.data["state"] for f in frames if f.type == FrameType.EFFECT][-1] == "failed"
 
