@@ -61,6 +61,21 @@ async def _stack(
         yield stack
 
 
+@contextlib.asynccontextmanager
+async def _listening(host: str) -> AsyncIterator[EffectServer | None]:
+    """An endpoint on `host`, or None on a machine without that address (no IPv6)."""
+    server = EffectServer(host)
+    try:
+        await server.__aenter__()
+    except OSError:
+        yield None
+        return
+    try:
+        yield server
+    finally:
+        await server.__aexit__(None, None, None)
+
+
 async def test_a_tenant_without_a_policy_performs_no_effect(
     infra: Servers, db_url: str, prefix: str
 ) -> None:
@@ -90,10 +105,14 @@ async def test_addresses_inside_the_deployment_are_refused_however_spelled(
 ) -> None:
     async with (
         EffectServer("127.0.0.1") as inside,
-        EffectServer("::1") as inside_v6,
-        EffectServer("127.0.0.2") as front,
+        _listening("::1") as inside_v6,
+        _listening("127.0.0.2") as front,
         _stack(infra, db_url, prefix, effect_http_allow_networks="127.0.0.2/32") as stack,
     ):
+        if front is None:
+            pytest.skip("this machine cannot listen on 127.0.0.2 (loopback is 127.0.0.1 only)")
+        # Without IPv6 loopback the refusal is checked all the same, reaching nothing.
+        port_v6 = inside_v6.port if inside_v6 is not None else 9
         front.redirects["/moved"] = f"{inside.url}/charge"
         front.redirects["/moved-here"] = f"{front.url}/charge"
         await stack.allow_effects("http")
@@ -105,7 +124,7 @@ async def test_addresses_inside_the_deployment_are_refused_however_spelled(
             "a loopback address only",
             f"http://2130706433:{port}/charge": "it resolves to a loopback address only",
             "http://169.254.169.254/latest/meta-data/iam/security-credentials/": "link-local",
-            f"http://[::1]:{inside_v6.port}/charge": "to '::1' are not allowed: it is a loopback",
+            f"http://[::1]:{port_v6}/charge": "to '::1' are not allowed: it is a loopback",
             f"http://[::ffff:127.0.0.1]:{port}/charge": "loopback address (IPv4 127.0.0.1 inside",
             f"http://0.0.0.0:{port}/charge": "an unspecified address",
             f"gopher://127.0.0.2:{front.port}/charge": "scheme 'gopher' is not http or https",
@@ -142,7 +161,7 @@ async def test_addresses_inside_the_deployment_are_refused_however_spelled(
     assert moved.result["receipt"] == {"status": 200, "id": "ch_2"}
     # Nothing reached the addresses inside; the allowed one saw only what was allowed.
     assert inside.requests == []
-    assert inside_v6.requests == []
+    assert inside_v6 is None or inside_v6.requests == []
     assert Counter(front.requests) == Counter(
         {("POST", "/moved"): 1, ("POST", "/charge"): 2, ("POST", "/moved-here"): 1}
     )
