@@ -180,6 +180,8 @@ class HttpAdapter:
             ) from exc
         except httpx.InvalidURL as exc:
             raise EffectRejected(f"the effect's URL is invalid: {exc}") from exc
+        except httpx.HTTPError as exc:
+            raise _failed(exc) from exc
         if response.is_success:
             return self._receipt(response, bool(request.get("keep_response")))
         if 400 <= response.status_code < 500 and response.status_code not in (408, 429):
@@ -196,6 +198,8 @@ class HttpAdapter:
         except (OutboundRefused, httpx.InvalidURL) as exc:
             log.warning("effect %s: its status URL cannot be asked: %s", idempotency_key, exc)
             return Reconciled("unknown")
+        except httpx.HTTPError as exc:
+            raise _failed(exc) from exc
         if response.status_code == 200:
             return Reconciled(
                 "committed", self._receipt(response, bool(request.get("keep_response")))
@@ -205,6 +209,16 @@ class HttpAdapter:
         if response.status_code == 202:
             return Reconciled("pending")
         return Reconciled("unknown")
+
+
+def _failed(exc: httpx.HTTPError) -> Exception:
+    """What a run is told of a request that failed: a connection's error says what went
+    wrong, but a protocol error quotes the bytes the other side sent (a banner, a status
+    line), which are not the run's to read."""
+    if isinstance(exc, httpx.ConnectError | httpx.TimeoutException):
+        return RuntimeError(f"the effect's request failed: {type(exc).__name__}: {exc}")
+    log.warning("effect request failed: %r", exc)
+    return RuntimeError(f"the effect's request failed: {type(exc).__name__}")
 
 
 def _status_url(template: object, idempotency_key: str) -> str:

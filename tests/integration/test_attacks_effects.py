@@ -13,6 +13,7 @@ from, so the "public" first hop is 127.0.0.2, the one network the stack allows t
 its redirects to 127.0.0.1 must be refused.
 """
 
+import asyncio
 import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -182,6 +183,8 @@ async def test_an_allowed_network_works_and_a_run_keeps_only_what_it_asked_for(
         )
         server.fail_with = 403
         forbidden = await _run(stack, _http(f"{server.url}/charge"), "effect")
+        async with _banner(b"SSH-2.0-OpenSSH_9.6 secret-banner\r\n") as banner_url:
+            banner = await _run(stack, _http(banner_url), "effect")
 
     assert plain.result is not None
     assert kept.result is not None
@@ -198,3 +201,26 @@ async def test_an_allowed_network_works_and_a_run_keeps_only_what_it_asked_for(
         assert f"HTTP {status}" in run.error.message
         assert body not in run.model_dump_json()
     assert sorted(server.charges.values()) == [1, 1]
+    # Not HTTP at all: the error says so, without quoting what the other side sent.
+    assert banner.status == RunStatus.FAILED
+    assert banner.error is not None
+    assert "RemoteProtocolError" in banner.error.message
+    assert "secret-banner" not in banner.model_dump_json()
+
+
+@contextlib.asynccontextmanager
+async def _banner(line: bytes) -> AsyncIterator[str]:
+    """A service that answers a request with `line`, not HTTP (as SSH or Redis would)."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(line + b"\r\n")
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/"
+    finally:
+        server.close()
