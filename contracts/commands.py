@@ -69,8 +69,9 @@ class SubmitCommand(Command):
     # model calls priced in it reserve, then settle).
     budget_cost: int | None = Field(default=None, ge=1, le=MAX_BUDGET, strict=True)
     # The effect kinds the run may perform (`ctx.effect`); None: every kind its tenant's
-    # policy allows. Taken into the run's authorization at submit: a claim made after
-    # the tenant's policy changed fails with AUTHORIZATION_STALE.
+    # policy allows (none until an operator sets one). Taken into the run's authorization
+    # at submit: a claim made after the tenant's policy changed fails with
+    # AUTHORIZATION_STALE.
     effects: list[EffectKind] | None = Field(default=None, max_length=64)
 
     @model_validator(mode="after")
@@ -142,9 +143,10 @@ class GetBudgetCommand(Command):
 
 class SetPolicyCommand(Command):
     """Set the tenant's policy: `effects`, the effect kinds its runs may perform (null:
-    every kind). Every run submitted before holds a stale authorization from now on:
-    its next effect claim fails with AUTHORIZATION_STALE (effects already dispatched
-    are not undone)."""
+    every kind; a tenant whose policy was never set may perform none). An operator's
+    command, not a tenant's. Every run submitted before holds a stale authorization from
+    now on: its next effect claim fails with AUTHORIZATION_STALE (effects already
+    dispatched are not undone)."""
 
     effects: list[EffectKind] | None = Field(max_length=64)
 

@@ -118,13 +118,19 @@ class BudgetReply(Versioned):
 
 
 class PolicyReply(Versioned):
-    """A tenant's policy: the effect kinds its runs may perform (None: every kind), and
-    its version (0: never set; each set_policy adds one)."""
+    """A tenant's policy: the effect kinds its runs may perform, and its version (each
+    set_policy adds one). Version 0: no policy was ever set, and a tenant without one may
+    perform no effect kind (`effects` is then `[]`) until an operator allows some.
+    `effects`: a list of kinds (empty: none), or null: every kind (set explicitly)."""
 
     ok: Literal[True] = True
     tenant: str
     effects: list[str] | None
     version: int
+
+    def allows(self, kind: str) -> bool:
+        """Whether the tenant's runs may perform effects of `kind`."""
+        return self.version > 0 and (self.effects is None or kind in self.effects)
 
 
 class ReleaseReply(Versioned):

@@ -5,6 +5,8 @@ first receipt) and refuses a `Runwire-Fence-Token` lower than the highest it has
 the key (409). `GET /charges/<key>`: 200 with the receipt, 404 if never charged. A test
 can make it hold its answer to a charge (`hold`), as a slow provider would. `POST /email`
 sends an email the same way (once per key; `emails` counts them, receipts `em_<n>`).
+`requests` lists every request that arrived, whatever it asked; `redirects` maps a path
+to the URL a request for it is sent on to (307: the same method and body).
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ from typing import Any
 
 
 class EffectServer:
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self.requests: list[tuple[str, str]] = []  # (method, path) of every request
+        self.redirects: dict[str, str] = {}  # path -> where a request for it is redirected
         self.charges: Counter[str] = Counter()  # charges performed, per idempotency key
         self.emails: Counter[str] = Counter()  # emails sent, per idempotency key
         self.sent: dict[str, dict[str, Any]] = {}  # what each email said, by receipt id
@@ -32,10 +37,16 @@ class EffectServer:
     @property
     def url(self) -> str:
         assert self._server is not None
-        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return int(self._server.sockets[0].getsockname()[1])
 
     async def __aenter__(self) -> EffectServer:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._serve, self.host, 0)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -53,12 +64,19 @@ class EffectServer:
                 for k, _, v in (line.partition(":") for line in head.split("\r\n")[1:] if line)
             }
             body = await reader.readexactly(int(headers.get("content-length", "0")))
-            status, answer = await self._answer(method, path, headers, body)
+            self.requests.append((method, path))
+            location = self.redirects.get(path)
+            status, answer = (
+                (307, {"error": "moved", "detail": "redirect-body"})
+                if location is not None
+                else await self._answer(method, path, headers, body)
+            )
             if status is None:
                 await asyncio.Event().wait()  # held: the caller never hears back
             payload = json.dumps(answer).encode()
+            extra = f"location: {location}\r\n" if location is not None else ""
             writer.write(
-                f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n"
+                f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n{extra}"
                 f"content-length: {len(payload)}\r\nconnection: close\r\n\r\n".encode()
                 + payload
             )

@@ -176,6 +176,11 @@ class ProcessStack:
             }
             raise AssertionError(f"{exc}; exited: {exited}\n{self.logs()}") from exc
 
+    async def allow_effects(self, *kinds: str) -> None:
+        """Let the tenant's runs perform effects of `kinds` (none named: every kind), as
+        an operator does; until then they may perform none."""
+        await self.client.set_policy(effects=list(kinds) or None)
+
     async def close(self) -> None:
         await self.client.close()
         await self.store.close()

@@ -95,7 +95,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     policy.add_argument(
         "--effects",
-        help="the effect kinds the tenant's runs may perform, comma-separated, or 'any'",
+        help="the effect kinds the tenant's runs may perform, comma-separated, or 'any' "
+        "(until a policy is set: none); an operator's command (--env .runwire/operator.env)",
     )
 
     tenant = sub.add_parser(

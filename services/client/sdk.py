@@ -493,16 +493,17 @@ class Client:
         return reply
 
     async def set_policy(self, *, effects: list[str] | None) -> PolicyReply:
-        """Set the effect kinds the tenant's runs may perform (None: every kind). Runs
-        submitted before hold a stale authorization: their next effect fails with
-        AUTHORIZATION_STALE."""
+        """Set the effect kinds the tenant's runs may perform (None: every kind); until
+        it is set, they may perform none. An operator's command (a tenant's own identity
+        may not). Runs submitted before hold a stale authorization: their next effect
+        fails with AUTHORIZATION_STALE."""
         reply: PolicyReply = await self._request(
             "set_policy", SetPolicyCommand(effects=effects), PolicyReply
         )
         return reply
 
     async def policy(self) -> PolicyReply:
-        """The tenant's policy."""
+        """The tenant's policy (version 0: never set, so no effect kind is allowed)."""
         reply: PolicyReply = await self._request("get_policy", GetPolicyCommand(), PolicyReply)
         return reply
 

@@ -140,6 +140,7 @@ class Attempt:
             store,
             effects or {},
             run_id=run.run_id,
+            tenant=run.tenant,
             generation=run.generation,
             emit=self._emit,
             claim_ms=settings.effect_claim_ms,

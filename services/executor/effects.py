@@ -18,6 +18,7 @@ from runwire.runners.effects import (
     EffectRejected,
     digest,
     idempotency_key,
+    policy_refusal,
 )
 from runwire.runtime import faults
 from runwire.runtime.errors import LostRace
@@ -39,6 +40,7 @@ class EffectFence:
         adapters: Mapping[str, EffectAdapter],
         *,
         run_id: str,
+        tenant: str,
         generation: int,
         emit: Emit,
         claim_ms: int,
@@ -46,6 +48,7 @@ class EffectFence:
         self.store = store
         self.adapters = adapters
         self.run_id = run_id
+        self.tenant = tenant
         self.generation = generation
         self.emit = emit
         self.claim_ms = claim_ms
@@ -206,10 +209,13 @@ class EffectFence:
                     "policy changed after it was submitted)"
                 )
                 code = ErrorCode.AUTHORIZATION_STALE
+            elif not claim.tenant_permits:
+                message = f"effect {effect.key!r}: {policy_refusal(effect.kind, self.tenant)}"
+                code = ErrorCode.EFFECT_FAILED
             else:
                 message = (
                     f"effect {effect.key!r}: the run may not perform effects of kind "
-                    f"{effect.kind!r} (its permissions or its tenant's policy)"
+                    f"{effect.kind!r} (the effects it was submitted with exclude it)"
                 )
                 code = ErrorCode.EFFECT_FAILED
             settled = await self._settle(claim.effect, EffectState.FAILED, error=message, code=code)

@@ -34,6 +34,7 @@ from runwire.executor.outcome import Settler
 from runwire.executor.presence import Presence
 from runwire.runners.base import RunnerError, RunnerSpec
 from runwire.runners.effects import EffectAdapter, load_effects
+from runwire.runners.outbound import OutboundGuard
 from runwire.runners.registry import RunnerConfigError, input_schema, load_runners
 from runwire.runners.tools import ToolSpec, load_tools
 from runwire.runtime import faults, publications, tracing
@@ -392,9 +393,15 @@ class ExecutorService(Service[ExecutorSettings]):
 
     def prepare(self) -> None:
         try:
+            guard = OutboundGuard.parse(
+                self.settings.effect_http_allow_hosts, self.settings.effect_http_allow_networks
+            )
+        except ValueError as exc:
+            raise CannotStart(str(exc)) from exc
+        try:
             self.runners = load_runners(self.settings.runners, self._given_runners)
             self.tools = load_tools(self.settings.tools, self._given_tools)
-            self.effects = load_effects()
+            self.effects = load_effects(guard=guard)
         except RunnerConfigError as exc:
             raise CannotStart(str(exc)) from exc
         if not self.runners:

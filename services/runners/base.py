@@ -194,9 +194,12 @@ class AttemptContext:
         (`tokens`, `cost` units): reserved from the tenant's and the run's budgets before
         anything leaves the process (BUDGET_EXCEEDED when it does not fit), charged once
         the action happened, given back when it did not. A refused action raises
-        RunnerError (EFFECT_FAILED; AUTHORIZATION_STALE when the tenant's policy changed
-        since the run was submitted); one whose outcome is not known yet fails the attempt
-        retryably.
+        RunnerError (EFFECT_FAILED, also when the tenant's policy does not allow `kind`:
+        a tenant may perform no kind until an operator allows it; AUTHORIZATION_STALE
+        when the tenant's policy changed since the run was submitted); one whose outcome
+        is not known yet fails the attempt retryably. An `http` receipt is `{status, id}`
+        (`response` too with `"keep_response": true` in the request), and the executor
+        sends it only to hosts its operator allows (see `runwire.runners.outbound`).
         """
         if self._effect is None:
             raise RunnerError("effects are not available to this attempt", retryable=False)

@@ -12,6 +12,8 @@ from runwire.runners.base import AttemptContext, runner
 
 # The effect's key within the node run (a node run performs one effect).
 EFFECT_KEY = "node"
+# The name this runner is registered under (entry point group `runwire.runners`).
+EFFECT_RUNNER = "effect"
 
 
 class EffectNodeInput(BaseModel):

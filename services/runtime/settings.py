@@ -3,6 +3,8 @@
 Defaults are named constants so the README and the tests can quote them.
 """
 
+import ipaddress
+import re
 from datetime import timedelta
 from typing import Literal, Self
 
@@ -121,6 +123,14 @@ class SubmitterSettings(CommonSettings):
     supersede_grace_ms: int = Field(default=DEFAULT_SUPERSEDE_GRACE_MS, ge=0, le=600_000)
 
 
+def _items(value: str) -> list[str]:
+    return [item for item in value.split(",") if item.strip()]
+
+
+# A host name of an allow-list, or `*.` and a domain.
+_HOST = re.compile(r"^(\*\.)?[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?$")
+
+
 class ExecutorSettings(CommonSettings):
     """The executor: in-flight limit, heartbeats, leases, retries, shutdown."""
 
@@ -145,6 +155,12 @@ class ExecutorSettings(CommonSettings):
     resume_wait_ms: int = Field(default=DEFAULT_RESUME_WAIT_MS, ge=0)
     # How long a side effect's claim holds: its dispatch must answer within it.
     effect_claim_ms: int = Field(default=DEFAULT_EFFECT_CLAIM_MS, ge=100)
+    # Where `http` effects may send requests (see runwire.runners.outbound): host names,
+    # comma-separated, `*.example.com` for any name under example.com (empty: any host);
+    # and networks (CIDRs) allowed although private, loopback or link-local (empty:
+    # none, only public addresses). Checked when the executor starts.
+    effect_http_allow_hosts: str = ""
+    effect_http_allow_networks: str = ""
     drain_ms: int = Field(default=DEFAULT_DRAIN_MS, ge=0)
     # How long an attempt keeps trying a frame that NATS does not store (a stream without
     # a leader while JetStream elects one, seconds after a server dies) before it fails,
@@ -154,6 +170,25 @@ class ExecutorSettings(CommonSettings):
     # stream join into one `message` frame (the same text, fewer frames); false: one
     # frame per delta, whatever the pace.
     coalesce_text: bool = True
+
+    @field_validator("effect_http_allow_hosts")
+    @classmethod
+    def _hosts(cls, value: str) -> str:
+        # The executor's http adapter reads it (runwire.runners.outbound); checked here
+        # too so that a malformed one stops the executor as any bad setting does.
+        if not all(_HOST.match(h.strip().lower().rstrip(".")) for h in _items(value)):
+            raise ValueError("not a comma-separated list of host names (or *.example.com)")
+        return value
+
+    @field_validator("effect_http_allow_networks")
+    @classmethod
+    def _networks(cls, value: str) -> str:
+        try:
+            for item in _items(value):
+                ipaddress.ip_network(item.strip(), strict=False)
+        except ValueError:
+            raise ValueError("not a comma-separated list of CIDRs (e.g. 10.0.0.0/8)") from None
+        return value
 
     @model_validator(mode="after")
     def _heartbeat_inside_limits(self) -> Self:

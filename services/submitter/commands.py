@@ -41,6 +41,8 @@ from runwire.contracts.replies import (
 )
 from runwire.contracts.status import RunStatus
 from runwire.contracts.workflows import NodeRunData, NodeStatus
+from runwire.runners.effect_node import EFFECT_RUNNER
+from runwire.runners.effects import policy_refusal
 from runwire.runtime import tracing
 from runwire.runtime.broker import Broker
 from runwire.runtime.errors import (
@@ -173,8 +175,32 @@ class Submitter:
         if cmd.workflow is None:
             await self.runners.check(cmd.runner, cmd.input)
 
+    async def _effect_refusal(self, tenant: str, cmd: SubmitCommand) -> str | None:
+        """Why a run of the effect runner may not perform its effect's kind (its tenant's
+        policy, or the run's own `effects`), or None. Refused at submit rather than
+        failed at its claim; the claim checks again, as a policy may change meanwhile."""
+        if cmd.workflow is not None or cmd.runner != EFFECT_RUNNER:
+            return None
+        kind = cmd.input.get("kind")
+        if not isinstance(kind, str):
+            return None  # the input check answers for a malformed input
+        effects, version = await self.store.tenant_policy(tenant)
+        if not PolicyReply(tenant=tenant, effects=effects, version=version).allows(kind):
+            return policy_refusal(kind, tenant)
+        if cmd.effects is not None and kind not in cmd.effects:
+            return f"the run's own effects ({', '.join(cmd.effects)}) exclude kind {kind!r}"
+        return None
+
     async def submit(self, tenant: str, cmd: SubmitCommand) -> SubmitReply:
         await self._check_input(cmd)
+        refusal = await self._effect_refusal(tenant, cmd)
+        if refusal is not None:
+            # A repeat of a submit that created its run before the policy changed still
+            # answers with that run.
+            first = await self.store.run_by_request(tenant, cmd.request_id)
+            if first is not None:
+                return self._reply(first, duplicate=True)
+            raise InvalidRequest(refusal)
         workflow = await self._workflow(tenant, cmd)
         # A request_id used before is found by the insert (ON CONFLICT), or for a session
         # by `_make_room` under the session's lock, before it changes anything.

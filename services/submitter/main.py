@@ -97,8 +97,9 @@ class SubmitterService(Service[SubmitterSettings]):
 
         @command("set_policy", max_bytes=settings.max_input_bytes)
         async def set_policy(body: SetPolicyCommand) -> PolicyReply:
-            """Set the effect kinds the tenant's runs may perform; earlier runs' effect
-            claims fail with AUTHORIZATION_STALE from now on."""
+            """Set the effect kinds the tenant's runs may perform (`null`: every kind; a
+            tenant without a policy may perform none); earlier runs' effect claims fail
+            with AUTHORIZATION_STALE from now on."""
             return await self.submitter.set_policy(tenant(), body)
 
         @command("get_policy", max_bytes=settings.max_input_bytes)

@@ -2,7 +2,9 @@
 a subject prefix of the test's own, with the test's runners registered, and a client.
 
 Clocks are short (heartbeats of 100 ms, leases of 1 s, ticks of 50-100 ms) so that
-retries and recoveries happen within a test's patience.
+retries and recoveries happen within a test's patience. The executors' `http` effects may
+reach loopback (127.0.0.0/8), where a test's fake endpoints listen; a tenant may perform
+effects once the test allows them, as an operator would (`await stack.allow_effects("http")`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import nats.errors
 from runwire.client import Client, ClientError, Transcript
 from runwire.contracts.errors import ErrorCode
 from runwire.contracts.frames import Frame
+from runwire.contracts.replies import PolicyReply
 from runwire.executor.main import serve as serve_executor
 from runwire.infra.auth import (
     OPERATOR,
@@ -59,6 +62,9 @@ FAST = {
     "nats_ping_interval_ms": 1000,
     "db_pool_size": 4,
     "log_level": "INFO",
+    # Not a clock: the servers a test's effects call listen on loopback, which an
+    # executor refuses unless its operator allows the network (none by default).
+    "effect_http_allow_networks": "127.0.0.0/8",
 }
 
 
@@ -146,6 +152,19 @@ class InProcessStack:
             if user in self.identities.passwords:
                 return user, self.identities.passwords[user]
         return None, None
+
+    async def allow_effects(self, *kinds: str, tenant: str = "default") -> PolicyReply:
+        """Let `tenant`'s runs perform effects of `kinds` (none named: every kind), as an
+        operator does (`runwire --env .runwire/operator.env --tenant T policy --effects
+        http`): a tenant may perform no effect until then. Its runs submitted before
+        hold a stale authorization afterwards, so call it before submitting."""
+        user, password = None, None
+        if self.identities is not None:
+            user, password = OPERATOR, self.identities.passwords[OPERATOR]
+        async with await Client.connect(
+            self.nats_url, prefix=self.prefix, tenant=tenant, user=user, password=password
+        ) as operator:
+            return await operator.set_policy(effects=list(kinds) or None)
 
     async def __aenter__(self) -> InProcessStack:
         return await self.start(executors=self.executors)

@@ -35,6 +35,7 @@ async def _stack(service_env: dict[str, str], tmp_path: Path) -> ProcessStack:
     for name in ("submitter", "relay", "recovery"):
         stack.start(name)
     await stack.open()
+    await stack.allow_effects("http")
     return stack
 
 

@@ -137,16 +137,19 @@ async def test_policy_sets_and_shows_the_effect_kinds_a_tenant_may_perform(
 ) -> None:
     code, out, err = await _runwire("policy", cwd=stack_dir, env=_clean_env())
     assert code == 0, err
-    before = json.loads(out)
+    # Never set: no effect kind at all.
+    assert json.loads(out) == {"tenant": "default", "effects": [], "version": 0}
     code, out, err = await _runwire(
         "policy", "--effects", "http, noop", cwd=stack_dir, env=_clean_env()
     )
     assert code == 0, err
-    assert json.loads(out) == {
-        "tenant": "default",
-        "effects": ["http", "noop"],
-        "version": before["version"] + 1,
-    }
+    assert json.loads(out) == {"tenant": "default", "effects": ["http", "noop"], "version": 1}
+    # Another tenant's, as the command that an effect's refusal names spells it.
+    code, out, err = await _runwire(
+        "--tenant", "acme", "policy", "--effects", "http", cwd=stack_dir, env=_clean_env()
+    )
+    assert code == 0, err
+    assert json.loads(out) == {"tenant": "acme", "effects": ["http"], "version": 1}
     code, out, err = await _runwire("policy", "--effects", "any", cwd=stack_dir, env=_clean_env())
     assert code == 0, err
     assert json.loads(out)["effects"] is None

@@ -40,7 +40,7 @@ async def test_every_service_works_as_its_own_role(
         ) as stack,
     ):
         await stack.client.set_budget(cost=100, max_active_runs=10)
-        await stack.client.set_policy(effects=["http"])
+        await stack.allow_effects("http")
         events = await stack.client.events()
         plain = await stack.client.submit({"tokens": ["as", " roles"]}, session_id="s")
         _, transcript = await collect(stack.client, plain.run.run_id)

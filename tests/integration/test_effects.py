@@ -35,7 +35,8 @@ def _charge(server: EffectServer, **extra: Any) -> dict[str, Any]:
 async def _charging(
     infra: Any, db_url: str, prefix: str, **options: Any
 ) -> AsyncIterator[tuple[EffectServer, InProcessStack]]:
-    """A payment endpoint, and the stack with the `charge` runner (and `options`)."""
+    """A payment endpoint, and the stack with the `charge` runner (and `options`), whose
+    tenant may perform http effects."""
     async with (
         EffectServer() as server,
         InProcessStack(
@@ -47,6 +48,7 @@ async def _charging(
             **options,
         ) as stack,
     ):
+        await stack.allow_effects("http")
         yield server, stack
 
 
@@ -75,7 +77,8 @@ async def test_an_effect_is_dispatched_once_and_its_steps_are_frames(
     assert steps[-1]["receipt_id"] == "ch_1"
     assert (steps[-1]["key"], steps[-1]["kind"]) == ("charge", "http")
     assert (row["state"], row["fence"]) == ("committed", 1)
-    assert json.loads(row["receipt"])["id"] == "ch_1"
+    # The status and the id only: not the rest of what the endpoint answered.
+    assert json.loads(row["receipt"]) == {"status": 200, "id": "ch_1"}
 
 
 async def test_a_retried_attempt_gets_the_stored_receipt_and_charges_nothing(
@@ -107,7 +110,9 @@ async def test_a_refused_effect_fails_the_run_with_effect_failed(
     assert (run.status, run.attempts) == (RunStatus.FAILED, 1)
     assert run.error is not None
     assert run.error.code == ErrorCode.EFFECT_FAILED
-    assert "card declined" in run.error.message
+    # The status code, never the endpoint's body.
+    assert "HTTP 402" in run.error.message
+    assert "card declined" not in run.error.message
     assert row["state"] == "failed"
     assert [f.data["state"] for f in frames if f.type == FrameType.EFFECT][-1] == "failed"
 
@@ -206,7 +211,7 @@ async def test_a_claim_after_the_tenants_policy_changed_fails_authorization_stal
         later = await stack.client.get(fresh.run.run_id)
         events = [e for e in await stack.store.timeline() if e["run_id"] == run_id]
 
-    assert (policy.effects, policy.version) == (["http", "noop"], 1)
+    assert (policy.effects, policy.version) == (["http", "noop"], 2)
     assert stale.status == RunStatus.FAILED
     assert stale.error is not None
     assert (stale.error.code, stale.error.retryable) == (ErrorCode.AUTHORIZATION_STALE, False)
@@ -248,7 +253,7 @@ async def test_effects_a_run_or_its_tenant_does_not_permit_are_refused(
         assert run.error is not None
         assert (run.error.code, run.error.retryable) == (ErrorCode.EFFECT_FAILED, False)
         assert "may not perform effects of kind 'http'" in run.error.message
-    assert (unset.effects, unset.version) == (None, 2)
+    assert (unset.effects, unset.version) == (None, 3)
 
 
 async def test_a_tools_effect_happens_once_per_call_whatever_the_retries(
@@ -263,6 +268,7 @@ async def test_a_tools_effect_happens_once_per_call_whatever_the_retries(
             runners={"mailer": mailer},
             tools={"send_email": send_email},
         ) as stack:
+            await stack.allow_effects("http")
             await stack.client.set_budget(cost=10)
             script = {
                 "to": "ada@example.com",

@@ -414,6 +414,7 @@ async def test_a_hundred_nodes_finish_on_two_executors(stack: InProcessStack) ->
 async def test_an_effect_node_sends_what_the_node_before_it_wrote_once(
     stack: InProcessStack,
 ) -> None:
+    await stack.allow_effects("http")
     async with EffectServer() as server:
         definition = {
             "nodes": [
@@ -437,7 +438,7 @@ async def test_an_effect_node_sends_what_the_node_before_it_wrote_once(
     assert list(server.emails.values()) == [1]
     assert server.sent == {"em_1": {"to": "ada@example.com", "text": "Your order has shipped."}}
     assert run.result is not None
-    assert run.result["outputs"]["email"]["receipt"] == {"id": "em_1"}
+    assert run.result["outputs"]["email"]["receipt"] == {"status": 200, "id": "em_1"}
     email = next(n for n in run.nodes if n.node_id == "email")
     node_run = await stack.client.get(email.node_run_id)
     assert [(e.key, e.state.value) for e in node_run.effects] == [("node", "committed")]

@@ -16,6 +16,18 @@ ROOT = Path(__file__).resolve().parents[2]
         ("runwire.relay", "RUNWIRE_EVENT_LOOP", "trio", "Input should be 'auto' or 'asyncio'"),
         ("runwire.submitter", "RUNWIRE_DB_POOL_SIZE", "s3cret-pool", "a valid integer"),
         ("runwire.gateway", "RUNWIRE_GATEWAY_PORT", "s3cret-port", "a valid integer"),
+        (
+            "runwire.executor",
+            "RUNWIRE_EFFECT_HTTP_ALLOW_NETWORKS",
+            "10.0.0.0/8,s3cret/8",
+            "not a comma-separated list of CIDRs",
+        ),
+        (
+            "runwire.executor",
+            "RUNWIRE_EFFECT_HTTP_ALLOW_HOSTS",
+            "https://s3cret.example.com",
+            "not a comma-separated list of host names",
+        ),
     ],
 )
 def test_a_service_with_an_unusable_setting_says_which_and_exits_2(

@@ -207,12 +207,16 @@ SELECT *, deadline_at < now() AS past_deadline FROM effects WHERE run_id = $1 AN
 -- effect's version and its authorization (the digest of the run's permissions and its
 -- tenant's policy it was prepared under must still match, and both must permit the
 -- effect's kind $6); the claim holds for $5 ms. An effect whose authorization is stale,
--- or whose kind is not permitted, comes back unchanged with `fresh` or `permitted` false.
+-- or whose kind is not permitted, comes back unchanged with `fresh` or `permitted` false
+-- (`tenant_permits` false: its tenant's policy is what refuses the kind). A tenant
+-- without a policy may perform no kind: an operator allows kinds first (a policy whose
+-- `effects` is NULL allows every kind).
 WITH run AS (
     SELECT r.run_id,
            e.auth_fence IS NOT DISTINCT FROM run_authorization(r.tenant, r.effects) AS fresh,
-           (r.effects IS NULL OR $6 = ANY (r.effects))
-               AND (p.effects IS NULL OR $6 = ANY (p.effects)) AS permitted
+           (r.effects IS NULL OR $6 = ANY (r.effects)) AS run_permits,
+           p.tenant IS NOT NULL AND (p.effects IS NULL OR $6 = ANY (p.effects))
+               AS tenant_permits
       FROM runs r
       JOIN effects e ON e.run_id = r.run_id AND e.key = $2
       LEFT JOIN tenant_policies p ON p.tenant = r.tenant
@@ -225,13 +229,17 @@ WITH run AS (
       FROM run
      WHERE e.run_id = $1 AND e.key = $2 AND e.version = $3
        AND e.state IN ('prepared', 'claimed', 'unknown')
-       AND run.run_id = e.run_id AND run.fresh AND run.permitted
+       AND run.run_id = e.run_id AND run.fresh AND run.run_permits AND run.tenant_permits
     RETURNING e.*
 )
-SELECT *, false AS past_deadline, true AS fresh, true AS permitted FROM claimed
+SELECT *, false AS past_deadline, true AS fresh, true AS permitted, true AS tenant_permits
+  FROM claimed
 UNION ALL
-SELECT e.*, e.deadline_at < now() AS past_deadline, run.fresh, run.permitted
-  FROM effects e JOIN run ON run.run_id = e.run_id AND NOT (run.fresh AND run.permitted)
+SELECT e.*, e.deadline_at < now() AS past_deadline, run.fresh,
+       run.run_permits AND run.tenant_permits, run.tenant_permits
+  FROM effects e
+  JOIN run ON run.run_id = e.run_id
+          AND NOT (run.fresh AND run.run_permits AND run.tenant_permits)
  WHERE e.run_id = $1 AND e.key = $2;
 
 -- name: effect_settle

@@ -179,7 +179,8 @@ SELECT b.tokens, b.max_active_runs, b.max_runs_per_day, b.cost,
                       WHERE tenant = t.tenant AND state = 'reserved') o ON true;
 
 -- name: set_tenant_policy
--- Replace the tenant's policy (the effect kinds its runs may perform; NULL: every kind).
+-- Replace the tenant's policy (the effect kinds its runs may perform; NULL: every kind;
+-- a tenant without a row may perform none).
 -- Its version grows: every run submitted before holds a stale authorization now.
 INSERT INTO tenant_policies AS p (tenant, effects) VALUES ($1, $2)
 ON CONFLICT (tenant) DO UPDATE
@@ -187,7 +188,10 @@ ON CONFLICT (tenant) DO UPDATE
 RETURNING effects, version;
 
 -- name: tenant_policy
-SELECT p.effects, coalesce(p.version, 0) AS version
+-- The effect kinds the tenant's runs may perform and the policy's version. No policy was
+-- ever set (version 0): no kind, an empty list (NULL is every kind, set explicitly).
+SELECT CASE WHEN p.tenant IS NULL THEN '{}'::text[] ELSE p.effects END AS effects,
+       coalesce(p.version, 0) AS version
   FROM (SELECT $1::text AS tenant) t LEFT JOIN tenant_policies p ON p.tenant = t.tenant;
 
 -- name: insert_release

@@ -34,11 +34,13 @@ class Claim:
     """A claim's outcome: the claimed effect; or None when its version or the run moved
     on; or the effect unchanged with `fresh` false (the run's authorization is stale:
     its tenant's policy changed since it was submitted) or `permitted` false (the run or
-    its tenant's policy does not allow the effect's kind)."""
+    its tenant's policy does not allow the effect's kind; `tenant_permits` false: its
+    tenant's policy does not, or the tenant has none, which allows no kind)."""
 
     effect: Effect | None
     fresh: bool = True
     permitted: bool = True
+    tenant_permits: bool = True
 
     @property
     def claimed(self) -> bool:
@@ -101,7 +103,12 @@ class ExecutorQueries(Queries):
         )
         if rec is None:
             return Claim(None)
-        return Claim(Effect.from_record(rec), bool(rec["fresh"]), bool(rec["permitted"]))
+        return Claim(
+            Effect.from_record(rec),
+            bool(rec["fresh"]),
+            bool(rec["permitted"]),
+            bool(rec["tenant_permits"]),
+        )
 
     async def effect_settle(
         self,

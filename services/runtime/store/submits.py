@@ -96,7 +96,8 @@ class SubmitterQueries(Queries):
         await self._fetch("set_tenant_policy", tenant, effects)
 
     async def tenant_policy(self, tenant: str) -> tuple[list[str] | None, int]:
-        """The tenant's permitted effect kinds (None: every kind) and policy version."""
+        """The tenant's permitted effect kinds (None: every kind; [] with version 0 when
+        no policy was ever set: none) and policy version."""
         rec = await self._fetchrow("tenant_policy", tenant)
         assert rec is not None
         return (list(rec["effects"]) if rec["effects"] is not None else None), rec["version"]
