@@ -37,6 +37,7 @@ import os
 import secrets
 import signal
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -46,13 +47,14 @@ import bcrypt
 from runwire.contracts.subjects import (
     COMMANDS,
     DEFAULT_INBOX,
+    DEFAULT_TENANT,
     GATEWAY_INBOX,
     TENANT_PATTERN,
     Subjects,
     inbox_prefix,
     service_inbox,
 )
-from runwire.gateway.keys import add_key, new_key, remove_tenant_keys
+from runwire.gateway.keys import add_key, expire_tenant_keys, new_key, remove_tenant_keys
 from runwire.infra.embedded import ROUTE_USER
 
 SERVICES = ("submitter", "executor", "relay", "recovery")
@@ -77,6 +79,18 @@ def tenant_user(tenant: str) -> str:
     return f"tenant-{tenant}"
 
 
+# A tenant has one NATS user, or two while its credentials rotate: `tenant-<name>` and
+# `tenant-<name>.next`, in turn the current one (nats-server holds one password per user,
+# and on a reload closes the connections whose user's password changed: so a rotation
+# adds a user and never changes one). No tenant's name has a dot.
+ALTERNATE = ".next"
+
+
+def tenant_of_user(user: str) -> str:
+    """The tenant a `tenant-...` user is one of."""
+    return user.removeprefix("tenant-").removesuffix(ALTERNATE)
+
+
 # The identities every stack has: the services', the gateway's, the operator's.
 STANDING = (*(service_user(s) for s in SERVICES), service_user(GATEWAY), OPERATOR)
 
@@ -87,6 +101,9 @@ class Identities:
     server's configuration holds instead of the password."""
 
     passwords: dict[str, str] = field(default_factory=dict)
+    # The user each tenant's clients connect as now, where it is not `tenant-<name>`
+    # (after a rotation).
+    current: dict[str, str] = field(default_factory=dict)
     # What the servers of a deployment's cluster route with (`nats-routes.conf`).
     route_secret: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     # name -> (a digest of the password it was made from, its bcrypt hash): a hash is made
@@ -104,7 +121,7 @@ class Identities:
         runwire lacks (the gateway's) added."""
         saved = json.loads(path.read_text())
         hashes = {name: (str(h[0]), str(h[1])) for name, h in saved.get("hashes", {}).items()}
-        found = cls(dict(saved["passwords"]), hashes=hashes)
+        found = cls(dict(saved["passwords"]), dict(saved.get("current", {})), hashes=hashes)
         found.route_secret = str(saved.get("route_secret") or found.route_secret)
         for name in STANDING:
             found.passwords.setdefault(name, secrets.token_urlsafe(32))
@@ -113,7 +130,12 @@ class Identities:
     def save(self, path: Path) -> None:
         """Write, readable by this user only."""
         hashes = {name: list(h) for name, h in self.hashes.items() if name in self.passwords}
-        saved = {"passwords": self.passwords, "route_secret": self.route_secret, "hashes": hashes}
+        saved = {
+            "passwords": self.passwords,
+            "current": self.current,
+            "route_secret": self.route_secret,
+            "hashes": hashes,
+        }
         write_private(path, json.dumps(saved, indent=2))
 
     def hashed(self, name: str) -> str:
@@ -129,17 +151,48 @@ class Identities:
 
     @property
     def tenants(self) -> list[str]:
-        return sorted(n.removeprefix("tenant-") for n in self.passwords if n.startswith("tenant-"))
+        return sorted({tenant_of_user(n) for n in self.passwords if n.startswith("tenant-")})
+
+    def user_of(self, tenant: str) -> str:
+        """The NATS user the tenant's clients connect as now."""
+        return self.current.get(tenant, tenant_user(tenant))
 
     def add_tenant(self, tenant: str) -> str:
         """Create the tenant's identity (or return the one it has); its password."""
         if not TENANT_PATTERN.match(tenant):
             raise ValueError(f"invalid tenant name {tenant!r}: 1-64 letters, digits, '-' or '_'")
-        return self.passwords.setdefault(tenant_user(tenant), secrets.token_urlsafe(32))
+        return self.passwords.setdefault(self.user_of(tenant), secrets.token_urlsafe(32))
 
     def remove_tenant(self, tenant: str) -> bool:
-        """Forget the tenant's identity; whether it had one."""
+        """Forget the tenant's identity (both users, while it rotates); whether it had one."""
+        self.current.pop(tenant, None)
+        self.passwords.pop(tenant_user(tenant) + ALTERNATE, None)
         return self.passwords.pop(tenant_user(tenant), None) is not None
+
+    def _other_user(self, tenant: str) -> str:
+        plain = tenant_user(tenant)
+        return plain + ALTERNATE if self.user_of(tenant) == plain else plain
+
+    def rotate_tenant(self, tenant: str) -> str:
+        """New credentials for the tenant: a user of its own beside the current one (see
+        ALTERNATE), which becomes current; the previous user and its password stay
+        valid until `finish_rotation`. KeyError: no such tenant; ValueError: a rotation
+        is under way (finish it first)."""
+        if self.user_of(tenant) not in self.passwords:
+            raise KeyError(tenant)
+        other = self._other_user(tenant)
+        if other in self.passwords:
+            raise ValueError(f"tenant {tenant}'s previous rotation is not finished")
+        self.passwords[other] = secrets.token_urlsafe(32)
+        if other == tenant_user(tenant):
+            self.current.pop(tenant, None)
+        else:
+            self.current[tenant] = other
+        return self.passwords[other]
+
+    def finish_rotation(self, tenant: str) -> bool:
+        """Stop accepting the tenant's previous user; whether there was one."""
+        return self.passwords.pop(self._other_user(tenant), None) is not None
 
 
 def service_role(service: str) -> str:
@@ -157,7 +210,7 @@ def database_url_as(url: str, role: str) -> str:
 
 def tenant_settings(identities: Identities, tenant: str) -> dict[str, str]:
     """A tenant's client settings (beside where the stack is)."""
-    user = tenant_user(tenant)
+    user = identities.user_of(tenant)
     return {
         "RUNWIRE_TENANT": tenant,
         "RUNWIRE_NATS_USER": user,
@@ -367,7 +420,7 @@ def render(identities: Identities, subjects: Subjects) -> str:
                 name.removeprefix("svc-"), subjects, identities.tenants
             )
         elif name.startswith("tenant-"):
-            permissions = tenant_permissions(name.removeprefix("tenant-"), subjects)
+            permissions = tenant_permissions(tenant_of_user(name), subjects)
         elif name == OPERATOR:
             permissions = operator_permissions(subjects)
         else:
@@ -456,6 +509,68 @@ def add_tenant(root: Path, tenant: str) -> tuple[Path, bool]:
         http["RUNWIRE_GATEWAY_URL"] = stack["RUNWIRE_GATEWAY_URL"]
     write_env_file(env_file, {**where, **tenant_settings(identities, tenant), **http})
     return env_file, told
+
+
+def rotate_tenant(root: Path, tenant: str, grace: timedelta) -> tuple[Path, bool]:
+    """Give `tenant` a new password and a new API key and write them to its settings
+    file; its previous password stays valid until `finish_rotation`, its previous keys
+    for `grace` (or until then): (that file, whether the running server took it).
+    KeyError: no such tenant; ValueError: a rotation is under way."""
+    path = root / IDENTITIES_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"no identities in {root} (`make up` creates them)")
+    identities = Identities.load(path)
+    if tenant not in identities.tenants:
+        raise KeyError(tenant)
+    identities.rotate_tenant(tenant)
+    told = _apply(root, identities)
+    key = new_key()
+    add_key(root / API_KEYS_FILE, tenant, key)
+    expire_tenant_keys(root / API_KEYS_FILE, tenant, datetime.now(UTC) + grace, keep=key)
+    env_file = _write_tenant_settings(root, identities, tenant, key)
+    return env_file, told
+
+
+def finish_rotation(root: Path, tenant: str) -> tuple[bool, bool]:
+    """Stop accepting `tenant`'s previous password (the server closes the connections
+    made with it) and its previous API keys; (whether a rotation was under way, whether
+    the running server took it)."""
+    path = root / IDENTITIES_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"no identities in {root} (`make up` creates them)")
+    identities = Identities.load(path)
+    had = identities.finish_rotation(tenant)
+    told = _apply(root, identities) if had else False
+    current = read_env_file(_tenant_env_file(root, tenant)).get("RUNWIRE_API_KEY")
+    remove_tenant_keys(root / API_KEYS_FILE, tenant, keep=current)
+    return had, told
+
+
+def _tenant_env_file(root: Path, tenant: str) -> Path:
+    """Where a tenant's client settings are: `.runwire/env` for the default tenant of a
+    local stack, `tenants/<tenant>.env` for any other."""
+    if (
+        tenant == DEFAULT_TENANT
+        and read_env_file(root / ENV_FILE).get("RUNWIRE_TENANT")
+        in (
+            None,
+            DEFAULT_TENANT,
+        )
+        and (root / ENV_FILE).exists()
+    ):
+        return root / ENV_FILE
+    return root / TENANTS_DIR / f"{tenant}.env"
+
+
+def _write_tenant_settings(root: Path, identities: Identities, tenant: str, key: str) -> Path:
+    """Write the tenant's password and API key into its settings file (keeping the rest
+    of what is there)."""
+    env_file = _tenant_env_file(root, tenant)
+    values = read_env_file(env_file)
+    values.update(tenant_settings(identities, tenant))
+    values["RUNWIRE_API_KEY"] = key
+    write_env_file(env_file, values)
+    return env_file
 
 
 def remove_tenant(root: Path, tenant: str) -> tuple[bool, bool]:

@@ -8,7 +8,7 @@ from nats.aio.client import Client as NatsClient
 
 from runwire.client import Client
 from runwire.contracts.subjects import Subjects
-from runwire.infra.auth import Identities, render, tenant_user
+from runwire.infra.auth import AUTH_FILE, Identities, render, tenant_user
 from runwire.infra.embedded import EmbeddedNats
 
 TENANTS = ("default", "acme", "globex")
@@ -22,7 +22,9 @@ class Broker:
         self.identities = Identities.generate()
         for tenant in TENANTS:
             self.identities.add_tenant(tenant)
-        self.auth_file = folder / "auth.conf"
+        # Laid out as a stack's folder (`.runwire/`), so that `runwire tenant` works on it.
+        self.folder = folder
+        self.auth_file = folder / AUTH_FILE
         self.write()
         self.server = EmbeddedNats(folder / "nats", authorization=self.auth_file)
 

@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +28,16 @@ from runwire.infra.auth import (
     SERVICES,
     Identities,
     add_tenant,
+    finish_rotation,
     remove_tenant,
+    rotate_tenant,
     service_user,
 )
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+# How long a rotated tenant's previous API keys are still accepted, by default.
+DEFAULT_KEY_GRACE_S = 3600.0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -102,8 +107,19 @@ def _parser() -> argparse.ArgumentParser:
     tenant = sub.add_parser(
         "tenant", help="add or remove a tenant of the local stack (its identity on NATS)"
     )
-    tenant.add_argument("action", choices=("add", "remove", "list"))
-    tenant.add_argument("name", nargs="?", help="the tenant (for add and remove)")
+    tenant.add_argument(
+        "action",
+        choices=("add", "remove", "list", "rotate", "finish-rotation"),
+        help="rotate: a new password and API key, the previous ones still accepted (the "
+        "key for --grace) until finish-rotation",
+    )
+    tenant.add_argument("name", nargs="?", help="the tenant (all but list)")
+    tenant.add_argument(
+        "--grace",
+        type=float,
+        default=DEFAULT_KEY_GRACE_S,
+        help="rotate: seconds the previous API keys are still accepted (default: an hour)",
+    )
     tenant.add_argument(
         "--root", type=Path, help="the stack's folder (default: the nearest .runwire/)"
     )
@@ -386,6 +402,26 @@ def _tenant(args: argparse.Namespace) -> int:
         env_file, told = add_tenant(root, args.name)
         print(f"tenant {args.name}: its client settings (NATS identity, API key) are in {env_file}")
         print(f"  runwire --env {env_file} submit --tokens hi --watch")
+    elif args.action == "rotate":
+        try:
+            env_file, told = rotate_tenant(root, args.name, timedelta(seconds=args.grace))
+        except KeyError:
+            print(f"runwire: no tenant {args.name!r}", file=sys.stderr)
+            return EXIT_FAILED
+        except ValueError as exc:
+            print(f"runwire: {exc} (`runwire tenant finish-rotation {args.name}`)", file=sys.stderr)
+            return EXIT_FAILED
+        print(f"tenant {args.name}: a new NATS identity and API key are in {env_file}")
+        print(
+            f"  the previous password is accepted until `runwire tenant finish-rotation "
+            f"{args.name}`, the previous API keys for {args.grace:g} s (or until then)"
+        )
+    elif args.action == "finish-rotation":
+        had, told = finish_rotation(root, args.name)
+        if not had:
+            print(f"runwire: tenant {args.name!r} has no rotation under way", file=sys.stderr)
+            return EXIT_FAILED
+        print(f"tenant {args.name}: its previous password and API keys are refused now")
     else:
         had, told = remove_tenant(root, args.name)
         if not had:

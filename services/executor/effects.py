@@ -15,6 +15,7 @@ from runwire.contracts.frames import EffectState, FrameType
 from runwire.runners.base import RunnerError
 from runwire.runners.effects import (
     EffectAdapter,
+    EffectOutcomeUnknown,
     EffectRejected,
     digest,
     idempotency_key,
@@ -241,9 +242,10 @@ class EffectFence:
             ) from exc
         except Exception as exc:
             # Its text (a URL with its key, a provider's answer) stays in the log: the
-            # effect frame and the run's error name its class only.
+            # effect frame and the run's error name its class only, unless the adapter
+            # wrote the message for the run (EffectOutcomeUnknown).
             log.warning("effect %s: dispatch outcome unknown", effect.key, exc_info=exc)
-            failure = type(exc).__name__
+            failure = str(exc) if isinstance(exc, EffectOutcomeUnknown) else type(exc).__name__
             await self._settle(claimed, EffectState.UNKNOWN, error=f"dispatch: {failure}")
             raise RunnerError(
                 f"effect {effect.key!r}: the dispatch's outcome is unknown ({failure}; the "

@@ -48,6 +48,12 @@ class EffectRejected(Exception):
     """The adapter says the action was refused and did not happen: the effect fails."""
 
 
+class EffectOutcomeUnknown(Exception):
+    """The adapter cannot tell whether the action happened (the effect is `unknown`, and
+    reconciled later). Its message is written for the run to read: no secret, none of
+    the other side's text; any other exception is shown by its class alone."""
+
+
 @dataclass(frozen=True)
 class Reconciled:
     """What an adapter knows of an effect by its idempotency key."""
@@ -174,7 +180,7 @@ class HttpAdapter:
         except OutboundRefused as exc:
             if exc.hop == 0:
                 raise EffectRejected(str(exc)) from exc
-            raise RuntimeError(
+            raise EffectOutcomeUnknown(
                 f"a redirect of the effect's request was refused ({exc}); the request "
                 "before it was sent"
             ) from exc
@@ -186,7 +192,7 @@ class HttpAdapter:
             return self._receipt(response, bool(request.get("keep_response")))
         if 400 <= response.status_code < 500 and response.status_code not in (408, 429):
             raise EffectRejected(f"the effect's endpoint refused it: HTTP {response.status_code}")
-        raise RuntimeError(f"the effect's endpoint answered HTTP {response.status_code}")
+        raise EffectOutcomeUnknown(f"the effect's endpoint answered HTTP {response.status_code}")
 
     async def reconcile(self, request: dict[str, Any], *, idempotency_key: str) -> Reconciled:
         status_url = request.get("status_url")
@@ -211,14 +217,14 @@ class HttpAdapter:
         return Reconciled("unknown")
 
 
-def _failed(exc: httpx.HTTPError) -> Exception:
+def _failed(exc: httpx.HTTPError) -> EffectOutcomeUnknown:
     """What a run is told of a request that failed: a connection's error says what went
     wrong, but a protocol error quotes the bytes the other side sent (a banner, a status
     line), which are not the run's to read."""
     if isinstance(exc, httpx.ConnectError | httpx.TimeoutException):
-        return RuntimeError(f"the effect's request failed: {type(exc).__name__}: {exc}")
+        return EffectOutcomeUnknown(f"the effect's request failed: {type(exc).__name__}: {exc}")
     log.warning("effect request failed: %r", exc)
-    return RuntimeError(f"the effect's request failed: {type(exc).__name__}")
+    return EffectOutcomeUnknown(f"the effect's request failed: {type(exc).__name__}")
 
 
 def _status_url(template: object, idempotency_key: str) -> str:
