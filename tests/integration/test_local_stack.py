@@ -11,8 +11,9 @@ import asyncpg
 import httpx
 import pytest
 from langgraph_sdk import get_client
+from nats.aio.msg import Msg
 
-from runwire.client import ClientError
+from runwire.client import Client, ClientError
 from runwire.contracts.errors import ErrorCode
 from runwire.contracts.health import HealthReply
 from runwire.contracts.status import RunStatus
@@ -280,8 +281,13 @@ async def test_a_clustered_stack_replicates_every_stream_and_runs_two_of_each_se
                 replies = await client.health(service)
                 assert len({reply.instance for reply in replies}) == 2, service
                 assert all(reply.ok for reply in replies), replies
+            await _reply_subject_attack(stack.root, env, client)
         finally:
             await client.close()
+        # The servers' configuration holds no password, only hashes.
+        auth = (stack.root / "nats-auth.conf").read_text()
+        for secret in (env["RUNWIRE_NATS_PASSWORD"], operator["RUNWIRE_NATS_PASSWORD"]):
+            assert secret not in auth
         # `up` again, without --cluster: the running stack is found as it is, on its ports.
         ports = (stack.root / "ports.json").read_text()
         code, output = await stack_command(stack.folder, "up", stack.shell)
@@ -296,6 +302,37 @@ async def test_a_clustered_stack_replicates_every_stream_and_runs_two_of_each_se
                 for line in _program_environments(conf, service)
             }
             assert len(firsts) == 2, (service, firsts)
+
+
+async def _reply_subject_attack(root: Path, env: dict[str, str], operator: Client) -> None:
+    """As the default tenant, on the clustered stack: a submit whose reply subject names
+    a jobs subject is neither carried out nor answered there."""
+    subjects = Subjects(env["RUNWIRE_PREFIX"])
+    target = subjects.job("scripted", str(uuid.uuid4()))
+    landed: list[bytes] = []
+
+    async def seen(msg: Msg) -> None:
+        landed.append(msg.data)
+
+    def refused() -> bool:
+        logs = (path.read_text() for path in (root / "logs").glob("submitter*.log"))
+        return any("its reply subject is outside the tenant's inbox" in text for text in logs)
+
+    watch = await operator.nc.subscribe(target, cb=seen)
+    await operator.nc.flush()
+    tenant = await client_of(env)
+    try:
+        body = b'{"v": 1, "request_id": "attack", "input": {"tokens": ["x"]}}'
+        await tenant.nc.publish(subjects.command("default", "submit"), body, reply=target)
+        await tenant.nc.flush()
+        await eventually(refused, timeout=20)  # a submitter's log says so
+        again = await tenant.submit({"tokens": ["mine"]}, request_id="attack")
+        await operator.nc.flush()
+    finally:
+        await tenant.close()
+        await watch.unsubscribe()
+    assert again.duplicate is False  # the refused submit created nothing
+    assert landed == []
 
 
 def _program_environments(conf: str, service: str) -> list[str]:
