@@ -491,10 +491,7 @@ def _apply(root: Path, identities: Identities) -> bool:
 def add_tenant(root: Path, tenant: str) -> tuple[Path, bool]:
     """Create `tenant`'s identity in the stack at `root` and write its client settings to
     `tenants/<tenant>.env`; (that file, whether the running server took it)."""
-    path = root / IDENTITIES_FILE
-    if not path.exists():
-        raise FileNotFoundError(f"no identities in {root} (`make up` creates them)")
-    identities = Identities.load(path)
+    identities = _load_identities(root)
     identities.add_tenant(tenant)
     told = _apply(root, identities)
     stack = _stack_env(root)
@@ -516,10 +513,7 @@ def rotate_tenant(root: Path, tenant: str, grace: timedelta) -> tuple[Path, bool
     file; its previous password stays valid until `finish_rotation`, its previous keys
     for `grace` (or until then): (that file, whether the running server took it).
     KeyError: no such tenant; ValueError: a rotation is under way."""
-    path = root / IDENTITIES_FILE
-    if not path.exists():
-        raise FileNotFoundError(f"no identities in {root} (`make up` creates them)")
-    identities = Identities.load(path)
+    identities = _load_identities(root)
     if tenant not in identities.tenants:
         raise KeyError(tenant)
     identities.rotate_tenant(tenant)
@@ -535,10 +529,7 @@ def finish_rotation(root: Path, tenant: str) -> tuple[bool, bool]:
     """Stop accepting `tenant`'s previous password (the server closes the connections
     made with it) and its previous API keys; (whether a rotation was under way, whether
     the running server took it)."""
-    path = root / IDENTITIES_FILE
-    if not path.exists():
-        raise FileNotFoundError(f"no identities in {root} (`make up` creates them)")
-    identities = Identities.load(path)
+    identities = _load_identities(root)
     had = identities.finish_rotation(tenant)
     told = _apply(root, identities) if had else False
     current = read_env_file(_tenant_env_file(root, tenant)).get("RUNWIRE_API_KEY")
@@ -546,19 +537,20 @@ def finish_rotation(root: Path, tenant: str) -> tuple[bool, bool]:
     return had, told
 
 
+def _load_identities(root: Path) -> Identities:
+    path = root / IDENTITIES_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"no identities in {root} (`make up` creates them)")
+    return Identities.load(path)
+
+
 def _tenant_env_file(root: Path, tenant: str) -> Path:
     """Where a tenant's client settings are: `.runwire/env` for the default tenant of a
     local stack, `tenants/<tenant>.env` for any other."""
-    if (
-        tenant == DEFAULT_TENANT
-        and read_env_file(root / ENV_FILE).get("RUNWIRE_TENANT")
-        in (
-            None,
-            DEFAULT_TENANT,
-        )
-        and (root / ENV_FILE).exists()
-    ):
-        return root / ENV_FILE
+    stack = root / ENV_FILE
+    stack_tenant = read_env_file(stack).get("RUNWIRE_TENANT", DEFAULT_TENANT)
+    if tenant == DEFAULT_TENANT == stack_tenant and stack.exists():
+        return stack
     return root / TENANTS_DIR / f"{tenant}.env"
 
 
@@ -576,10 +568,7 @@ def _write_tenant_settings(root: Path, identities: Identities, tenant: str, key:
 def remove_tenant(root: Path, tenant: str) -> tuple[bool, bool]:
     """Revoke `tenant`'s identity: the server closes its connections at once; (whether it
     had one, whether the running server took it)."""
-    path = root / IDENTITIES_FILE
-    if not path.exists():
-        raise FileNotFoundError(f"no identities in {root} (`make up` creates them)")
-    identities = Identities.load(path)
+    identities = _load_identities(root)
     had = identities.remove_tenant(tenant)
     told = _apply(root, identities) if had else False
     remove_tenant_keys(root / API_KEYS_FILE, tenant)

@@ -627,17 +627,8 @@ class Broker:
         """Run ids with a job in the jobs stream, from one stream info request; None when
         the answer is incomplete (more subjects than one reply holds) or unavailable,
         and `job_queued` must be asked run by run."""
-        try:
-            info = await self.js.stream_info(
-                self.subjects.jobs_stream, subjects_filter=self.subjects.jobs_wildcard
-            )
-        except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
-            log.warning("jobs stream not listed (%s); looking run by run", exc)
-            return None
-        subjects = info.state.subjects or {}
-        if sum(subjects.values()) < info.state.messages:
-            return None
-        return {self.subjects.run_of_job(subject) for subject in subjects}
+        jobs = await self.jobs_by_run()
+        return None if jobs is None else set(jobs)
 
     async def served_runners(self) -> set[str] | None:
         """The runners whose jobs some executor takes: those with a consumer on the jobs
