@@ -7,6 +7,7 @@ clients both import it; it imports nothing of ours.
 from runwire.contracts.commands import (
     AbortSessionCommand,
     CancelCommand,
+    EndTenantCommand,
     GetCommand,
     JoinCommand,
     Multitask,
@@ -37,6 +38,7 @@ from runwire.contracts.frames import (
 )
 from runwire.contracts.replies import (
     AbortSessionReply,
+    EndTenantReply,
     FrameChannel,
     JoinReply,
     LiveCursor,
@@ -75,6 +77,8 @@ __all__ = [
     "Edge",
     "EffectData",
     "EffectState",
+    "EndTenantCommand",
+    "EndTenantReply",
     "ErrorBody",
     "ErrorCode",
     "ErrorReply",

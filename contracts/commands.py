@@ -161,6 +161,11 @@ class AbortSessionCommand(Command):
     session_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
 
 
+class EndTenantCommand(Command):
+    """Cancel every active and queued run of the tenant (an operator's command, not a
+    tenant's: what `runwire tenant remove` sends once the tenant's identity is revoked)."""
+
+
 class JoinCommand(Command):
     """Join a run's frames: every frame with `seq > after`, then live."""
 
@@ -175,6 +180,7 @@ BODIES: dict[str, type[Command]] = {
     "cancel": CancelCommand,
     "get": GetCommand,
     "abort_session": AbortSessionCommand,
+    "end_tenant": EndTenantCommand,
     "resolve_effect": ResolveEffectCommand,
     "set_budget": SetBudgetCommand,
     "get_budget": GetBudgetCommand,

@@ -75,6 +75,13 @@ class AbortSessionReply(Versioned):
     canceled: list[str]
 
 
+class EndTenantReply(Versioned):
+    """The runs that `end_tenant` canceled, oldest first."""
+
+    ok: Literal[True] = True
+    canceled: list[str]
+
+
 class LiveCursor(WireModel):
     """Where to continue after a join's replay: deliver by start sequence."""
 

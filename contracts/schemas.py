@@ -9,6 +9,7 @@ from pydantic import BaseModel
 from runwire.contracts.commands import (
     AbortSessionCommand,
     CancelCommand,
+    EndTenantCommand,
     GetBudgetCommand,
     GetCommand,
     GetPolicyCommand,
@@ -26,6 +27,7 @@ from runwire.contracts.health import HealthReply
 from runwire.contracts.replies import (
     AbortSessionReply,
     BudgetReply,
+    EndTenantReply,
     JoinReply,
     PolicyReply,
     ReleaseReply,
@@ -44,6 +46,7 @@ EXPORTED: tuple[type[BaseModel], ...] = (
     CancelCommand,
     GetCommand,
     AbortSessionCommand,
+    EndTenantCommand,
     ResolveEffectCommand,
     SetBudgetCommand,
     GetBudgetCommand,
@@ -56,6 +59,7 @@ EXPORTED: tuple[type[BaseModel], ...] = (
     PolicyReply,
     RunReply,
     AbortSessionReply,
+    EndTenantReply,
     JoinReply,
     ErrorReply,
     RunSummary,

@@ -20,6 +20,7 @@ COMMANDS = (
     "cancel",
     "get",
     "abort_session",
+    "end_tenant",
     "resolve_effect",
     "set_budget",
     "get_budget",

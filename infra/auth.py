@@ -12,7 +12,7 @@ exactly the subjects it needs, written as a nats-server `authorization` block.
   probes do).
   They manage the streams and consumers (`$JS.API.>`).
 - **Tenants** (`tenant-<name>`): request their own commands (`<prefix>.<tenant>.cmd.>`,
-  but not `set_budget`, `set_policy` or `resolve_effect`: an operator's), receive
+  but not `set_budget`, `set_policy`, `resolve_effect` or `end_tenant`: an operator's), receive
   replies only on their own inbox prefix (`_INBOX_<tenant>.>`), and read only their own
   runs' frames and events: core subscriptions under `<prefix>.<tenant>.runs.>` and
   `.events.>`, JetStream consumers whose filter is under them (the filtered form of
@@ -59,7 +59,7 @@ from runwire.infra.embedded import ROUTE_USER
 
 SERVICES = ("submitter", "executor", "relay", "recovery")
 # Commands only an operator may send, whatever the tenant.
-ADMIN_COMMANDS = ("set_budget", "set_policy", "resolve_effect")
+ADMIN_COMMANDS = ("set_budget", "set_policy", "resolve_effect", "end_tenant")
 OPERATOR = "operator"
 # The gateway: a client of the others, acting for each tenant a key names.
 GATEWAY = "gateway"
@@ -458,6 +458,7 @@ ENV_FILE = "env"
 TENANTS_DIR = "tenants"
 NATS_PID_FILE = "nats/nats-server.pid"
 API_KEYS_FILE = "api-keys.json"
+OPERATOR_ENV_FILE = "operator.env"
 
 
 def read_env_file(path: Path) -> dict[str, str]:

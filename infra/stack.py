@@ -54,6 +54,7 @@ from runwire.infra.auth import (
     IDENTITIES_FILE,
     NATS_PID_FILE,
     OPERATOR,
+    OPERATOR_ENV_FILE,
     Identities,
     database_url_as,
     read_env_file,
@@ -151,7 +152,7 @@ class Layout:
     @property
     def operator_env_file(self) -> Path:
         """The operator's client settings: admin commands, `runwire top`."""
-        return self.root / "operator.env"
+        return self.root / OPERATOR_ENV_FILE
 
     def service_env_file(self, service: str) -> Path:
         """What a service started by hand next to the stack needs (an extra executor)."""

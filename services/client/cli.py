@@ -21,14 +21,16 @@ from runwire.client.top import run_top
 from runwire.contracts.frames import Frame, FrameType
 from runwire.contracts.health import HealthReply
 from runwire.contracts.replies import RunSummary
-from runwire.contracts.subjects import service_inbox
+from runwire.contracts.subjects import DEFAULT_INBOX, DEFAULT_PREFIX, service_inbox
 from runwire.contracts.workflows import NodeRunData
 from runwire.infra.auth import (
     IDENTITIES_FILE,
+    OPERATOR_ENV_FILE,
     SERVICES,
     Identities,
     add_tenant,
     finish_rotation,
+    read_env_file,
     remove_tenant,
     rotate_tenant,
     service_user,
@@ -38,6 +40,8 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 # How long a rotated tenant's previous API keys are still accepted, by default.
 DEFAULT_KEY_GRACE_S = 3600.0
+# How long `tenant remove` tries to reach the stack to end the tenant's runs.
+END_TENANT_CONNECT_S = 5.0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -428,9 +432,37 @@ def _tenant(args: argparse.Namespace) -> int:
             print(f"runwire: no tenant {args.name!r}", file=sys.stderr)
             return EXIT_FAILED
         print(f"tenant {args.name} removed; its connections are closed")
+        print(f"  {asyncio.run(_end_tenant(root, args.name))}")
     if not told:
         print("(nats-server is not running: it takes the change when it starts)")
     return 0
+
+
+async def _end_tenant(root: Path, tenant: str) -> str:
+    """Cancel a removed tenant's active and queued runs, as the stack's operator; what
+    was done, in a line."""
+    operator = read_env_file(root / OPERATOR_ENV_FILE)
+    if "RUNWIRE_NATS_URL" not in operator:
+        return f"its runs were left as they are (no operator settings in {root})"
+    try:
+        client = await Client.connect(
+            operator["RUNWIRE_NATS_URL"],
+            tenant=tenant,
+            prefix=operator.get("RUNWIRE_PREFIX", DEFAULT_PREFIX),
+            user=operator.get("RUNWIRE_NATS_USER"),
+            password=operator.get("RUNWIRE_NATS_PASSWORD"),
+            connect_timeout=END_TENANT_CONNECT_S,
+            # The removed tenant's inbox is nobody's now: replies come to NATS's default.
+            inbox=DEFAULT_INBOX,
+        )
+    except ClientError as exc:
+        return f"its runs were left as they are ({exc.message})"
+    async with client:
+        try:
+            canceled = await client.end_tenant()
+        except ClientError as exc:
+            return f"its runs were left as they are ({exc.message})"
+    return f"{len(canceled)} of its active or queued runs canceled"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -29,6 +29,7 @@ from runwire.client.settings import load_settings, server_urls
 from runwire.contracts.commands import (
     AbortSessionCommand,
     CancelCommand,
+    EndTenantCommand,
     GetBudgetCommand,
     GetCommand,
     GetPolicyCommand,
@@ -47,6 +48,7 @@ from runwire.contracts.health import HealthReply
 from runwire.contracts.replies import (
     AbortSessionReply,
     BudgetReply,
+    EndTenantReply,
     FrameChannel,
     JoinReply,
     PolicyReply,
@@ -510,6 +512,14 @@ class Client:
     async def abort_session(self, session_id: str) -> list[str]:
         reply: AbortSessionReply = await self._request(
             "abort_session", AbortSessionCommand(session_id=session_id), AbortSessionReply
+        )
+        return reply.canceled
+
+    async def end_tenant(self) -> list[str]:
+        """Cancel every active and queued run of this client's tenant; their ids, oldest
+        first (an operator's command: a tenant's identity is refused it)."""
+        reply: EndTenantReply = await self._request(
+            "end_tenant", EndTenantCommand(), EndTenantReply
         )
         return reply.canceled
 

@@ -18,6 +18,7 @@ from opentelemetry import trace
 from runwire.contracts.commands import (
     AbortSessionCommand,
     CancelCommand,
+    EndTenantCommand,
     GetBudgetCommand,
     GetCommand,
     GetPolicyCommand,
@@ -33,6 +34,7 @@ from runwire.contracts.frames import EffectData, EffectState
 from runwire.contracts.replies import (
     AbortSessionReply,
     BudgetReply,
+    EndTenantReply,
     FrameChannel,
     PolicyReply,
     ReleaseReply,
@@ -438,3 +440,12 @@ class Submitter:
         await self.outbox.dispatch(*runs)
         await self._notify_canceled(runs)
         return AbortSessionReply(canceled=[run.run_id for run in runs])
+
+    async def end_tenant(self, tenant: str, cmd: EndTenantCommand) -> EndTenantReply:
+        runs = await self.store.cancel_tenant(
+            tenant, CANCELED, ACTOR, grace_ms=self.settings.supersede_grace_ms
+        )
+        await self.outbox.dispatch(*runs)
+        await self._notify_canceled(runs)
+        log.info("tenant ended", extra=fields(tenant=tenant, canceled=len(runs)))
+        return EndTenantReply(canceled=[run.run_id for run in runs])

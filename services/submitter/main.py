@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from runwire.contracts.commands import (
     AbortSessionCommand,
     CancelCommand,
+    EndTenantCommand,
     GetBudgetCommand,
     GetCommand,
     GetPolicyCommand,
@@ -19,6 +20,7 @@ from runwire.contracts.commands import (
 from runwire.contracts.replies import (
     AbortSessionReply,
     BudgetReply,
+    EndTenantReply,
     PolicyReply,
     ReleaseReply,
     RunReply,
@@ -111,6 +113,11 @@ class SubmitterService(Service[SubmitterSettings]):
         async def abort_session(body: AbortSessionCommand) -> AbortSessionReply:
             """Cancel every active and queued run of a session."""
             return await self.submitter.abort_session(tenant(), body)
+
+        @command("end_tenant", max_bytes=settings.max_input_bytes)
+        async def end_tenant(body: EndTenantCommand) -> EndTenantReply:
+            """An operator's: cancel every active and queued run of the tenant."""
+            return await self.submitter.end_tenant(tenant(), body)
 
         serve_health(self)
         publications.jobs(self)

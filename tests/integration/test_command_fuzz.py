@@ -36,6 +36,7 @@ VALID: dict[str, dict[str, Any]] = {
     "cancel": {"v": 1, "run_id": str(uuid.uuid4())},
     "join": {"v": 1, "run_id": str(uuid.uuid4()), "after": 0},
     "abort_session": {"v": 1, "session_id": "s"},
+    "end_tenant": {"v": 1},
     "resolve_effect": {"v": 1, "run_id": str(uuid.uuid4()), "key": "k", "error": "no"},
     "set_budget": {"v": 1, "tokens": 1_000_000},
     "get_budget": {"v": 1},

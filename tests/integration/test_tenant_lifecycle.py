@@ -1,6 +1,7 @@
 """A tenant's credentials rotated without a moment refused: its previous password and
 API keys keep working until the rotation is finished (the keys at most for the grace
-given), then the server closes the connections made with the previous password."""
+given), then the server closes the connections made with the previous password. A
+removed tenant's runs end, and only an operator may end them."""
 
 from datetime import timedelta
 
@@ -8,15 +9,20 @@ import pytest
 
 from runwire import ClientError
 from runwire.client import Client
+from runwire.client.cli import _end_tenant
 from runwire.contracts.errors import ErrorCode
+from runwire.contracts.status import RunStatus
 from runwire.gateway.keys import ApiKeys
 from runwire.infra.auth import (
     API_KEYS_FILE,
     ENV_FILE,
     IDENTITIES_FILE,
+    OPERATOR,
+    OPERATOR_ENV_FILE,
     add_tenant,
     finish_rotation,
     read_env_file,
+    remove_tenant,
     rotate_tenant,
     tenant_user,
     write_env_file,
@@ -99,3 +105,59 @@ async def test_a_tenants_credentials_rotate_without_a_moment_refused(
     finally:
         for client in opened:
             await client.close()
+
+
+async def test_a_removed_tenants_runs_end_and_only_an_operator_may_end_them(
+    broker: Broker, secured: InProcessStack
+) -> None:
+    root = broker.folder
+    prefix = broker.subjects.prefix
+    write_env_file(root / ENV_FILE, {"RUNWIRE_PREFIX": prefix})
+    write_env_file(
+        root / OPERATOR_ENV_FILE,
+        {
+            "RUNWIRE_NATS_URL": broker.server.url,
+            "RUNWIRE_PREFIX": prefix,
+            "RUNWIRE_NATS_USER": OPERATOR,
+            "RUNWIRE_NATS_PASSWORD": broker.identities.passwords[OPERATOR],
+        },
+    )
+    broker.identities.save(root / IDENTITIES_FILE)
+    acme = await broker.tenant("acme")
+    globex = await broker.tenant("globex")
+    slow = {"tokens": ["t "] * 200, "token_delay_ms": 50}
+    try:
+        running = (await acme.submit(slow, session_id="s")).run.run_id
+        waiting = (await acme.submit(slow, session_id="s", multitask="enqueue")).run.run_id
+        theirs = (await globex.submit({"tokens": ["not ", "theirs"]})).run.run_id
+        # A tenant may not end itself (nor anyone): an operator's command.
+        with pytest.raises(ClientError) as refused:
+            await acme.end_tenant()
+        assert refused.value.code == ErrorCode.UNAUTHORIZED
+
+        had, _ = remove_tenant(root, "acme")
+        said = await _end_tenant(root, "acme")
+        assert had
+        assert said == "2 of its active or queued runs canceled"
+        _, transcript = await collect(globex, theirs)
+    finally:
+        await acme.close()
+        await globex.close()
+    operator = await Client.connect(
+        broker.server.url,
+        tenant="acme",
+        prefix=prefix,
+        user=OPERATOR,
+        password=broker.identities.passwords[OPERATOR],
+        inbox="_INBOX",
+    )
+    try:
+
+        async def ended() -> bool:
+            runs = [await operator.get(run_id) for run_id in (running, waiting)]
+            return all(run.status == RunStatus.CANCELED for run in runs)
+
+        await eventually(ended, timeout=20)
+    finally:
+        await operator.close()
+    assert transcript.text == "not theirs"  # another tenant's runs go on

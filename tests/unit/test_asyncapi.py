@@ -12,6 +12,7 @@ from pydantic import BaseModel
 from runwire.asyncapi import HTML_PATH, JSON_PATH, render, services, validate
 from runwire.contracts import (
     AbortSessionReply,
+    EndTenantReply,
     Frame,
     JoinReply,
     RunReply,
@@ -38,6 +39,7 @@ REPLIES: dict[str, type[BaseModel]] = {
     "cancel": RunReply,
     "get": RunReply,
     "abort_session": AbortSessionReply,
+    "end_tenant": EndTenantReply,
     "resolve_effect": RunReply,
     "set_budget": BudgetReply,
     "get_budget": BudgetReply,

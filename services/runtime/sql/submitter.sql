@@ -101,6 +101,28 @@ WITH upd AS (
 )
 SELECT *, pg_current_xact_id()::text AS xact FROM upd ORDER BY submit_seq;
 
+-- name: cancel_tenant
+-- request_cancel for every queued, running or recovering run of a tenant at once (an
+-- operator's end_tenant, once the tenant's identity is revoked), oldest first.
+WITH upd AS (
+    UPDATE runs
+       SET cancel_requested = true,
+           cancel_error = coalesce(cancel_error, $2),
+           cancel_deadline = coalesce(cancel_deadline, now() + make_interval(secs => $3 / 1000.0)),
+           status = CASE WHEN status = 'running' THEN status ELSE 'canceled'::run_status END,
+           error = CASE WHEN status = 'running' THEN error ELSE coalesce(cancel_error, $2) END,
+           ended_at = CASE WHEN status = 'running' THEN ended_at ELSE now() END,
+           close_seq = NULL, updated_at = now()
+     WHERE tenant = $1 AND run_active(status)
+    RETURNING *
+), ev AS (
+    INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)
+    SELECT run_id, 'cancel_requested', status, attempts, $4, cancel_error->>'code',
+           cancel_error->>'message'
+      FROM upd
+)
+SELECT *, pg_current_xact_id()::text AS xact FROM upd ORDER BY submit_seq;
+
 -- name: fail_queued
 -- A run that never reached an attempt fails (queue full or queue timeout).
 WITH upd AS (

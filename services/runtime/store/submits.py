@@ -283,6 +283,15 @@ class SubmitterQueries(Queries):
         )
         return [Run.from_record(r) for r in rows]
 
+    async def cancel_tenant(
+        self, tenant: str, error: ErrorBody, actor: str, *, grace_ms: int
+    ) -> list[Run]:
+        """`request_cancel` for every active run of a tenant, oldest first."""
+        rows = await self._fetch(
+            "cancel_tenant", tenant, error.model_dump(mode="json"), grace_ms, actor
+        )
+        return [Run.from_record(r) for r in rows]
+
     async def fail_queued(self, run_id: str, error: ErrorBody, actor: str) -> Run | None:
         return await self._run_or_none(
             "fail_queued", uuid.UUID(run_id), error.model_dump(mode="json"), actor
