@@ -259,8 +259,11 @@ class EmbeddedNats:
         authorization: Path | None = None,
         node: ClusterNode | None = None,
         ping_interval_s: int = NATS_PING_INTERVAL_S,
+        tls: tuple[Path, Path] | None = None,
     ) -> None:
         self.data_dir = data_dir.absolute()
+        # The server's certificate and key: clients must connect with TLS (None: plain).
+        self.tls = tls
         # How often the server pings its clients and routes (it drops one after
         # NATS_PING_MAX unanswered): how long a frozen peer goes unnoticed.
         self.ping_interval_s = ping_interval_s
@@ -315,6 +318,7 @@ class EmbeddedNats:
             "jetstream {\n"
             f"  store_dir: {json.dumps(str(store))}\n"
             "}\n"
+            + self._tls_config()
             + (self._cluster_config() if self.node is not None else "")
             # nats-server reads an include's path relative to the configuration's folder.
             + (
@@ -324,6 +328,17 @@ class EmbeddedNats:
             ),
         )
         return [str(nats_server_binary()), "-c", str(self.config_path)]
+
+    def _tls_config(self) -> str:
+        if self.tls is None:
+            return ""
+        cert, key = self.tls
+        return (
+            "tls {\n"
+            f"  cert_file: {json.dumps(str(cert.absolute()))}\n"
+            f"  key_file: {json.dumps(str(key.absolute()))}\n"
+            "}\n"
+        )
 
     def _cluster_config(self) -> str:
         node = self.node

@@ -13,6 +13,7 @@ import re
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -25,7 +26,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from opentelemetry import propagate
 from pydantic import BaseModel, ValidationError
 
-from runwire.client.settings import load_settings, server_urls
+from runwire.client.settings import load_settings, server_urls, tls_context
 from runwire.contracts.commands import (
     AbortSessionCommand,
     CancelCommand,
@@ -256,6 +257,7 @@ class Client:
         password: str | None = None,
         connect_timeout: float = CONNECT_TIMEOUT_S,
         inbox: str | None = None,
+        tls_ca: Path | None = None,
     ) -> "Client":
         """Connect to NATS; after the first connection, reconnect for as long as it takes.
 
@@ -266,7 +268,9 @@ class Client:
         `.runwire/env` (which `make up` writes), then the defaults. Refused credentials
         raise ClientError(UNAUTHORIZED). Replies arrive under the tenant's inbox prefix
         (`_INBOX_<tenant>`), or `inbox`: an identity that is not a tenant's (a service's,
-        asking its own health) hears replies only under NATS's default, `_INBOX`.
+        asking its own health) hears replies only in its own. `tls_ca` (or
+        `RUNWIRE_NATS_TLS_CA`): the authority of the servers' certificates, for a TLS
+        connection.
         """
         if url is None or tenant is None or prefix is None:
             found = load_settings()
@@ -277,6 +281,7 @@ class Client:
                 user = found.nats_user
                 if password is None and found.nats_password is not None:
                     password = found.nats_password.get_secret_value()
+            tls_ca = found.nats_tls_ca if tls_ca is None else tls_ca
         refusals = _Refusals()
         connecting = asyncio.ensure_future(
             nats.connect(
@@ -288,6 +293,7 @@ class Client:
                 inbox_prefix=inbox or inbox_prefix(tenant),
                 user=user,
                 password=password,
+                tls=tls_context(tls_ca),
             )
         )
         refused = asyncio.ensure_future(refusals.credentials_refused.wait())

@@ -1,6 +1,7 @@
 """Where the client finds the stack: flags, `RUNWIRE_*` variables, or `.runwire/env`."""
 
 import os
+import ssl
 import sys
 from pathlib import Path
 from typing import TypeVar
@@ -71,6 +72,20 @@ class ClientSettings(BaseSettings):
     # The tenant's NATS identity, on a broker that enforces identities.
     nats_user: str | None = None
     nats_password: SecretStr | None = None
+    # The certificate authority that signed the NATS servers' certificates: the
+    # connection is TLS, the server's certificate checked against it.
+    nats_tls_ca: Path | None = None
+
+
+def tls_context(ca: Path | None) -> ssl.SSLContext | None:
+    """The TLS context of a NATS connection whose servers' certificates `ca` signed
+    (None: no TLS, unless the URL says `tls://`, which trusts the system's authorities).
+    The server's name (or IP address) in the URL must be in its certificate."""
+    if ca is None:
+        return None
+    if not ca.is_file():
+        raise FileNotFoundError(f"no certificate authority file {ca} (RUNWIRE_NATS_TLS_CA)")
+    return ssl.create_default_context(cafile=str(ca))
 
 
 def load_settings() -> ClientSettings:

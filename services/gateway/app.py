@@ -67,6 +67,7 @@ class Tenants:
                     prefix=self.settings.prefix,
                     user=self.settings.nats_user,
                     password=password.get_secret_value() if password else None,
+                    tls_ca=self.settings.nats_tls_ca,
                 )
             return self._clients[tenant]
 
@@ -239,7 +240,12 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     feeds = RunFeeds()
     password = settings.nats_password.get_secret_value() if settings.nats_password else None
     threads = Threads(
-        settings.nats_url, settings.prefix, settings.nats_user, password, settings.stream_replicas
+        settings.nats_url,
+        settings.prefix,
+        settings.nats_user,
+        password,
+        settings.stream_replicas,
+        tls_ca=settings.nats_tls_ca,
     )
 
     @asynccontextmanager

@@ -22,6 +22,7 @@ import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -32,7 +33,7 @@ from nats.js.kv import KeyValue
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from runwire.client.sdk import Client, ClientError
-from runwire.client.settings import server_urls
+from runwire.client.settings import server_urls, tls_context
 from runwire.contracts.commands import Multitask, SubmitCommand
 from runwire.contracts.errors import ErrorCode
 from runwire.contracts.frames import FrameType, Transcript
@@ -110,10 +111,18 @@ class Threads:
     (keys `<tenant>.<thread_id>`), through a connection of the gateway's own."""
 
     def __init__(
-        self, url: str, prefix: str, user: str | None, password: str | None, replicas: int = 1
+        self,
+        url: str,
+        prefix: str,
+        user: str | None,
+        password: str | None,
+        replicas: int = 1,
+        *,
+        tls_ca: Path | None = None,
     ) -> None:
         self.url, self.prefix, self.user, self.password = url, prefix, user, password
         self.replicas = replicas
+        self.tls_ca = tls_ca
         self._kv: KeyValue | None = None
         self._nc: Any = None
         self._lock = asyncio.Lock()
@@ -130,6 +139,7 @@ class Threads:
                     password=self.password,
                     inbox_prefix=GATEWAY_INBOX,
                     max_reconnect_attempts=-1,
+                    tls=tls_context(self.tls_ca),
                 )
                 js = self._nc.jetstream()
                 self._kv = await js.create_key_value(

@@ -24,6 +24,8 @@ class GatewaySettings(BaseSettings):
     # The gateway's own NATS identity, on a broker that enforces identities.
     nats_user: str | None = None
     nats_password: SecretStr | None = None
+    # The authority of the NATS servers' certificates: TLS connections (see Security).
+    nats_tls_ca: Path | None = None
     # The threads bucket's replicas: 3 on a JetStream cluster of three, as the services'.
     stream_replicas: int = Field(default=1, ge=1, le=5)
     gateway_host: str = "127.0.0.1"

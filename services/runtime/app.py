@@ -23,6 +23,7 @@ import asyncio
 import logging
 import os
 import socket
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Generic, TypeVar
@@ -32,10 +33,11 @@ from faststream.nats import NatsBroker
 from nats.aio.client import Client as NatsClient
 from opentelemetry.sdk.trace import TracerProvider
 
+from runwire.client.settings import tls_context
 from runwire.contracts.subjects import Subjects, service_inbox
 from runwire.runtime import tracing
 from runwire.runtime.broker import Broker, StreamLimits
-from runwire.runtime.lifecycle import setup_process, teardown_process
+from runwire.runtime.lifecycle import CannotStart, setup_process, teardown_process
 from runwire.runtime.logs import fields
 from runwire.runtime.metrics import freeze_startup_objects
 from runwire.runtime.outbox import Outbox
@@ -185,6 +187,10 @@ class Service(Generic[S]):
         settings = self.settings
         try:
             self.prepare()
+            try:
+                tls = tls_context(settings.nats_tls_ca)
+            except (OSError, ssl.SSLError) as exc:
+                raise CannotStart(f"RUNWIRE_NATS_TLS_CA: {exc}") from exc
             self._store = await Store.connect(
                 settings.database_url, pool_size=settings.db_pool_size
             )
@@ -198,6 +204,7 @@ class Service(Generic[S]):
                 ),
                 ping_interval_s=settings.nats_ping_interval_ms / 1000,
                 inbox=service_inbox(self.name),
+                tls=tls,
             )
             await self._broker.ensure_streams(StreamLimits.of(settings))
         except BaseException:

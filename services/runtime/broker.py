@@ -9,6 +9,7 @@ import asyncio
 import itertools
 import json
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -234,6 +235,7 @@ class Broker:
         password: str | None = None,
         ping_interval_s: float = DEFAULT_NATS_PING_INTERVAL_MS / 1000,
         inbox: str = DEFAULT_INBOX,
+        tls: ssl.SSLContext | None = None,
     ) -> "Broker":
         """Connect (as `user`, on a broker that enforces identities), retrying with
         backoff until `timeout`; then reconnect forever. Refused credentials fail at once.
@@ -275,6 +277,7 @@ class Broker:
                         user=user,
                         password=password,
                         inbox_prefix=inbox,
+                        tls=tls,
                         # A server that stops answering (frozen, cut off) is left for
                         # another of the cluster after PING_MAX unanswered pings.
                         ping_interval=ping_interval_s,

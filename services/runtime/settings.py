@@ -6,6 +6,7 @@ Defaults are named constants so the README and the tests can quote them.
 import ipaddress
 import re
 from datetime import timedelta
+from pathlib import Path
 from typing import Literal, Self
 
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -77,6 +78,9 @@ class CommonSettings(BaseSettings):
     # none for a broker without authentication.
     nats_user: str | None = None
     nats_password: SecretStr | None = None
+    # The certificate authority of the NATS servers' certificates: the service connects
+    # with TLS and checks the server's certificate against it (see Security).
+    nats_tls_ca: Path | None = None
     database_url: str = DEFAULT_DATABASE_URL
     prefix: str = Field(default=DEFAULT_PREFIX, pattern=PREFIX_PATTERN.pattern)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

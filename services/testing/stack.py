@@ -138,7 +138,12 @@ class InProcessStack:
             self.start_executor(f"executor-{i}")
         user, password = self._client_identity()
         self.client = await Client.connect(
-            self.nats_url, prefix=self.prefix, tenant="default", user=user, password=password
+            self.nats_url,
+            prefix=self.prefix,
+            tenant="default",
+            user=user,
+            password=password,
+            tls_ca=self.overrides.get("nats_tls_ca"),
         )
         await wait_ready(self.client)
         for service in ("recovery", "executor") if executors else ("recovery",):
