@@ -201,7 +201,6 @@ class Attempt:
         faster than frames are stored sends fewer, larger frames (a client sees the same
         text), and one that emits slower sends each delta at once.
         """
-        data = self._storable(type.value, data)
         text = data.get("text") if type == FrameType.MESSAGE else None
         if isinstance(text, str) and self._coalescing():
             # What a frame of joined deltas may hold: its JSON stays well under the
@@ -257,6 +256,8 @@ class Attempt:
             await self._publish(FrameType.MESSAGE, {"text": "".join(held.parts)}, held.seq, held.at)
 
     async def _publish(self, type: FrameType, data: dict[str, Any], seq: int, at: datetime) -> None:
+        # Checked as it leaves, once per frame (not per delta a frame joins).
+        data = self._storable(type.value, data)
         try:
             frame = RawFrame(
                 run_id=self.run.run_id,
