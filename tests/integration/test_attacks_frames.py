@@ -2,6 +2,7 @@
 text that carries secrets, jobs no executor serves."""
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Iterator
@@ -292,6 +293,40 @@ async def test_no_exception_text_reaches_a_client(
         assert logged, how
 
 
+@contextlib.asynccontextmanager
+async def _unserved(
+    infra: Servers, db_url: str, prefix: str, **overrides: Any
+) -> AsyncIterator[InProcessStack]:
+    """A stack whose submitter knows the runner `echo` and whose executor does not serve
+    it (the installed runners only)."""
+    stack = InProcessStack(
+        infra.nats_url,
+        db_url,
+        prefix,
+        db_roles=infra.service_roles,
+        runners={"echo": echo},
+        overrides={"stream_replicas": infra.stream_replicas, **overrides},
+    )
+    await stack.start(executors=0)
+    try:
+        stack.start_executor(runners={})
+        yield stack
+    finally:
+        await stack.close()
+
+
+async def _failed_by_queue_timeout(stack: InProcessStack, run_id: str) -> str:
+    """Check that the run ended failed with QUEUE_TIMEOUT, in its frames and in `get`;
+    its error's message."""
+    frames, _ = await collect(stack.client, run_id, timeout=20)
+    assert frames[-1].data == {"status": "failed", "code": "QUEUE_TIMEOUT"}
+    ended = await stack.client.get(run_id)
+    assert ended.status == RunStatus.FAILED
+    assert ended.error is not None
+    assert ended.error.code == ErrorCode.QUEUE_TIMEOUT
+    return ended.error.message
+
+
 async def _jobs_of(stack: InProcessStack, runner: str) -> int:
     """How many jobs of `runner` the jobs stream holds."""
     subjects = stack.client.subjects
@@ -308,17 +343,7 @@ async def test_jobs_no_executor_serves_leave_the_queue_by_their_queue_timeout(
     submitter only): each fails with QUEUE_TIMEOUT once its queue timeout passed, and
     its job leaves the jobs stream, where it would hold a place of the queue (and
     with enough of them, every tenant would get QUEUE_FULL)."""
-    stack = InProcessStack(
-        infra.nats_url,
-        db_url,
-        prefix,
-        db_roles=infra.service_roles,
-        runners={"echo": echo},
-        overrides={"stream_replicas": infra.stream_replicas},
-    )
-    await stack.start(executors=0)
-    try:
-        stack.start_executor(runners={})  # the installed runners only: not `echo`
+    async with _unserved(infra, db_url, prefix) as stack:
         runs = [
             (await stack.client.submit({"text": "hi"}, runner="echo", queue_timeout_ms=500)).run
             for _ in range(3)
@@ -328,16 +353,9 @@ async def test_jobs_no_executor_serves_leave_the_queue_by_their_queue_timeout(
         _, transcript = await collect(stack.client, scripted.run.run_id)
 
         for run in runs:
-            frames, _ = await collect(stack.client, run.run_id, timeout=20)
-            assert frames[-1].data == {"status": "failed", "code": "QUEUE_TIMEOUT"}
-            ended = await stack.client.get(run.run_id)
-            assert ended.status == RunStatus.FAILED
-            assert ended.error is not None
-            assert ended.error.code == ErrorCode.QUEUE_TIMEOUT
+            await _failed_by_queue_timeout(stack, run.run_id)
         await eventually(lambda: _no_jobs_of(stack, "echo"), timeout=10)
         assert transcript.text == "still served"
-    finally:
-        await stack.close()
 
 
 async def _no_jobs_of(stack: InProcessStack, runner: str) -> bool:
@@ -350,36 +368,19 @@ async def test_jobs_no_executor_serves_leave_the_queue_without_a_queue_timeout(
     """Runs with no queue timeout, under a runner no executor has ever served: they fail
     with QUEUE_TIMEOUT once they waited `unserved_timeout_ms`, saying why, and their jobs
     leave the jobs stream; runs of a runner an executor serves are not touched."""
-    stack = InProcessStack(
-        infra.nats_url,
-        db_url,
-        prefix,
-        db_roles=infra.service_roles,
-        runners={"echo": echo},
-        overrides={"stream_replicas": infra.stream_replicas, "unserved_timeout_ms": 500},
-    )
-    await stack.start(executors=0)
-    try:
-        stack.start_executor(runners={})  # the installed runners only: not `echo`
+    async with _unserved(infra, db_url, prefix, unserved_timeout_ms=500) as stack:
         runs = [(await stack.client.submit({"text": "hi"}, runner="echo")).run for _ in range(3)]
         assert await _jobs_of(stack, "echo") == 3
         scripted = await stack.client.submit({"tokens": ["t "] * 30, "token_delay_ms": 30})
         _, transcript = await collect(stack.client, scripted.run.run_id)
 
         for run in runs:
-            frames, _ = await collect(stack.client, run.run_id, timeout=20)
-            assert frames[-1].data == {"status": "failed", "code": "QUEUE_TIMEOUT"}
-            ended = await stack.client.get(run.run_id)
-            assert ended.status == RunStatus.FAILED
-            assert ended.error is not None
-            assert ended.error.code == ErrorCode.QUEUE_TIMEOUT
-            assert "no executor serves the run's runner" in ended.error.message
+            ended = await _failed_by_queue_timeout(stack, run.run_id)
+            assert "no executor serves the run's runner" in ended
         await eventually(lambda: _no_jobs_of(stack, "echo"), timeout=10)
         # The scripted run, which took longer than `unserved_timeout_ms`, finished.
         assert transcript.text == "t " * 30
         assert (await stack.client.get(scripted.run.run_id)).status == RunStatus.FINISHED
-    finally:
-        await stack.close()
 
 
 async def test_jobs_of_canceled_runs_no_executor_serves_leave_the_queue(
@@ -387,24 +388,12 @@ async def test_jobs_of_canceled_runs_no_executor_serves_leave_the_queue(
 ) -> None:
     """Runs queued under a runner no executor serves, canceled before their queue
     timeout: their jobs, which no executor would ever take, leave the jobs stream."""
-    stack = InProcessStack(
-        infra.nats_url,
-        db_url,
-        prefix,
-        db_roles=infra.service_roles,
-        runners={"echo": echo},
-        overrides={"stream_replicas": infra.stream_replicas, "republish_after_ms": 200},
-    )
-    await stack.start(executors=0)
-    try:
-        stack.start_executor(runners={})  # the installed runners only: not `echo`
+    async with _unserved(infra, db_url, prefix, republish_after_ms=200) as stack:
         runs = [(await stack.client.submit({"text": "hi"}, runner="echo")).run for _ in range(3)]
         assert await _jobs_of(stack, "echo") == 3
         for run in runs:
             assert (await stack.client.cancel(run.run_id)).status == RunStatus.CANCELED
         await eventually(lambda: _no_jobs_of(stack, "echo"), timeout=10)
-    finally:
-        await stack.close()
 
 
 async def test_on_a_broker_that_enforces_identities_recovery_removes_such_jobs(
@@ -429,8 +418,7 @@ async def test_on_a_broker_that_enforces_identities_recovery_removes_such_jobs(
         stack.start_executor(runners={})  # the installed runners only: not `echo`
         run = (await stack.client.submit({"text": "hi"}, runner="echo", queue_timeout_ms=500)).run
         assert await jobs_left() == 1
-        frames, _ = await collect(stack.client, run.run_id, timeout=20)
-        assert frames[-1].data == {"status": "failed", "code": "QUEUE_TIMEOUT"}
+        await _failed_by_queue_timeout(stack, run.run_id)
         await eventually(lambda: _none(jobs_left), timeout=10)
     finally:
         await operator.close()
