@@ -89,9 +89,11 @@ schemas: $(STAMP)
 	$(BIN)/python -m runwire.contracts.schemas
 
 ## Write the AsyncAPI document of the services' FastStream applications to docs/asyncapi.json and
-## docs/asyncapi.html, and check it with the official AsyncAPI parser (npm, into docs/validate/).
+## docs/asyncapi.html, and check it with the official AsyncAPI parser (npm, into docs/validate/);
+## then the generated parts of docs/configuration.md (settings) and docs/cli.md (the parser).
 docs: $(STAMP)
 	$(BIN)/python -m runwire.asyncapi
+	$(BIN)/python -m runwire.infra.docs
 
 ## Benchmarks (issue 7) in their own virtualenv with the peers (DBOS, pgqueuer):
 ## quick by default, `make bench BENCH_FULL=1` for larger N. Writes bench/results/.

@@ -64,17 +64,23 @@ def rotated(urls: list[str], first: int) -> str:
 class ClientSettings(BaseSettings):
     """Client connection settings; environment variables win over `.runwire/env`."""
 
-    model_config = SettingsConfigDict(env_prefix="RUNWIRE_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="RUNWIRE_", extra="ignore", use_attribute_docstrings=True
+    )
 
     nats_url: str = "nats://127.0.0.1:4222"
+    """NATS server, or the servers of a cluster separated by commas."""
     prefix: str = DEFAULT_PREFIX
+    """Subject prefix of the stack."""
     tenant: str = DEFAULT_TENANT
-    # The tenant's NATS identity, on a broker that enforces identities.
+    """The tenant whose runs the client submits and follows."""
     nats_user: str | None = None
+    """The tenant's NATS identity, on a broker that enforces identities."""
     nats_password: SecretStr | None = None
-    # The certificate authority that signed the NATS servers' certificates: the
-    # connection is TLS, the server's certificate checked against it.
+    """The password of that identity."""
     nats_tls_ca: Path | None = None
+    """The certificate authority that signed the NATS servers' certificates: the
+    connection is TLS, the server's certificate checked against it."""
 
 
 def tls_context(ca: Path | None) -> ssl.SSLContext | None:

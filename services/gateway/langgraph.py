@@ -68,7 +68,7 @@ TIMEOUT_CODES = {ErrorCode.ATTEMPT_TIMEOUT, ErrorCode.QUEUE_TIMEOUT}
 
 class RunBody(BaseModel):
     """A run request: what runwire acts on; the other fields the SDK may send are
-    accepted and ignored (see the README's list)."""
+    accepted and ignored (see docs/gateway.md's list)."""
 
     model_config = ConfigDict(extra="allow")
 

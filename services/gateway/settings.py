@@ -17,29 +17,41 @@ DEFAULT_MAX_CONNECTIONS = 2048
 class GatewaySettings(BaseSettings):
     """`RUNWIRE_*` variables (and `.runwire/env`'s, for `make up`)."""
 
-    model_config = SettingsConfigDict(env_prefix="RUNWIRE_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="RUNWIRE_", extra="ignore", use_attribute_docstrings=True
+    )
 
     nats_url: str = "nats://127.0.0.1:4222"
+    """NATS server, or the servers of a cluster separated by commas."""
     prefix: str = DEFAULT_PREFIX
-    # The gateway's own NATS identity, on a broker that enforces identities.
+    """Subject prefix of the stack."""
     nats_user: str | None = None
+    """The gateway's own NATS identity, on a broker that enforces identities."""
     nats_password: SecretStr | None = None
-    # The authority of the NATS servers' certificates: TLS connections (see Security).
+    """The password of that identity."""
     nats_tls_ca: Path | None = None
-    # The threads bucket's replicas: 3 on a JetStream cluster of three, as the services'.
+    """The authority of the NATS servers' certificates: TLS connections (see
+    Security)."""
     stream_replicas: int = Field(default=1, ge=1, le=5)
+    """Replicas of the threads bucket (the LangGraph runs API's threads): 3 on a
+    JetStream cluster of three, as the services'."""
     gateway_host: str = "127.0.0.1"
+    """Address the gateway listens on."""
     gateway_port: int = Field(default=DEFAULT_PORT, ge=0, le=65_535)
-    # The API keys it accepts: a JSON file {"keys": {"<sha256 of a key>": "<tenant>"}}
-    # (`runwire tenant add` writes it); read again when it changes.
+    """Port the gateway listens on."""
     gateway_keys_file: Path = Path(".runwire") / "api-keys.json"
-    # Origins a browser may call the API from (CORS); none by default.
+    """The API keys it accepts: a JSON file of their hashes and tenants (`runwire tenant
+    add` writes it); read again when it changes."""
     gateway_cors_origins: list[str] = Field(default_factory=list)
-    # A comment line on an idle event stream this often, so proxies keep it open.
+    """Origins a browser may call the API from (CORS, a JSON list); none by default."""
     gateway_heartbeat_s: float = Field(default=DEFAULT_HEARTBEAT_S, gt=0, le=300)
+    """A comment line on an idle event stream this often, so proxies keep it open."""
     gateway_max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1024)
-    # Requests one API key may have in flight at once, its open event streams included
-    # (429 QUOTA_EXCEEDED past it); connections the process takes at once (503 past it).
+    """Largest request body (413 past it)."""
     gateway_max_requests_per_key: int = Field(default=DEFAULT_MAX_REQUESTS_PER_KEY, ge=1)
+    """Requests one API key may have in flight at once, its open event streams included
+    (429 `QUOTA_EXCEEDED` past it)."""
     gateway_max_connections: int = Field(default=DEFAULT_MAX_CONNECTIONS, ge=1)
+    """Connections the process takes at once (503 past it)."""
     log_level: str = "INFO"
+    """`DEBUG`, `INFO`, `WARNING` or `ERROR`."""

@@ -1,7 +1,7 @@
 """Prometheus metrics of every service, served on `/metrics` when `metrics_port` is set.
 
 runwire's metrics are named `runwire_*`; commands are measured by
-`runwire_command_duration_seconds{command}` (the README and dashboards quote it).
+`runwire_command_duration_seconds{command}` (docs/observability.md and dashboards quote it).
 FastStream's Prometheus middleware is not used: its names cannot be mapped onto these,
 and it cost about 120 µs per command, some 12% of the submitter's CPU per submit
 (measured per process under a submit load), for figures that duplicate ours.

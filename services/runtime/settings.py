@@ -1,6 +1,6 @@
 """Settings of each service: one pydantic-settings class each, env prefix `RUNWIRE_`.
 
-Defaults are named constants so the README and the tests can quote them.
+Defaults are named constants so the docs and the tests can quote them.
 """
 
 import ipaddress
@@ -71,60 +71,82 @@ DEFAULT_STREAM_PURGE_GRACE = timedelta(minutes=10)
 class CommonSettings(BaseSettings):
     """What every service needs: where NATS and Postgres are, names, stream limits."""
 
-    model_config = SettingsConfigDict(env_prefix="RUNWIRE_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="RUNWIRE_", extra="ignore", use_attribute_docstrings=True
+    )
 
     nats_url: str = DEFAULT_NATS_URL
-    # The service's NATS identity (a broker that enforces identities, see infra/auth.py);
-    # none for a broker without authentication.
-    nats_user: str | None = None
-    nats_password: SecretStr | None = None
-    # The certificate authority of the NATS servers' certificates: the service connects
-    # with TLS and checks the server's certificate against it (see Security).
-    nats_tls_ca: Path | None = None
-    database_url: str = DEFAULT_DATABASE_URL
-    prefix: str = Field(default=DEFAULT_PREFIX, pattern=PREFIX_PATTERN.pattern)
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    log_format: Literal["auto", "json", "text"] = "auto"
-    # The event loop of a service process: `auto` is uvloop where it is installed (as
-    # `faststream run` and uvicorn choose), `asyncio` the standard library's.
-    event_loop: Literal["auto", "asyncio"] = "auto"
-    queue_capacity: int = Field(default=DEFAULT_QUEUE_CAPACITY, ge=1)
-    frame_stream_max_age_s: int = Field(default=DEFAULT_FRAME_STREAM_MAX_AGE_S, ge=60)
-    # Clients that may follow runs live at once: each is a consumer of the run frames
-    # stream until a few seconds after it stops; past the limit a client replays by joins.
-    max_frame_followers: int = Field(default=DEFAULT_FRAME_FOLLOWERS, ge=1)
-    # How often the service pings its NATS server; after 3 unanswered pings it takes the
-    # server for gone and connects to another of the cluster (a frozen or cut-off one).
+    """NATS server, or the servers of a cluster separated by commas (the first that
+    answers is used)."""
     nats_ping_interval_ms: int = Field(default=DEFAULT_NATS_PING_INTERVAL_MS, ge=100)
-    # 3 on a JetStream cluster of three servers; every service declares the same value.
+    """How often a service pings its NATS server; after 3 pings unanswered it takes the
+    server for gone and connects to another server of the cluster."""
+    nats_user: str | None = None
+    """The service's NATS identity, on a broker that enforces identities (see
+    Security)."""
+    nats_password: SecretStr | None = None
+    """The password of that identity."""
+    nats_tls_ca: Path | None = None
+    """The certificate authority (a PEM file) of the NATS servers' certificates: the
+    service connects with TLS and checks the server's certificate (its URL's name or
+    address must be in it)."""
+    database_url: str = DEFAULT_DATABASE_URL
+    """Postgres database."""
+    prefix: str = Field(default=DEFAULT_PREFIX, pattern=PREFIX_PATTERN.pattern)
+    """Subject prefix (`[a-z][a-z0-9_]{0,31}`); stream names use it upper-cased."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """`DEBUG`, `INFO`, `WARNING` or `ERROR`."""
+    log_format: Literal["auto", "json", "text"] = "auto"
+    """`json` lines, `text`, or `auto` (text on a terminal, else JSON)."""
+    event_loop: Literal["auto", "asyncio"] = "auto"
+    """A service process's event loop: `auto` is uvloop where it is installed (as
+    `faststream run` and uvicorn choose), `asyncio` the standard library's."""
+    queue_capacity: int = Field(default=DEFAULT_QUEUE_CAPACITY, ge=1)
+    """Most jobs the jobs stream holds; beyond it a submit fails with `QUEUE_FULL`."""
+    frame_stream_max_age_s: int = Field(default=DEFAULT_FRAME_STREAM_MAX_AGE_S, ge=60)
+    """Longest time the run frames stream keeps a frame; Postgres keeps them after."""
+    max_frame_followers: int = Field(default=DEFAULT_FRAME_FOLLOWERS, ge=1)
+    """Clients that may follow runs live at once: each is a consumer of the run frames
+    stream until a few seconds after it stops; past it a client reads by joins
+    (nats-server otherwise stops at 1,000)."""
     stream_replicas: int = Field(default=1, ge=1, le=5)
+    """Replicas of every stream; 3 on a JetStream cluster of three. Every service
+    declares the same value."""
     db_pool_size: int = Field(default=10, ge=1, le=100)
-    # Port of the Prometheus `/metrics` endpoint; 0 serves none.
+    """Postgres connections per process, all opened at start and kept open."""
     metrics_port: int = Field(default=0, ge=0, le=65535)
-    # Address it listens on: every interface by default (a scraper on another host or
-    # pod); 127.0.0.1 keeps it to this host.
+    """Port of the Prometheus `/metrics` endpoint (0: none); under `make up` the first
+    of four, one per service."""
     metrics_host: str = "0.0.0.0"
-    # Runners that are not packaged: `name=package.module:object,...` (entry-point group
-    # `runwire.runners` registers packaged ones). Read by the submitter and the executor.
+    """Address the `/metrics` endpoint listens on: every interface by default (a scraper
+    on another host or pod); `127.0.0.1` keeps it to this host."""
     runners: str = ""
-    # Test only: fault points to arm (`outbox.committed=kill`; see services/runtime/faults.py).
+    """Submitter and executor: runners that are not packaged,
+    `name=package.module:object,...` (beside the entry-point group
+    `runwire.runners`)."""
     fault_points: str = ""
+    """Tests only: named fault points where the process kills itself
+    (`outbox.committed=kill`, ...; `services/runtime/faults.py`)."""
 
 
 class SubmitterSettings(CommonSettings):
     """The submitter: validation limits and per-run defaults."""
 
     max_input_bytes: int = Field(default=DEFAULT_MAX_INPUT_BYTES, ge=1024)
-    # A run's `metadata`, as JSON (PAYLOAD_TOO_LARGE past it).
+    """Largest run `input`, as JSON bytes."""
     max_metadata_bytes: int = Field(default=DEFAULT_MAX_METADATA_BYTES, ge=0)
-    # Runs of one session active or waiting their turn at once; an `enqueue` submit past
-    # it is refused with SESSION_BUSY.
+    """Largest run `metadata`, as JSON bytes (`PAYLOAD_TOO_LARGE` past it)."""
     max_session_waiting: int = Field(default=DEFAULT_MAX_SESSION_WAITING, ge=1)
+    """Runs of one session active or waiting their turn at once; an `enqueue` submit
+    past it gets `SESSION_BUSY`."""
     default_max_attempts: int = Field(default=DEFAULT_MAX_ATTEMPTS, ge=1)
+    """Attempts of a run that does not set `max_attempts`."""
     default_attempt_timeout_ms: int = Field(default=DEFAULT_ATTEMPT_TIMEOUT_MS, ge=100)
-    # How long a canceled (or superseded) run that is still running may keep its session
-    # busy: the next run of the session starts when it ends or after this, whichever first.
+    """Deadline of an attempt when the run sets none."""
     supersede_grace_ms: int = Field(default=DEFAULT_SUPERSEDE_GRACE_MS, ge=0, le=600_000)
+    """How long a canceled or superseded run that is still running may keep its session
+    busy: the next run of the session starts when it ends or after this, whichever
+    first."""
 
 
 def _items(value: str) -> list[str]:
@@ -139,41 +161,55 @@ class ExecutorSettings(CommonSettings):
     """The executor: in-flight limit, heartbeats, leases, retries, shutdown."""
 
     executor_id: str = ""
-    # Tools that are not packaged: `name=package.module:object,...` (entry-point group
-    # `runwire.tools` registers packaged ones).
+    """Lease owner name in Postgres and logs (empty: `host:pid:random`)."""
     tools: str = ""
+    """Tools that are not packaged, `name=package.module:object,...` (beside the
+    entry-point group `runwire.tools`)."""
     max_in_flight: int = Field(default=DEFAULT_MAX_IN_FLIGHT, ge=1)
-    # Frames a run's runner may emit over all its attempts; past it the run fails with
-    # PAYLOAD_TOO_LARGE (its closing frames still follow).
+    """Attempts of each runner at once in this process, and `max_ack_pending` of the
+    runner's shared consumer (the global cap), for runners that declare no
+    `max_in_flight`."""
     max_frames_per_run: int = Field(default=DEFAULT_MAX_FRAMES_PER_RUN, ge=10)
+    """Frames a run's runner may emit over all its attempts; past it the run fails with
+    `PAYLOAD_TOO_LARGE` (its closing frames still follow)."""
     ack_wait_ms: int = Field(default=DEFAULT_ACK_WAIT_MS, ge=500)
+    """JetStream ack wait of the jobs consumer."""
     heartbeat_ms: int = Field(default=DEFAULT_HEARTBEAT_MS, ge=50)
+    """Lease renewal and in-progress ack; at most half of ack wait and lease TTL."""
     cancel_poll_ms: int = Field(default=DEFAULT_CANCEL_POLL_MS, ge=20)
+    """How often a running attempt checks Postgres for a cancel."""
     lease_ttl_ms: int = Field(default=DEFAULT_LEASE_TTL_MS, ge=200)
+    """A lease not renewed for this long is expired by recovery."""
     retry_base_ms: int = Field(default=DEFAULT_RETRY_BASE_MS, ge=0)
+    """First retry backoff (doubles per attempt, jittered)."""
     retry_max_ms: int = Field(default=DEFAULT_RETRY_MAX_MS, ge=0)
+    """Longest retry backoff."""
     abort_grace_ms: int = Field(default=DEFAULT_ABORT_GRACE_MS, ge=0)
-    # How long a resuming attempt waits for the relay to store what the attempt before
-    # it published (so that a retry takes back nothing); then it resumes from what is
-    # stored.
+    """How long a runner may take to stop after an abort before it is abandoned."""
     resume_wait_ms: int = Field(default=DEFAULT_RESUME_WAIT_MS, ge=0)
-    # How long a side effect's claim holds: its dispatch must answer within it.
+    """How long a resuming attempt waits for the relay to store what the attempt before
+    it published (so that a retry takes back nothing); then it resumes from what is
+    stored."""
     effect_claim_ms: int = Field(default=DEFAULT_EFFECT_CLAIM_MS, ge=100)
-    # Where `http` effects may send requests (see runwire.runners.outbound): host names,
-    # comma-separated, `*.example.com` for any name under example.com (empty: any host);
-    # and networks (CIDRs) allowed although private, loopback or link-local (empty:
-    # none, only public addresses). Checked when the executor starts.
+    """How long a side effect's claim holds: its dispatch must answer within it, or the
+    effect fails with `EFFECT_DEADLINE_EXCEEDED`."""
     effect_http_allow_hosts: str = ""
+    """The only hosts the `http` effect adapter may send requests to, comma-separated
+    (`*.example.com`: any name under example.com); empty: any public host. See
+    Security, "Effects and outbound requests"."""
     effect_http_allow_networks: str = ""
+    """Private networks (CIDRs, comma-separated) the `http` effect adapter may reach
+    although they are not public: loopback, RFC 1918, link-local and the like are
+    refused otherwise."""
     drain_ms: int = Field(default=DEFAULT_DRAIN_MS, ge=0)
-    # How long an attempt keeps trying a frame that NATS does not store (a stream without
-    # a leader while JetStream elects one, seconds after a server dies) before it fails,
-    # as retryable.
+    """How long shutdown waits for attempts to be returned."""
     publish_patience_ms: int = Field(default=DEFAULT_PUBLISH_PATIENCE_MS, ge=0)
-    # Text deltas that a runner emits while its previous frame is on its way to the
-    # stream join into one `message` frame (the same text, fewer frames); false: one
-    # frame per delta, whatever the pace.
+    """How long an attempt keeps trying a frame NATS does not store (a stream without a
+    leader while JetStream elects one) before it fails, retryable."""
     coalesce_text: bool = True
+    """Text deltas a runner emits while its previous `message` frame is on its way to
+    the stream join into one frame (the same text, fewer frames; a first delta is never
+    held); false: one frame per delta, whatever the pace."""
 
     @field_validator("effect_http_allow_hosts")
     @classmethod
@@ -207,54 +243,70 @@ class RelaySettings(CommonSettings):
     """The relay: how frames are packed into Postgres segments, join limits."""
 
     segment_flush_ms: int = Field(default=DEFAULT_SEGMENT_FLUSH_MS, ge=1)
+    """How often buffered frames are written to Postgres segments (`run`, tool, `error`
+    and `done` frames at once)."""
     segment_bytes: int = Field(default=DEFAULT_SEGMENT_BYTES, ge=1024)
+    """A run's buffer is written at once past this size."""
     replay_max_bytes: int = Field(default=DEFAULT_REPLAY_MAX_BYTES, ge=1024)
-    # A relay that stops answering (frozen, or cut off from Postgres) loses its raw-frames
-    # partitions after this long, and the other relays take them over.
+    """Largest replay in one join reply (a longer one comes in several, read one while
+    the next is on its way)."""
     partition_timeout_ms: int = Field(default=DEFAULT_PARTITION_TIMEOUT_MS, ge=2_000)
+    """A relay that stops answering (frozen, or cut off from Postgres) loses its
+    raw-frames partitions after this long, and the other relays take them over."""
 
 
 class RecoverySettings(CommonSettings):
     """The recovery service: its tick, what it re-drives, how long frames are kept."""
 
-    # How often the outbox is swept: run events, jobs that became due (a retry after its
-    # backoff), and what a crashed service left.
     outbox_interval_ms: int = Field(default=DEFAULT_OUTBOX_INTERVAL_MS, ge=10)
-    # How long the service that committed a transition has to publish what it implies
-    # before the sweep publishes it instead (a repeat is stored once either way).
+    """How often the outbox is swept: run events, jobs that became due (a retry after
+    its backoff), what a crashed service left."""
     outbox_grace_ms: int = Field(default=DEFAULT_OUTBOX_GRACE_MS, ge=100)
-    # Segments of an ended run are removed after this (seconds, or ISO 8601 like PT24H).
+    """How long the service that committed a transition has to publish what it implies
+    before the sweep does (a repeat is stored once either way)."""
     frame_retention: timedelta = DEFAULT_FRAME_RETENTION
-    # The run's subject leaves the stream this long after it ended (Postgres has it all).
+    """An ended run's segments are deleted this long after it ended (seconds, or ISO
+    8601: `PT24H`, `P1D`)."""
     stream_purge_grace: timedelta = DEFAULT_STREAM_PURGE_GRACE
-
+    """An ended run's subject is purged from the run frames stream this long after it
+    ended (Postgres has it all)."""
     recovery_interval_ms: int = Field(default=DEFAULT_RECOVERY_INTERVAL_MS, ge=10)
-    # How often, besides its tick, recovery looks for runs whose executor is gone (its
-    # presence lock freed) or whose lease ran out: a killed executor's runs resume about
-    # this soon (one cheap query each time).
+    """Time between ticks."""
     lease_watch_ms: int = Field(default=DEFAULT_LEASE_WATCH_MS, ge=10)
+    """How often, besides its tick, recovery looks for runs whose executor is gone (its
+    presence lock freed) or whose lease ran out (one query each time)."""
     recovery_backoff_ms: int = Field(default=DEFAULT_RECOVERY_BACKOFF_MS, ge=0)
+    """Delay before a recovering run may be claimed."""
     max_recoveries: int = Field(default=DEFAULT_MAX_RECOVERIES, ge=1)
-    # Executors' presence locks are believed only once recovery's own lock session has
-    # lived this long: after Postgres restarted, every executor takes its lock again.
+    """Recoveries without checkpoint progress before a run is `interrupted`."""
     presence_settle_ms: int = Field(default=DEFAULT_PRESENCE_SETTLE_MS, ge=0)
+    """Recovery believes executors' presence locks (a dead executor's runs are taken
+    over at once) only once its own lock session has lived this long: after Postgres
+    restarted, every executor takes its lock again."""
     republish_after_ms: int = Field(default=DEFAULT_REPUBLISH_AFTER_MS, ge=100)
-    # A run that waited this long for a first attempt under a runner that no executor
-    # serves (no consumer of its jobs: an executor has never started with it) fails with
-    # QUEUE_TIMEOUT, and its job leaves the jobs stream, whatever its queue timeout.
+    """How often the stream is checked for the job of a run that waits for an attempt;
+    a run whose job is gone (stream deleted or purged) gets a new one."""
     unserved_timeout_ms: int = Field(default=DEFAULT_UNSERVED_TIMEOUT_MS, ge=100)
+    """A run that waited this long for a first attempt under a runner no executor
+    serves (no consumer of its jobs on the jobs stream) fails with `QUEUE_TIMEOUT`, and
+    its job leaves the jobs stream, whatever its queue timeout."""
     batch_size: int = Field(default=500, ge=1)
-    # A tenant's consumers on the frames and events streams (which the broker lets it
-    # create with any configuration): at most this many per stream, ephemeral, gone
-    # this long after their client stops reading, delivering only into the tenant's
-    # inbox, and, when acknowledged, delivered at most this many times. Recovery removes
-    # any other as soon as it is created, and looks at them all every sweep.
+    """Runs handled per step of a tick."""
     tenant_max_consumers: int = Field(default=DEFAULT_TENANT_MAX_CONSUMERS, ge=1)
+    """JetStream consumers one tenant may hold on the frames stream, and on the events
+    stream; recovery removes the newest past it (and any consumer that breaks the rules
+    of the next three settings, as soon as it is created)."""
     tenant_consumer_max_inactive_ms: int = Field(
         default=DEFAULT_TENANT_CONSUMER_MAX_INACTIVE_MS, ge=1_000
     )
+    """A tenant's consumer must go at most this long after its client stops reading
+    (its inactive threshold)."""
     tenant_consumer_max_deliver: int = Field(default=DEFAULT_TENANT_CONSUMER_MAX_DELIVER, ge=1)
+    """A tenant's acknowledged consumer may deliver a message at most this many
+    times."""
     consumer_sweep_ms: int = Field(default=DEFAULT_CONSUMER_SWEEP_MS, ge=100)
+    """How often recovery looks at every tenant consumer (besides each one created, at
+    once)."""
 
     @field_validator("frame_retention", "stream_purge_grace", mode="before")
     @classmethod

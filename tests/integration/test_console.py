@@ -29,7 +29,7 @@ FLAGS = [
 ]
 # A shared, busy machine: give the page time.
 expect.set_options(timeout=20_000)
-# Where the README's screenshot comes from (RUNWIRE_SCREENSHOT=path to write one).
+# Where the gateway page's screenshot comes from (RUNWIRE_SCREENSHOT=path to write one).
 SCREENSHOT = os.environ.get("RUNWIRE_SCREENSHOT")
 
 

@@ -87,11 +87,11 @@ async def test_a_run_submitted_right_after_up_finishes(tmp_path: Path) -> None:
         run_id = queued.split()[1]
         assert (queued, text, ended) == (f"run {run_id} queued", "hi", f"run {run_id} finished")
 
-        # The README's SDK example, verbatim, from the same folder: no URL, no port.
+        # The SDK page's example, verbatim, from the same folder: no URL, no port.
         example = await asyncio.create_subprocess_exec(
             sys.executable,
             "-c",
-            _readme_block("## Python SDK"),
+            _first_python_block(ROOT / "docs" / "python-sdk.md"),
             cwd=tmp_path,
             env=stack.shell,
             stdout=asyncio.subprocess.PIPE,
@@ -229,10 +229,9 @@ async def test_the_gateway_serves_each_tenant_by_its_api_key(tmp_path: Path) -> 
         assert acme["RUNWIRE_API_KEY"] not in logs
 
 
-def _readme_block(section: str) -> str:
-    """The first Python block of a README section."""
-    text = (ROOT / "README.md").read_text()
-    body = text[text.index(f"\n{section}\n") :]
+def _first_python_block(page: Path) -> str:
+    """The first Python block of a page of the docs."""
+    body = page.read_text()
     start = body.index("```python\n") + len("```python\n")
     return body[start : body.index("```", start)]
 

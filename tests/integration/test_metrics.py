@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 # Long enough to still be running when the test looks; the test stops it at the end.
 LONG_RUN = {"tokens": [f"t{i} " for i in range(400)], "token_delay_ms": 50}
 
-# What README's Metrics section promises each service fills in (counter families are
+# What docs/observability.md promises each service fills in (counter families are
 # named without `_total` by the parser).
 OWN_FAMILIES = {
     "submitter": {"runwire_command_duration_seconds", "runwire_commands_refused"},

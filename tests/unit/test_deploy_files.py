@@ -427,7 +427,7 @@ def test_nats_server_refuses_a_broken_configuration(
 
 def test_the_cluster_configuration_sets_what_runwire_needs() -> None:
     text = CLUSTER_CONF.read_text()
-    # README, "Running and deploying": a frozen replica is dropped within ~30 s.
+    # docs/deploying.md: a frozen replica is dropped within ~30 s.
     assert re.search(r'^ping_interval: "10s"$', text, re.MULTILINE)
     assert re.search(r"^ping_max: 3$", text, re.MULTILINE)
     assert re.search(r"^max_payload: 8MB$", text, re.MULTILINE)

@@ -1,7 +1,9 @@
-"""The import rules of DESIGN.md: services → runtime → contracts; client → contracts;
-gateway → client."""
+"""The layout of docs/layout.md: services → runtime → contracts; client → contracts;
+gateway → client; and the page's tree, the folders and pyproject.toml in step."""
 
 import ast
+import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -76,3 +78,51 @@ def test_the_code_imports_itself_only_through_the_runwire_namespace() -> None:
         if m.split(".")[0] in ("services", "contracts", "infra", "tests")
     ]
     assert bad == []
+
+
+def _layout_entries() -> list[tuple[str, str]]:
+    """(path, description) of each entry of the tree in docs/layout.md."""
+    text = (ROOT / "docs" / "layout.md").read_text()
+    block = text.split("## Where each part lives", 1)[1].split("```\n", 2)[1]
+    entries: list[tuple[str, str]] = []
+    for line in block.splitlines():
+        if line and not line[0].isspace():
+            path, _, rest = line.partition(" ")
+            entries.append((path, rest))
+        elif entries:
+            path, rest = entries[-1]
+            entries[-1] = (path, f"{rest} {line.strip()}")
+    return entries
+
+
+def test_every_path_the_layout_page_names_exists() -> None:
+    missing = []
+    for path, description in _layout_entries():
+        if not (ROOT / path).exists():
+            missing.append(path)
+            continue
+        folder = ROOT / path if path.endswith("/") else ROOT
+        for name in re.findall(r"[\w/.-]+\.(?:py|sql|html|yaml|conf|sh|json)\b", description):
+            if not (folder / name).exists() and not (ROOT / name).exists():
+                missing.append(f"{path}: {name}")
+    assert missing == []
+
+
+def test_every_package_is_in_the_layout_page_and_in_pyproject() -> None:
+    mapping = {"services": "runwire", "contracts": "runwire.contracts", "infra": "runwire.infra"}
+    folders = sorted(
+        init.parent.relative_to(ROOT)
+        for top in mapping
+        for init in (ROOT / top).rglob("__init__.py")
+        if "node_modules" not in init.parts
+    )
+    named = {path.rstrip("/") for path, _ in _layout_entries()}
+    assert [str(f) for f in folders if str(f) not in named and f.parts[0] == "services"] in (
+        [],
+        ["services"],  # the package's root is named by its files, __init__.py among them
+    )
+    assert {"contracts", "infra"} <= named
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = set(pyproject["tool"]["setuptools"]["packages"])
+    expected = {".".join((mapping[f.parts[0]], *f.parts[1:])) for f in folders}
+    assert packages == expected

@@ -3,7 +3,7 @@
 # (compose.yaml mounts it into /docker-entrypoint-initdb.d/).
 #
 # Each service connects as a login of its own that is a member of its service's role
-# (README, "Least privilege in Postgres"). The four roles are created here, before
+# (docs/security.md, "Least privilege in Postgres"). The four roles are created here, before
 # runwire-migrate runs, and migration 0015 grants them what each service may do; the
 # owner of the schema (POSTGRES_USER) is the one who migrates.
 set -eu
