@@ -39,9 +39,12 @@ logs: $(STAMP)
 status: $(STAMP)
 	$(BIN)/python -m runwire.infra.stack status
 
+## ruff, then the house's measures: module sizes, repeated blocks, import circles, the
+## README's length (infra/lint.py says which limits fail the step).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/python -m runwire.infra.lint
 
 ## mypy over the `runwire` namespace, seen through a tree of links in .typecheck/ (mypy
 ## cannot follow the folder mapping of pyproject.toml by itself).

@@ -35,7 +35,6 @@ import hashlib
 import json
 import os
 import secrets
-import signal
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -55,7 +54,7 @@ from runwire.contracts.subjects import (
     service_inbox,
 )
 from runwire.gateway.keys import add_key, expire_tenant_keys, new_key, remove_tenant_keys
-from runwire.infra.embedded import ROUTE_USER
+from runwire.infra.embedded import ROUTE_USER, reload_server
 
 SERVICES = ("submitter", "executor", "relay", "recovery")
 # Commands only an operator may send, whatever the tenant.
@@ -232,21 +231,6 @@ def write_env_file(path: Path, values: dict[str, str]) -> None:
     """A settings file (`KEY=value` lines) that the CLI, the SDK and `set -a; . FILE`
     read; private, as it may hold a secret."""
     write_private(path, "".join(f"{key}={value}\n" for key, value in values.items()))
-
-
-def reload_server(pid_file: Path) -> bool:
-    """Have the nats-server whose pid is in `pid_file` read its configuration again (a
-    removed identity's connections are closed at once); False if it does not run."""
-    try:
-        pid = int(pid_file.read_text().strip())
-        # A pid file outlives its server (a cluster's, after a stack of one server since):
-        # signal only a nats-server, never whatever took its pid since.
-        if b"nats-server" not in Path(f"/proc/{pid}/cmdline").read_bytes():
-            return False
-        os.kill(pid, signal.SIGHUP)
-    except (OSError, ValueError):
-        return False
-    return True
 
 
 def service_permissions(

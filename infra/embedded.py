@@ -61,6 +61,21 @@ def _write_private(path: Path, text: str) -> None:
         out.write(text)
 
 
+def reload_server(pid_file: Path) -> bool:
+    """Have the nats-server whose pid is in `pid_file` read its configuration again (a
+    removed identity's connections are closed at once); False if it does not run."""
+    try:
+        pid = int(pid_file.read_text().strip())
+        # A pid file outlives its server (a cluster's, after a stack of one server since):
+        # signal only a nats-server, never whatever took its pid since.
+        if b"nats-server" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return False
+        os.kill(pid, signal.SIGHUP)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def find_free_port() -> int:
     """Return a TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -401,8 +416,6 @@ class EmbeddedNats:
     def reload(self) -> None:
         """Have the running server read its configuration again (the identities among
         it): a removed identity's connections are closed at once."""
-        from runwire.infra.auth import reload_server
-
         if not reload_server(self.pid_file):
             raise RuntimeError("nats-server is not running")
 

@@ -21,10 +21,12 @@ if TYPE_CHECKING:
         RunnerError,
         RunnerSpec,
         ToolContext,
+        ToolError,
         ToolOutcome,
+        ToolSpec,
         runner,
+        tool,
     )
-    from runwire.runners.tools import ToolError, ToolSpec, tool
 
 _PUBLIC = {
     "Client": "runwire.client.sdk",
@@ -37,9 +39,9 @@ _PUBLIC = {
     "runner": "runwire.runners.base",
     "ToolContext": "runwire.runners.base",
     "ToolOutcome": "runwire.runners.base",
-    "ToolError": "runwire.runners.tools",
-    "ToolSpec": "runwire.runners.tools",
-    "tool": "runwire.runners.tools",
+    "ToolError": "runwire.runners.base",
+    "ToolSpec": "runwire.runners.base",
+    "tool": "runwire.runners.base",
 }
 
 __all__ = [

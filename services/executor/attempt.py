@@ -29,10 +29,10 @@ from runwire.runners.base import (
     Runner,
     RunnerError,
     RunnerSpec,
+    ToolSpec,
     unexpected,
 )
 from runwire.runners.effects import EffectAdapter
-from runwire.runners.tools import ToolSpec
 from runwire.runtime import faults, tracing
 from runwire.runtime.broker import Broker, failed_publish
 from runwire.runtime.commands import describe

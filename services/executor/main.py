@@ -32,11 +32,11 @@ from runwire.contracts.status import RunStatus
 from runwire.executor.attempt import AbortReason, Attempt, Outcome, attempt_error
 from runwire.executor.outcome import Settler
 from runwire.executor.presence import Presence
-from runwire.runners.base import RunnerError, RunnerSpec
+from runwire.runners.base import RunnerError, RunnerSpec, ToolSpec
 from runwire.runners.effects import EffectAdapter, load_effects
 from runwire.runners.outbound import OutboundGuard
 from runwire.runners.registry import RunnerConfigError, input_schema, load_runners
-from runwire.runners.tools import ToolSpec, load_tools
+from runwire.runners.tools import load_tools
 from runwire.runtime import faults, publications, tracing
 from runwire.runtime.app import Service
 from runwire.runtime.broker import EXECUTOR_CONSUMER, Broker, StreamLimits

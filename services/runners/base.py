@@ -10,19 +10,17 @@ fit (checked by the submitter) and how many of its attempts may run at once.
 import asyncio
 import contextlib
 import inspect
+import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from runwire.contracts.errors import ErrorCode
 from runwire.contracts.frames import Frame, FrameType
-
-if TYPE_CHECKING:
-    from runwire.runners.tools import ToolSpec
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +138,74 @@ class AbortSignal(asyncio.Event):
             self._sleepers.discard(waiter)
 
 
+ToolFunction = Callable[..., Awaitable[Any]]
+
+
+class ToolError(Exception):
+    """A tool's failure, reported to the runner (and the model) as the call's `error`."""
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A tool with what a model needs to call it."""
+
+    run: ToolFunction
+    input_model: type[BaseModel]
+    description: str
+    # The function takes a ToolContext after its arguments.
+    takes_context: bool = False
+
+    def schema(self) -> dict[str, Any]:
+        """The JSON Schema of the tool's arguments."""
+        return self.input_model.model_json_schema()
+
+    async def call(self, arguments: dict[str, Any], ctx: "ToolContext | None" = None) -> Any:
+        """Run the tool; bad arguments and its own failures raise ToolError."""
+        try:
+            args = self.input_model.model_validate(arguments)
+        except ValidationError as exc:
+            raise ToolError(f"invalid arguments: {exc.errors(include_url=False)}") from exc
+        if self.takes_context:
+            if ctx is None:
+                raise ToolError("this tool needs the context of a run's attempt")
+            output = await self.run(args, ctx)
+        else:
+            output = await self.run(args)
+        try:
+            json.dumps(output)
+        except (TypeError, ValueError) as exc:
+            raise ToolError(f"the tool returned something JSON cannot hold: {exc}") from exc
+        return output
+
+
+def tool(
+    *, input: type[BaseModel], description: str | None = None
+) -> Callable[[ToolFunction], ToolSpec]:
+    """Declare a tool: `@runwire.tool(input=Args)` over an async function taking `Args`,
+    and optionally a `ToolContext` (`async def send(args: Args, ctx: ToolContext)`) for
+    side effects and budgets. Its description (for a model) is `description` or the
+    function's docstring."""
+    if not (isinstance(input, type) and issubclass(input, BaseModel)):
+        raise TypeError(f"input must be a pydantic model class, not {input!r}")
+
+    def declare(fn: ToolFunction) -> ToolSpec:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError(f"{fn!r} is not an async function")
+        text = description or inspect.getdoc(fn) or ""
+        params = list(inspect.signature(fn).parameters.values())
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if not 1 <= len(positional) <= 2:
+            raise TypeError(
+                f"{fn!r} must take its arguments, and optionally a ToolContext: "
+                f"it takes {len(positional)} positional parameters"
+            )
+        return ToolSpec(
+            run=fn, input_model=input, description=text, takes_context=len(positional) == 2
+        )
+
+    return declare
+
+
 @dataclass
 class AttemptContext:
     """Everything an attempt may know and do."""
@@ -159,7 +225,7 @@ class AttemptContext:
     _emit: Callable[[FrameType, dict[str, Any]], Awaitable[None]]
     _checkpoint: Callable[[Any], Awaitable[None]]
     # The tools this executor has (`runwire.tools`), by name.
-    tools: Mapping[str, "ToolSpec"] = field(default_factory=dict)
+    tools: Mapping[str, ToolSpec] = field(default_factory=dict)
     _effect: Callable[..., Awaitable[dict[str, Any]]] | None = None
     _reserve: Callable[[str, int, int], Awaitable[None]] | None = None
     _settle: Callable[[str, int, str | None, int], Awaitable[None]] | None = None
@@ -233,7 +299,6 @@ class AttemptContext:
         attempt makes the call again, so the tool's effects happen once. A RunnerError
         the tool raises (a budget exceeded, an effect refused or not known yet) is not a
         result: it fails the attempt, as it would the runner's own call."""
-        from runwire.runners.tools import ToolError
 
         call_id = call_id or f"call_{uuid.uuid4().hex[:12]}"
         await self._emit(FrameType.TOOL_CALL, {"id": call_id, "name": name, "arguments": arguments})

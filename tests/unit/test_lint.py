@@ -1,0 +1,39 @@
+"""What `make lint` measures: import circles and blocks repeated in two places."""
+
+from pathlib import Path
+
+import pytest
+
+from runwire.infra import lint
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_circle_through_a_third_module_is_found() -> None:
+    graph = {
+        "runwire.runners.base": {"runwire.runners.tools"},
+        "runwire.runners.tools": {"runwire.runners.registry"},
+        "runwire.runners.registry": {"runwire.runners.base", "runwire.contracts"},
+        "runwire.contracts": set(),
+    }
+    assert lint.circles(graph) == [
+        ["runwire.runners.base", "runwire.runners.registry", "runwire.runners.tools"]
+    ]
+    graph["runwire.runners.base"] = set()
+    assert lint.circles(graph) == []
+
+
+def test_our_modules_import_each_other_without_circles() -> None:
+    graph = lint.import_graph()
+    assert "runwire.runners.base" in graph
+    assert "runwire.contracts.frames" in graph["runwire.runners.base"]
+    assert lint.circles(graph) == []
+
+
+def test_a_block_repeated_in_two_files_counts_once_whatever_its_length(tmp_path: Path) -> None:
+    shared = [f"value_{i} = compute({i})" for i in range(9)]
+    (tmp_path / "a.py").write_text("\n".join(["import os", "", *shared, "print(1)"]))
+    (tmp_path / "b.py").write_text("\n".join(["# a copy", *shared, "", "print(2)"]))
+    (tmp_path / "c.py").write_text("\n".join(shared[:5]))  # five lines: not repeated code
+    repeats = lint.repeated_blocks(sorted(tmp_path.glob("*.py")), root=tmp_path)
+    assert repeats == [lint.Repeat("a.py:3", "b.py:2", 9)]
