@@ -25,8 +25,6 @@ MAX_MODULE_LINES = 600
 LARGE_MODULES = {
     "infra/stack.py": 1135,
     "services/client/sdk.py": 786,
-    "services/runtime/broker.py": 794,
-    "services/relay/pipeline.py": 749,
     "infra/embedded.py": 741,
     "services/executor/attempt.py": 605,
 }
@@ -186,6 +184,8 @@ def main() -> int:
     for lines, path in large:
         allowed = LARGE_MODULES.get(path)
         state = "not allowed" if allowed is None else f"allowed up to {allowed} until split"
+        if allowed is not None and lines < allowed:
+            state += f"; lower its allowance to {lines}"
         print(f"  {path}: {lines} lines ({state})")
         if allowed is None or lines > allowed:
             failures.append(f"{path} has {lines} lines (limit {allowed or MAX_MODULE_LINES})")

@@ -39,7 +39,7 @@ from runwire.runners.registry import RunnerConfigError, input_schema, load_runne
 from runwire.runners.tools import load_tools
 from runwire.runtime import faults, publications, tracing
 from runwire.runtime.app import Service
-from runwire.runtime.broker import EXECUTOR_CONSUMER, Broker, StreamLimits
+from runwire.runtime.broker import Broker
 from runwire.runtime.commands import describe
 from runwire.runtime.consumer import DurablePull
 from runwire.runtime.errors import LostRace, RunwireError
@@ -50,6 +50,7 @@ from runwire.runtime.metrics import ATTEMPT_DURATION, ATTEMPTS_IN_FLIGHT
 from runwire.runtime.outbox import Outbox
 from runwire.runtime.settings import ExecutorSettings, from_env
 from runwire.runtime.store import Run, Store
+from runwire.runtime.streams import EXECUTOR_CONSUMER, StreamLimits
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from runwire.recovery.sessions import SessionTurns
 from runwire.recovery.workflows import WorkflowDeadlines
 from runwire.runtime import publications
 from runwire.runtime.app import Service
-from runwire.runtime.broker import Broker, StreamLimits
+from runwire.runtime.broker import Broker
 from runwire.runtime.errors import RunwireError
 from runwire.runtime.health import serve_health
 from runwire.runtime.lifecycle import run
@@ -37,6 +37,7 @@ from runwire.runtime.metrics import QUEUE
 from runwire.runtime.outbox import SWEEP_BATCH, Outbox
 from runwire.runtime.settings import RecoverySettings, from_env
 from runwire.runtime.store import Store
+from runwire.runtime.streams import StreamLimits
 
 log = logging.getLogger(__name__)
 

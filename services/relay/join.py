@@ -16,11 +16,12 @@ from runwire.contracts.commands import JoinCommand
 from runwire.contracts.frames import Frame, FrameType
 from runwire.contracts.headers import REPLAY_NEXT
 from runwire.contracts.replies import JoinReply, LiveCursor, RunSummary
-from runwire.runtime.broker import Broker, StoredMsg, frame_position
+from runwire.runtime.broker import Broker
 from runwire.runtime.commands import HeadedReply
 from runwire.runtime.errors import NotFound
 from runwire.runtime.settings import RelaySettings
 from runwire.runtime.store import Store, parse_run_id
+from runwire.runtime.stream_reads import StoredMsg, frame_position
 
 # Segments read from Postgres for a join: at first (a short replay needs no more), and
 # at most at once after that.

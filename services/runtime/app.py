@@ -36,13 +36,14 @@ from opentelemetry.sdk.trace import TracerProvider
 from runwire.client.settings import tls_context
 from runwire.contracts.subjects import Subjects, service_inbox
 from runwire.runtime import tracing
-from runwire.runtime.broker import Broker, StreamLimits
+from runwire.runtime.broker import Broker
 from runwire.runtime.lifecycle import CannotStart, setup_process, teardown_process
 from runwire.runtime.logs import fields
 from runwire.runtime.metrics import freeze_startup_objects
 from runwire.runtime.outbox import Outbox
 from runwire.runtime.settings import CommonSettings
 from runwire.runtime.store import Store
+from runwire.runtime.streams import StreamLimits
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,8 @@ import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from runwire.runtime.broker import Broker, StreamLimits
+from runwire.runtime.broker import Broker
+from runwire.runtime.streams import StreamLimits
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from typing import Any
 from runwire.contracts.events import RunEvent
 from runwire.contracts.frames import Frame, Job, RawFrame
 from runwire.runtime.app import Service
-from runwire.runtime.broker import EXECUTOR_CONSUMER, RELAY_PARTITIONS
+from runwire.runtime.streams import EXECUTOR_CONSUMER, RELAY_PARTITIONS
 
 TENANT = "{tenant}"
 RUN_ID = "{run_id}"

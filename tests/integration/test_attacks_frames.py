@@ -17,7 +17,7 @@ from runwire.contracts.frames import Frame, FrameType, RawFrame
 from runwire.contracts.status import RunStatus
 from runwire.contracts.subjects import Subjects
 from runwire.infra.auth import OPERATOR
-from runwire.relay.pipeline import Pipeline, SegmentBuffer
+from runwire.relay.segments import SegmentBuffer, SegmentWriter
 from runwire.runtime.broker import Broker
 from runwire.runtime.logs import JsonFormatter
 from runwire.runtime.settings import RelaySettings
@@ -186,15 +186,15 @@ async def test_a_segment_postgres_refuses_spoils_no_other_runs_segment(
     try:
         good = (await stack.client.submit({"tokens": ["a"]})).run.run_id
         bad = (await stack.client.submit({"tokens": ["b"]})).run.run_id
-        pipeline = Pipeline(settings, stack.store, broker)
-        pipeline.buffers = {good: _buffer(good, "fine"), bad: _buffer(bad, "x\x00y")}
+        segments = SegmentWriter(settings, stack.store, broker, repair_margin=512)
+        segments.buffers = {good: _buffer(good, "fine"), bad: _buffer(bad, "x\x00y")}
 
-        await pipeline.flush()
+        await segments.flush()
 
         (written,) = await stack.store.segments_after(good, 0)
         assert written.frames[0]["data"] == {"text": "fine"}
         assert await stack.store.segments_after(bad, 0) == []
-        assert pipeline.buffers == {}
+        assert segments.buffers == {}
     finally:
         await broker.close()
         await stack.close()

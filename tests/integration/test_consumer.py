@@ -9,8 +9,9 @@ from nats.aio.msg import Msg
 from nats.js.api import StreamConfig
 
 from runwire.contracts.subjects import Subjects
-from runwire.runtime.broker import Broker, StreamLimits
+from runwire.runtime.broker import Broker
 from runwire.runtime.consumer import DurablePull
+from runwire.runtime.streams import StreamLimits
 from runwire.testing.servers import Servers
 from runwire.testing.waiting import eventually
 

@@ -14,9 +14,10 @@ from runwire.contracts.status import RunStatus
 from runwire.contracts.subjects import Subjects
 from runwire.relay.partitions import PARTITION_LOCKS
 from runwire.relay.pipeline import RAW_FRAME_ACK_WAIT_S, Pipeline
-from runwire.runtime.broker import RELAY_PARTITIONS, Broker, StreamLimits, relay_consumer
+from runwire.runtime.broker import Broker
 from runwire.runtime.settings import RelaySettings
 from runwire.runtime.store import Segment, SegmentCount
+from runwire.runtime.streams import RELAY_PARTITIONS, StreamLimits, relay_consumer
 from runwire.runtime.tokens import frame_token
 from runwire.testing.servers import Servers
 from runwire.testing.waiting import eventually
@@ -169,7 +170,7 @@ async def test_a_repair_that_meets_a_stale_relays_write_still_stores_every_frame
     stack.store.segment_ranges = stale_write_after_reading  # type: ignore[method-assign]
     try:
         count = SegmentCount(run_id, "default", last, 4 + last - 10, True)
-        await pipeline._repair(count)
+        await pipeline.segments.repair(count)
     finally:
         stack.store.segment_ranges = ranges  # type: ignore[method-assign]
         await broker.close()

@@ -9,8 +9,8 @@ from runwire.executor.outcome import backoff_ms
 from runwire.relay.pipeline import _cursor_from
 from runwire.relay.sequencer import RunCursor, Verdict
 from runwire.runners.scripted import tokens_delivered
-from runwire.runtime.broker import FramePosition, StoredMsg, frame_position
 from runwire.runtime.store import QUERIES, load_queries
+from runwire.runtime.stream_reads import FramePosition, StoredMsg, frame_position
 
 pytestmark = pytest.mark.unit
 
