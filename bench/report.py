@@ -19,7 +19,8 @@ from typing import Any
 import psutil
 
 from bench.results import Results
-from runwire.infra.embedded import nats_server_binary, postgres_bin_dir
+from runwire.infra.embedded import nats_server_binary
+from runwire.infra.postgres import postgres_bin_dir
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 RUNWIRE_DEPS = (

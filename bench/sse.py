@@ -24,7 +24,7 @@ from bench.stack import Stack, progress
 from bench.streaming import wait_frames_closed
 from runwire.contracts.frames import FrameType
 from runwire.gateway.keys import add_key, new_key
-from runwire.infra.embedded import find_free_port
+from runwire.infra.processes import find_free_port
 
 FRAMES = 5_000
 CLIENTS = 100

@@ -29,7 +29,8 @@ from bench.memory import RssSampler
 from runwire.client import Client, ClientError
 from runwire.client.settings import rotated
 from runwire.contracts.errors import ErrorCode
-from runwire.infra.embedded import EmbeddedNats, EmbeddedPostgres
+from runwire.infra.embedded import EmbeddedNats
+from runwire.infra.postgres import EmbeddedPostgres
 
 ROOT = Path(__file__).resolve().parent.parent
 MODULES = {

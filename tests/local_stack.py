@@ -24,7 +24,7 @@ from pathlib import Path
 
 from runwire.client import Client
 from runwire.infra.auth import read_env_file
-from runwire.infra.embedded import find_free_port
+from runwire.infra.processes import find_free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 # Longer than `up` itself may wait (for the servers, then for the services).

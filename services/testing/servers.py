@@ -31,7 +31,8 @@ from urllib.parse import urlsplit
 import asyncpg
 
 from runwire.infra.auth import SERVICES, service_role
-from runwire.infra.embedded import EmbeddedNats, EmbeddedNatsCluster, EmbeddedPostgres
+from runwire.infra.embedded import EmbeddedNats, EmbeddedNatsCluster
+from runwire.infra.postgres import EmbeddedPostgres
 from runwire.runtime.store import migrate
 
 PROVIDERS = ("external", "docker", "embedded", "cluster")

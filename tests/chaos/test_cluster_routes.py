@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from runwire.infra.embedded import EmbeddedNats, EmbeddedNatsCluster, find_free_port
+from runwire.infra.embedded import EmbeddedNats, EmbeddedNatsCluster
+from runwire.infra.processes import find_free_port
 from runwire.testing.waiting import eventually
 
 pytestmark = [pytest.mark.chaos, pytest.mark.security]

@@ -12,7 +12,8 @@ import pytest
 
 from runwire.client import ClientError
 from runwire.contracts.status import RunStatus
-from runwire.infra.embedded import EmbeddedNats, EmbeddedPostgres
+from runwire.infra.embedded import EmbeddedNats
+from runwire.infra.postgres import EmbeddedPostgres
 from runwire.testing.waiting import eventually
 from tests.services import ProcessStack, assert_well_formed, collect
 

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from runwire.client import Client
 from runwire.contracts.status import RunStatus
-from runwire.infra.embedded import find_free_port, port_is_free
+from runwire.infra.processes import find_free_port, port_is_free
 from runwire.testing.waiting import eventually
 from tests.local_stack import client_of, local_stack
 from tests.services import MODULES, ProcessStack, collect
