@@ -110,8 +110,10 @@ class GetCommand(Command):
 
 class ResolveEffectCommand(Command):
     """An operator settles a side effect whose outcome runwire could not know (`unknown`,
-    or `claimed` by an attempt that is gone): with the receipt of the action that
-    happened (`reconciled`), or with why it did not (`failed`). Exactly one of the two."""
+    `claimed` by an attempt that is gone, or `failed` with EFFECT_DEADLINE_EXCEEDED: it
+    may have happened): with the receipt of the action that happened (`reconciled`, its
+    reservation charged), or with why it did not (`failed`, its reservation released).
+    Exactly one of the two."""
 
     run_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
     key: str = Field(min_length=1, max_length=MAX_ID_LENGTH)

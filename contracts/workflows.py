@@ -14,7 +14,10 @@ passed): `on_failure`
 - `fail_run`: the workflow run fails at once, without retries;
 - `skip`: the node is `skipped`; the nodes after it run, with null for its output;
 - `fallback`: node `fallback` runs in its place (with its own input, retries, deadline
-  and on_failure), and its output stands for the failed node's.
+  and on_failure), and its output stands for the failed node's; not after the node's run
+  performed a side effect (or may have: committed, reconciled, unknown, claimed, or failed
+  by its deadline), which its fallback would repeat, unless the node sets
+  `fallback_after_effect`: then the workflow run fails as with `retry`.
 
 A node that is some node's `fallback` runs only in that case: it has no edges of its
 own, and its input may only use the workflow input and the nodes before the node it
@@ -82,6 +85,10 @@ class NodeSpec(WireModel):
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     on_failure: OnFailure = OnFailure.RETRY
     fallback: NodeId | None = None
+    # A node run that performed a side effect (or may have) has no fallback: the node
+    # in its place would do it again. True: its fallback runs all the same (it does not
+    # repeat the effect, or repeating it is fine).
+    fallback_after_effect: bool = Field(default=False, strict=True)
     # From the node run's creation to its end, retries included: past it the node is
     # `timed_out` (its attempt stopped) and its on_failure applies.
     deadline_ms: int | None = Field(default=None, ge=100, le=86_400_000, strict=True)

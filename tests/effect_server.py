@@ -5,8 +5,11 @@ first receipt) and refuses a `Runwire-Fence-Token` lower than the highest it has
 the key (409). `GET /charges/<key>`: 200 with the receipt, 404 if never charged. A test
 can make it hold its answer to a charge (`hold`), as a slow provider would. `POST /email`
 sends an email the same way (once per key; `emails` counts them, receipts `em_<n>`).
-`requests` lists every request that arrived, whatever it asked; `redirects` maps a path
-to the URL a request for it is sent on to (307: the same method and body).
+`GET /emails/<key>` answers as `/charges/<key>` does. `requests` lists every request that
+arrived, whatever it asked; `redirects` maps a path to the URL a request for it is sent
+on to (307: the same method and body). `lose_answers`: that many charges or emails are
+performed, then answered 502 (the answer was lost); `drop_status`: that many status
+requests get their connection closed without an answer.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ class EffectServer:
         self.received = asyncio.Event()  # a charge request arrived
         self.hold = False  # answer no charge request (it is performed all the same)
         self.fail_with: int | None = None  # answer charges with this status, charging nothing
+        self.lose_answers = 0  # performed, then answered 502, this many more times
+        self.drop_status = 0  # status requests to drop without an answer
         self._server: asyncio.Server | None = None
 
     @property
@@ -73,6 +78,8 @@ class EffectServer:
             )
             if status is None:
                 await asyncio.Event().wait()  # held: the caller never hears back
+            if status == 0:
+                return  # dropped: the connection closes without an answer
             payload = json.dumps(answer).encode()
             extra = f"location: {location}\r\n" if location is not None else ""
             writer.write(
@@ -98,10 +105,12 @@ class EffectServer:
     async def _answer(
         self, method: str, path: str, headers: dict[str, str], body: bytes
     ) -> tuple[int | None, dict[str, Any]]:
-        if method == "GET" and path.startswith("/charges/"):
-            key = path.removeprefix("/charges/")
-            receipt = self.receipts.get(key)
-            return (200, receipt) if receipt is not None else (404, {"error": "no such charge"})
+        if method == "GET" and path.startswith(("/charges/", "/emails/")):
+            if self.drop_status > 0:
+                self.drop_status -= 1
+                return 0, {}
+            receipt = self.receipts.get(path.rsplit("/", 1)[-1])
+            return (200, receipt) if receipt is not None else (404, {"error": "not found"})
         if method == "POST" and path in ("/charge", "/email"):
             key = headers["idempotency-key"]
             fence = int(headers["runwire-fence-token"])
@@ -110,7 +119,7 @@ class EffectServer:
                 return 409, {"error": f"fence {fence} is stale"}
             self.fences[key] = fence
             if path == "/email":
-                return 200, self._email(key, json.loads(body))
+                return self._lost_or(200), self._email(key, json.loads(body))
             if self.fail_with is not None:
                 return self.fail_with, {"error": "the payment service is down"}
             if json.loads(body)["amount"] > 1000:
@@ -120,5 +129,12 @@ class EffectServer:
                 amount = json.loads(body)["amount"]
                 self.receipts[key] = {"id": f"ch_{len(self.receipts) + 1}", "amount": amount}
             self.received.set()
-            return (None if self.hold else 200), self.receipts[key]
+            return (None if self.hold else self._lost_or(200)), self.receipts[key]
         return 404, {"error": "not found"}
+
+    def _lost_or(self, status: int) -> int:
+        """502 while answers are to be lost (the action was performed all the same)."""
+        if self.lose_answers > 0:
+            self.lose_answers -= 1
+            return 502
+        return status

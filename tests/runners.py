@@ -118,19 +118,18 @@ class EmailArgs(WireModel):
     body: str = ""
 
 
-# Where `send_email` sends: the URL of a test's mail endpoint (set by the test).
-MAIL_API = {"url": ""}
+# Where `send_email` sends: the URL of a test's mail endpoint (set by the test), and
+# whether it gives the endpoint's status URL (so an email can be reconciled).
+MAIL_API = {"url": "", "status": ""}
 
 
 @runwire.tool(input=EmailArgs)
 async def send_email(args: EmailArgs, ctx: runwire.ToolContext) -> dict[str, Any]:
     """Send an email; once per call, whatever crashes."""
-    receipt = await ctx.effect(
-        "http",
-        "email",
-        {"url": f"{MAIL_API['url']}/email", "body": args.model_dump()},
-        cost=1,
-    )
+    request: dict[str, Any] = {"url": f"{MAIL_API['url']}/email", "body": args.model_dump()}
+    if MAIL_API["status"]:
+        request["status_url"] = f"{MAIL_API['url']}/emails/{{idempotency_key}}"
+    receipt = await ctx.effect("http", "email", request, cost=1)
     return {"sent": receipt["id"]}
 
 

@@ -480,8 +480,8 @@ class Client:
         receipt: dict[str, Any] | None = None,
         error: str | None = None,
     ) -> RunSummary:
-        """Settle a side effect whose outcome is unknown: with the receipt of the action
-        that happened, or with why it did not (operators only)."""
+        """Settle a side effect whose outcome is unknown (or that failed by its deadline)
+        with the receipt of what happened, or why it did not (operators only)."""
         cmd = ResolveEffectCommand(run_id=run_id, key=key, receipt=receipt, error=error)
         reply: RunReply = await self._request("resolve_effect", cmd, RunReply)
         return reply.run

@@ -348,8 +348,8 @@ class Attempt:
             raise AttemptClosed("lease lost") from None
 
     def _budget_key(self, key: str) -> str:
-        # Per attempt: a reservation of an attempt that is gone is released, never
-        # settled by the next one.
+        # Per attempt: a reservation of an attempt that is gone is charged by recovery,
+        # never settled by the next one.
         return f"g{self.generation}:{key}"
 
     async def _reserve(self, key: str, tokens: int, cost: int) -> None:

@@ -17,6 +17,7 @@ from runwire.runners.effects import (
     EffectAdapter,
     EffectOutcomeUnknown,
     EffectRejected,
+    Reconciled,
     digest,
     idempotency_key,
     policy_refusal,
@@ -30,6 +31,22 @@ log = logging.getLogger(__name__)
 Emit = Callable[[FrameType, dict[str, Any]], Awaitable[None]]
 # How many times a move that lost a race reads the row again before giving up.
 MOVES = 8
+
+
+async def reconcile(adapter: EffectAdapter, effect: Effect, request: dict[str, Any]) -> Reconciled:
+    """What the adapter knows of `effect`; `unknown` when the reconcile itself fails (a
+    connection error, an adapter's bug): the effect is reconciled again later, never
+    taken for one that did not happen."""
+    try:
+        return await adapter.reconcile(request, idempotency_key=effect.idempotency_key)
+    except Exception as exc:
+        log.warning(
+            "effect %s of run %s: reconcile failed; tried again later",
+            effect.key,
+            effect.run_id,
+            exc_info=exc,
+        )
+        return Reconciled("unknown")
 
 
 class EffectFence:
@@ -175,7 +192,7 @@ class EffectFence:
             )
         if state in (EffectState.CLAIMED, EffectState.UNKNOWN):
             # Claimed by an attempt that did not finish it: never dispatched blindly.
-            found = await adapter.reconcile(request, idempotency_key=effect.idempotency_key)
+            found = await reconcile(adapter, effect, request)
             if found.status == "committed":
                 target = (
                     EffectState.COMMITTED

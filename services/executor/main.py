@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from runwire.contracts.frames import Job
 from runwire.contracts.status import RunStatus
 from runwire.executor.attempt import AbortReason, Attempt, Outcome, attempt_error
+from runwire.executor.ended_effects import EndedEffects
 from runwire.executor.outcome import Settler
 from runwire.executor.presence import Presence
 from runwire.runners.base import RunnerError, RunnerSpec, ToolSpec
@@ -103,6 +104,9 @@ class Executor:
         self.outbox = outbox or Outbox(store, broker)
         self._settler = Settler(store, self.outbox, settings, self.owner, random.Random())
         self.presence = Presence(settings.database_url, settings.heartbeat_ms / 1000)
+        self._ended_effects = EndedEffects(
+            store, self.effects, every_ms=settings.effect_reconcile_ms, actor=self.owner
+        )
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fetch and run jobs of every runner until `stop`, then drain."""
@@ -142,6 +146,7 @@ class Executor:
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self.presence.run(stop), name="presence")
+                group.create_task(self._ended_effects.watch(stop), name="ended-effects")
                 for name, (pull, cap) in pulls.items():
                     group.create_task(self._serve(name, pull, cap, stop), name=f"jobs-{name}")
         finally:

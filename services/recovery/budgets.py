@@ -1,11 +1,12 @@
 """Budgets: reservations nobody will settle (their attempt is gone, or their run ended)
-are released, so what they held counts against no budget any more."""
+are closed. Whether their call happened is not known, so they are charged what they
+reserved; an effect's reservation whose effect was never dispatched is released."""
 
 from runwire.runtime.store import Store
 
 
 class OrphanedReservations:
-    """The duty that releases budget reservations left by crashed attempts."""
+    """The duty that closes budget reservations left by crashed attempts."""
 
     name = "orphaned reservations"
 
@@ -13,4 +14,4 @@ class OrphanedReservations:
         self.store = store
 
     async def run(self) -> dict[str, int]:
-        return {"released": await self.store.release_orphaned_reservations()}
+        return {"reservations_closed": await self.store.close_orphaned_reservations()}

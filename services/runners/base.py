@@ -275,7 +275,8 @@ class AttemptContext:
         """Reserve `tokens` (and `cost` units) of the tenant's and the run's budgets for a
         costly call that this attempt names `key`, before making it. Raises RunnerError
         (BUDGET_EXCEEDED, not retryable) when it does not fit. Settle it with `settle`
-        after the call; a reservation left unsettled (a crash) is released by recovery."""
+        after the call; a reservation left unsettled (a crash) is charged by recovery at
+        what it reserved (the call may have happened)."""
         if self._reserve is None:
             raise RunnerError("budgets are not available to this attempt", retryable=False)
         await self._reserve(key, tokens, cost)

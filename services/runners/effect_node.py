@@ -1,7 +1,8 @@
 """The runner of a workflow node that names an `effect` instead of a runner: it performs
 the node's input as the request of that effect adapter, once, through the side-effect
 fence (a retried or resumed attempt gets the stored receipt), and the receipt is the
-node's output."""
+node's output: `{"$ref": "nodes.<id>.id"}` is the receipt's id (the run's result is the
+receipt with an empty `text`, as any runner's result has its text)."""
 
 from typing import Any
 
@@ -29,4 +30,4 @@ class EffectNodeInput(BaseModel):
 async def effect_node(ctx: AttemptContext) -> dict[str, Any]:
     spec = EffectNodeInput.model_validate(ctx.input)
     receipt = await ctx.effect(spec.kind, EFFECT_KEY, spec.request)
-    return {"receipt": receipt}
+    return dict(receipt)

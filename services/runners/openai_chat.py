@@ -274,6 +274,21 @@ class OpenAIChat:
             text = re.sub(re.escape(key[:6]) + r"\S*" + re.escape(key[-4:]), "[redacted]", text)
         return text
 
+    def _failed_use(
+        self, exc: Exception, step: _Step, estimate: int, estimate_cost: int
+    ) -> tuple[int, int]:
+        """What a failed model call is charged (tokens, cost units): the usage the provider
+        reported; nothing when it refused the call (an error status); else what was
+        reserved, since the call may have run (a connection lost, a stream cut)."""
+        if step.usage is not None:
+            used = step.usage
+            return used["total_tokens"], self.settings.cost(
+                used["input_tokens"], used["output_tokens"]
+            )
+        if isinstance(exc, _sdk().APIStatusError):
+            return 0, 0
+        return estimate, estimate_cost
+
     def _failure(self, exc: Exception) -> RunnerError:
         """The outcome of a failed model call."""
         openai, http = _sdk(), _http()
@@ -335,16 +350,14 @@ class OpenAIChat:
             body.pop("parallel_tool_calls", None)
         return body
 
-    async def _step(self, ctx: AttemptContext, request: dict[str, Any]) -> _Step:
-        """One streamed model call; text deltas are emitted as they arrive."""
-        step = _Step()
+    async def _step(self, ctx: AttemptContext, request: dict[str, Any], step: _Step) -> None:
+        """One streamed model call into `step`; text deltas are emitted as they arrive."""
         stream = await _or_abort(ctx, self.client.chat.completions.create(**request))
         try:
             await _or_abort(ctx, self._consume(ctx, stream, step))
         finally:
             with contextlib.suppress(Exception):
                 await stream.close()
-        return step
 
     async def _consume(self, ctx: AttemptContext, stream: Any, step: _Step) -> None:
         async for chunk in stream:
@@ -423,14 +436,16 @@ class OpenAIChat:
             prompt, answer = _estimate(args, messages)
             estimate, estimate_cost = prompt + answer, self.settings.cost(prompt, answer)
             await ctx.reserve(reservation, estimate, cost=estimate_cost)
+            step = _Step()
             try:
-                step = await self._step(ctx, self._request(args, messages, tools))
+                await self._step(ctx, self._request(args, messages, tools), step)
             except _Aborted:
                 # Cut short: count what it may have used.
                 await ctx.settle(reservation, estimate, cost=estimate_cost)
                 return {"usage": usage}  # the executor records the abort, not this result
             except Exception as exc:  # noqa: BLE001 - mapped to an outcome, or raised again
-                await ctx.settle(reservation, 0)
+                used, cost = self._failed_use(exc, step, estimate, estimate_cost)
+                await ctx.settle(reservation, used, step.id, cost=cost)
                 raise self._failure(exc) from None
             if step.usage is not None:
                 used = step.usage["total_tokens"]

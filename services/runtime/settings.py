@@ -39,6 +39,7 @@ DEFAULT_RETRY_MAX_MS = 30_000
 DEFAULT_ABORT_GRACE_MS = 1_000
 DEFAULT_RESUME_WAIT_MS = 2_000
 DEFAULT_EFFECT_CLAIM_MS = 30_000
+DEFAULT_EFFECT_RECONCILE_MS = 5_000
 DEFAULT_DRAIN_MS = 10_000
 DEFAULT_PUBLISH_PATIENCE_MS = 30_000
 DEFAULT_SEGMENT_FLUSH_MS = 50
@@ -193,6 +194,9 @@ class ExecutorSettings(CommonSettings):
     effect_claim_ms: int = Field(default=DEFAULT_EFFECT_CLAIM_MS, ge=100)
     """How long a side effect's claim holds: its dispatch must answer within it, or the
     effect fails with `EFFECT_DEADLINE_EXCEEDED`."""
+    effect_reconcile_ms: int = Field(default=DEFAULT_EFFECT_RECONCILE_MS, ge=20)
+    """How often an executor reconciles the effects that runs which ended left `claimed`
+    or `unknown` (of the kinds it has adapters for)."""
     effect_http_allow_hosts: str = ""
     """The only hosts the `http` effect adapter may send requests to, comma-separated
     (`*.example.com`: any name under example.com); empty: any public host. See

@@ -106,10 +106,18 @@ class Submitter:
 
     async def release(self, tenant: str, cmd: ReleaseCommand) -> ReleaseReply:
         """Store a release for good, after checking that the deployment has every runner
-        it names (its graph was checked with the command's body)."""
+        it names and that each node's input can fit its runner's (its graph was checked
+        with the command's body)."""
         for node in cmd.definition.nodes:
-            await self.runners.require(node.runs_with, f"node {node.id!r}: ")
+            where = f"node {node.id!r}: "
+            await self.runners.require(node.runs_with, where)
+            if node.runner is not None:  # an effect node's input is its adapter's request
+                await self.runners.check_template(node.runner, node.input, where)
         definition = cmd.definition.model_dump(mode="json", by_alias=True)
+        for stored in definition["nodes"]:
+            # Left out when not set: a release published before the field keeps its digest.
+            if not stored["fallback_after_effect"]:
+                del stored["fallback_after_effect"]
         digest = hashlib.sha256(
             json.dumps(definition, sort_keys=True, separators=(",", ":")).encode()
         ).hexdigest()
@@ -392,8 +400,8 @@ class Submitter:
             if cmd.key not in known:
                 raise NotFound(f"run {run.run_id} has no effect {cmd.key!r}")
             raise InvalidRequest(
-                f"effect {cmd.key!r} is {known[cmd.key]}: only an unknown or claimed effect "
-                "can be resolved"
+                f"effect {cmd.key!r} is {known[cmd.key]}: only an unknown or claimed effect, "
+                "or one failed by its deadline, can be resolved"
             )
         with bind(run_id=run.run_id, tenant=tenant):
             log.warning("effect resolved by an operator", extra=fields(key=cmd.key, state=state))

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -37,6 +37,8 @@ class RunnerCatalog:
         self.store = store
         self.local = dict(local)
         self._remote: dict[str, Draft202012Validator | None] = {}
+        # The JSON Schema checks of this process's runners, for node input templates.
+        self._templates: dict[str, Draft202012Validator] = {}
         self._loaded_at = float("-inf")
         self._loading: asyncio.Lock = asyncio.Lock()
 
@@ -111,6 +113,32 @@ class RunnerCatalog:
             known = ", ".join(self.names()) or "none"
             raise InvalidRequest(f"{where}unknown runner {runner!r}; known runners: {known}")
 
+    async def check_template(self, runner: str, template: dict[str, Any], where: str) -> None:
+        """Raise InvalidRequest (`where` starts the message) unless a workflow node's
+        input `template` can fit `runner`'s input: checked against its JSON Schema, where a
+        `{"$ref": ...}` stands for any value (it is known only when the node runs)."""
+        spec = self.local.get(runner)
+        if spec is not None:
+            if spec.input_model is None:
+                return
+            validator = self._templates.get(runner)
+            if validator is None:
+                validator = self._templates[runner] = Draft202012Validator(
+                    spec.input_model.model_json_schema()
+                )
+        else:
+            await self.require(runner, where)
+            validator = self._remote[runner]
+            if validator is None:
+                return
+        errors = [
+            e for e in validator.iter_errors(template) if not _by_ref(template, e.absolute_path)
+        ]
+        error = best_match(errors)
+        if error is not None:
+            path = "/".join(str(part) for part in error.absolute_path) or "input"
+            raise InvalidRequest(f"{where}input for runner {runner!r}: {path}: {error.message}")
+
     async def check(self, runner: str, value: dict[str, Any]) -> None:
         """Raise InvalidRequest unless `runner` is known and `value` fits its input."""
         spec = self.local.get(runner)
@@ -129,3 +157,17 @@ class RunnerCatalog:
         if error is not None:
             where = "/".join(str(part) for part in error.absolute_path) or "input"
             raise InvalidRequest(f"input for runner {runner!r}: {where}: {error.message}")
+
+
+def _by_ref(template: Any, path: Iterable[str | int]) -> bool:
+    """Whether the value at `path` in `template`, or one it is part of, is a `$ref`."""
+    found = template
+    for part in (None, *path):
+        if part is not None:
+            try:
+                found = found[part]
+            except (KeyError, IndexError, TypeError):
+                return False
+        if isinstance(found, dict) and set(found) == {"$ref"}:
+            return True
+    return False

@@ -1,5 +1,5 @@
-"""kill -9 between a costly call and its settlement: the usage is settled once, and what
-the dead attempt reserved is released."""
+"""kill -9 between a costly call and its settlement: the next attempt's usage is settled
+once, and what the dead attempt reserved is charged (its call may have happened)."""
 
 from pathlib import Path
 
@@ -13,7 +13,7 @@ from tests.services import ProcessStack, collect
 pytestmark = pytest.mark.chaos
 
 
-async def test_a_crash_before_settlement_settles_once_and_releases_the_rest(
+async def test_a_crash_before_settlement_charges_what_the_dead_attempt_reserved(
     service_env: dict[str, str], tmp_path: Path
 ) -> None:
     stack = ProcessStack({**service_env, "RUNWIRE_RUNNERS": "spend=tests.runners:spend"}, tmp_path)
@@ -29,14 +29,15 @@ async def test_a_crash_before_settlement_settles_once_and_releases_the_rest(
         _, transcript = await collect(stack.client, reply.run.run_id, timeout=60)
         run = await stack.client.get(reply.run.run_id)
 
-        async def released() -> bool:
+        async def closed() -> bool:
             return (await stack.client.budget()).reserved == 0
 
-        await eventually(released, timeout=20)
+        await eventually(closed, timeout=20)
         budget = await stack.client.budget()
     finally:
         await stack.close()
 
     assert (run.status, run.attempts) == (RunStatus.FINISHED, 2)
     assert transcript.text == "spent 40"
-    assert (budget.used, budget.reserved, budget.left) == (40, 0, 460)
+    # 60 reserved by the dead attempt, charged; 40 used by the second.
+    assert (budget.used, budget.reserved, budget.left) == (100, 0, 400)

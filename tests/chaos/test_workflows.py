@@ -186,4 +186,4 @@ async def test_an_effect_node_whose_executor_died_completes_from_its_receipt(
     # Sent once, and the node's output is the receipt of that one send.
     assert list(server.emails.values()) == [1]
     assert run.result is not None
-    assert run.result["outputs"]["email"]["receipt"] == {"status": 200, "id": "em_1"}
+    assert run.result["outputs"]["email"] == {"text": "", "status": 200, "id": "em_1"}

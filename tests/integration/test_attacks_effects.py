@@ -158,8 +158,8 @@ async def test_addresses_inside_the_deployment_are_refused_however_spelled(
     assert [(e.key, e.state) for e in redirected.effects] == [("node", "unknown")]
     assert direct.result is not None
     assert moved.result is not None
-    assert direct.result["receipt"] == {"status": 200, "id": "ch_1"}
-    assert moved.result["receipt"] == {"status": 200, "id": "ch_2"}
+    assert direct.result == {"text": "", "status": 200, "id": "ch_1"}
+    assert moved.result == {"text": "", "status": 200, "id": "ch_2"}
     # Nothing reached the addresses inside; the allowed one saw only what was allowed.
     assert inside.requests == []
     assert inside_v6 is None or inside_v6.requests == []
@@ -188,8 +188,9 @@ async def test_an_allowed_network_works_and_a_run_keeps_only_what_it_asked_for(
 
     assert plain.result is not None
     assert kept.result is not None
-    assert plain.result["receipt"] == {"status": 200, "id": "ch_1"}
-    assert kept.result["receipt"] == {
+    assert plain.result == {"text": "", "status": 200, "id": "ch_1"}
+    assert kept.result == {
+        "text": "",
         "status": 200,
         "id": "ch_2",
         "response": {"id": "ch_2", "amount": 40},

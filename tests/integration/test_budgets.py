@@ -2,8 +2,10 @@
 what they used, many runs racing for the last tokens of a tenant."""
 
 import asyncio
+import uuid
 from typing import Any
 
+import asyncpg
 import pytest
 
 from runwire import ClientError
@@ -207,3 +209,46 @@ async def test_the_openai_runner_prices_each_call_in_cost_units(
     assert refused_run.error.code == ErrorCode.BUDGET_EXCEEDED
     assert "cost units" in refused_run.error.message
     assert len(server.requests) == 1
+
+
+async def test_a_model_call_cut_short_is_charged_what_it_reserved(
+    infra: Any, db_url: str, prefix: str
+) -> None:
+    async with OpenAIServer() as server:
+        runner = make_runner(OpenAISettings(base_url=server.base_url, api_key="sk-test"))
+        stack = InProcessStack(
+            infra.nats_url,
+            db_url,
+            prefix,
+            runners={"openai": runner},
+            overrides={"lease_ttl_ms": 20_000},
+        )
+        async with stack:
+            await stack.client.set_budget(tokens=10_000)
+            # The connection drops mid-answer: the provider may well bill the call.
+            server.queue(
+                Stream(text_answer("Once", " upon", " a", " time"), cut_after=3),
+                Stream(text_answer(" a", " time", prompt_tokens=7)),
+            )
+            reply = await stack.client.submit(HELLO, runner="openai")
+            await collect(stack.client, reply.run.run_id)
+            run = await stack.client.get(reply.run.run_id)
+            budget = await stack.client.budget()
+            conn = await asyncpg.connect(db_url)
+            try:
+                rows = await conn.fetch(
+                    "SELECT key, tokens, used FROM budget_reservations WHERE run_id = $1"
+                    " ORDER BY key",
+                    uuid.UUID(reply.run.run_id),
+                )
+            finally:
+                await conn.close()
+
+    assert (run.status, run.attempts) == (RunStatus.FINISHED, 2)
+    cut, answered = ((r["key"], r["tokens"], r["used"]) for r in rows)
+    # The cut call: what was reserved (its prompt's size plus max_tokens); the next: usage.
+    assert cut[0].endswith(":model-call-1")
+    assert cut[1] > 20
+    assert cut[2] == cut[1]
+    assert answered[2] == 7 + 2
+    assert (budget.used, budget.reserved) == (cut[1] + 9, 0)

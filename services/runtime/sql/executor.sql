@@ -271,3 +271,41 @@ WITH upd AS (
       FROM upd u JOIN runs r ON r.run_id = u.run_id
 )
 SELECT used FROM upd;
+
+-- name: ended_effects
+-- Effects that runs which ended left open, of the kinds $1 this executor can reconcile:
+-- `unknown`, or `claimed` past their claim's deadline (a dispatch may still be on its way
+-- before it). The $2 checked longest ago, none checked in the last $3 ms; marked checked,
+-- so that executors share them.
+UPDATE effects e
+   SET checked_at = now()
+ WHERE (e.run_id, e.key) IN (
+        SELECT o.run_id, o.key
+          FROM effects o JOIN runs r ON r.run_id = o.run_id
+         WHERE (o.state = 'unknown' OR (o.state = 'claimed' AND o.deadline_at < now()))
+           AND run_terminal(r.status) AND o.kind = ANY($1::text[])
+           AND (o.checked_at IS NULL
+                OR o.checked_at < now() - make_interval(secs => $3 / 1000.0))
+         ORDER BY o.checked_at NULLS FIRST
+         LIMIT $2
+           FOR UPDATE OF o SKIP LOCKED)
+RETURNING e.*, e.deadline_at < now() AS past_deadline;
+
+-- name: settle_ended_effect
+-- Record what a reconcile found of an effect of a run that ended, if nobody moved the
+-- effect meanwhile; a run event by $8. Its reservation follows (effect_budget_close).
+WITH upd AS (
+    UPDATE effects e
+       SET state = $4::effect_state, receipt = $5, error = $6, error_code = $7,
+           version = e.version + 1, updated_at = now()
+      FROM runs r
+     WHERE e.run_id = $1 AND e.key = $2 AND e.version = $3
+       AND r.run_id = e.run_id AND run_terminal(r.status)
+    RETURNING e.run_id, e.key, e.state::text AS state, r.status, r.attempts
+), ev AS (
+    INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
+    SELECT run_id, 'effect_resolved', status, attempts, $8,
+           key || ': ' || state || ' (reconciled after its run ended)'
+      FROM upd
+)
+SELECT state FROM upd;

@@ -173,15 +173,22 @@ UPDATE runs r SET frames_expired_at = now()
   FROM due WHERE r.run_id = due.run_id
 RETURNING r.run_id, r.tenant;
 
--- name: release_orphaned_reservations
+-- name: close_orphaned_reservations
 -- Reservations whose attempt is gone (the run moved to a newer generation) or whose run
--- ended: nobody will settle them. An effect's reservation (`effect:<key>`) follows its
--- effect instead, across attempts: released here only when its run ended with the
--- effect never claimed (so never dispatched); a claimed or unknown effect keeps it until
--- a reconcile or an operator settles the effect.
+-- ended: nobody will settle them. Whether their call happened is not known (a crash
+-- between the call and its settlement), so each is charged what it reserved. An
+-- effect's reservation (`effect:<key>`) follows its effect instead, across attempts:
+-- released here only when its run ended with the effect never claimed (so never
+-- dispatched); a claimed or unknown effect keeps it until a reconcile or an operator
+-- settles the effect.
 WITH upd AS (
     UPDATE budget_reservations b
-       SET state = 'released', settled_at = now()
+       SET state = CASE WHEN b.key LIKE 'effect:%' THEN 'released' ELSE 'settled' END,
+           used = CASE WHEN b.key LIKE 'effect:%' THEN b.used ELSE b.tokens END,
+           cost_used = CASE WHEN b.key LIKE 'effect:%' THEN b.cost_used ELSE b.cost END,
+           receipt = CASE WHEN b.key LIKE 'effect:%' THEN b.receipt
+                          ELSE 'unsettled: charged as reserved' END,
+           settled_at = now()
       FROM runs r
      WHERE b.state = 'reserved' AND r.run_id = b.run_id
        AND CASE WHEN b.key LIKE 'effect:%'
@@ -190,11 +197,15 @@ WITH upd AS (
                           WHERE e.run_id = b.run_id AND 'effect:' || e.key = b.key
                             AND e.state = 'prepared')
                 ELSE r.generation > b.generation OR run_terminal(r.status) END
-    RETURNING b.run_id, b.key, b.tokens, r.status, r.attempts
+    RETURNING b.run_id, b.key, b.tokens, b.state, r.status, r.attempts
 ), ev AS (
     INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
-    SELECT run_id, 'budget_released', status, attempts, 'recovery',
-           key || ': ' || tokens || ' tokens no attempt will settle'
+    SELECT run_id,
+           CASE WHEN state = 'settled' THEN 'budget_settled' ELSE 'budget_released' END,
+           status, attempts, 'recovery',
+           key || ': ' || tokens || CASE WHEN state = 'settled'
+               THEN ' tokens charged: no attempt settled it, and its call may have happened'
+               ELSE ' tokens released: its effect was never dispatched' END
       FROM upd
 )
 SELECT run_id FROM upd;

@@ -148,8 +148,10 @@ SELECT key, kind, state::text AS state, receipt, error
 
 -- name: resolve_effect
 -- An operator settles an effect whose outcome is not known: `reconciled` with a receipt,
--- or `failed`. Only an `unknown` or `claimed` effect of the tenant's run moves; the
--- move is a run event ($6: who resolved it).
+-- or `failed`. Only an `unknown` or `claimed` effect of the tenant's run moves, or one
+-- failed by its deadline (it may have happened: the operator says whether it did); the
+-- move is a run event ($6: who resolved it). The effect's reservation follows it
+-- (trigger effect_budget_close): charged when it happened, released when it did not.
 WITH upd AS (
     UPDATE effects e
        SET state = CASE WHEN $4::jsonb IS NOT NULL THEN 'reconciled'
@@ -159,7 +161,8 @@ WITH upd AS (
            version = e.version + 1, updated_at = now()
       FROM runs r
      WHERE e.run_id = $2 AND e.key = $3 AND r.run_id = e.run_id AND r.tenant = $1
-       AND e.state IN ('unknown', 'claimed')
+       AND (e.state IN ('unknown', 'claimed')
+            OR (e.state = 'failed' AND e.error_code = 'EFFECT_DEADLINE_EXCEEDED'))
     RETURNING e.run_id, e.key, e.state::text AS state, r.status, r.attempts
 ), ev AS (
     INSERT INTO run_events (run_id, event, status, attempt, actor, reason)

@@ -126,6 +126,37 @@ class ExecutorQueries(Queries):
         )
         return Effect.from_record(rec) if rec else None
 
+    async def ended_effects(self, kinds: Sequence[str], limit: int, every_ms: int) -> list[Effect]:
+        """Effects of ended runs left `unknown` (or `claimed` past their deadline), of
+        `kinds`, not checked in the last `every_ms`: marked checked now."""
+        rows = await self._fetch("ended_effects", list(kinds), limit, every_ms)
+        return [Effect.from_record(r) for r in rows]
+
+    async def settle_ended_effect(
+        self,
+        effect: Effect,
+        state: str,
+        *,
+        receipt: dict[str, Any] | None = None,
+        error: str | None = None,
+        error_code: str | None = None,
+        actor: str,
+    ) -> bool:
+        """Move an effect of an ended run to `state` (a run event by `actor`); False when
+        it moved meanwhile."""
+        rec = await self._fetchrow(
+            "settle_ended_effect",
+            uuid.UUID(effect.run_id),
+            effect.key,
+            effect.version,
+            state,
+            receipt,
+            error,
+            error_code,
+            actor,
+        )
+        return rec is not None
+
     async def budget_reserve(
         self, run_id: str, key: str, tokens: int, cost: int, generation: int
     ) -> BudgetGrant:

@@ -54,9 +54,10 @@ class RecoveryQueries(Queries):
         assert rec is not None
         return int(rec["timed_out"]), int(rec["stopped"]), rec["xact"]
 
-    async def release_orphaned_reservations(self) -> int:
-        """Release the budget reservations nobody will settle; how many."""
-        return len(await self._fetch("release_orphaned_reservations"))
+    async def close_orphaned_reservations(self) -> int:
+        """Close the budget reservations nobody will settle (charged as reserved; an
+        effect's never dispatched, released); how many."""
+        return len(await self._fetch("close_orphaned_reservations"))
 
     async def stale_jobs(self, after_ms: int, limit: int) -> dict[str, str]:
         """Runs waiting for an attempt whose job was issued or checked more than
