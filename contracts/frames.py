@@ -46,7 +46,8 @@ class RunData(WireModel):
     """`run`: an attempt starts.
 
     A resumed attempt continues the text of the run's `message` frames up to seq
-    `resume_after` (the frames stored when it started): a client drops the `message`
+    `resume_after` (the frames stored when it started; after a retry, the failed
+    attempt's closing `error` frame among them): a client drops the `message`
     frames it holds with a higher seq, and appends what follows. `partial_length` is the
     length of that text in Unicode code points (not UTF-16 units: a JavaScript client
     cuts by `resume_after`, never by `partial_length`).

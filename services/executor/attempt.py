@@ -20,8 +20,9 @@ from opentelemetry import trace
 from pydantic import ValidationError
 
 from runwire.contracts.errors import ErrorBody, ErrorCode
-from runwire.contracts.frames import CHECKED, Frame, FrameType, RawFrame, Transcript
+from runwire.contracts.frames import Frame, FrameType, RawFrame
 from runwire.executor.effects import EffectFence
+from runwire.executor.resume import resume_point, resumes
 from runwire.runners.base import (
     AbortSignal,
     AttemptClosed,
@@ -54,10 +55,6 @@ log = logging.getLogger(__name__)
 # PUBLISH_RETRY_MAX_S, until the executor's `publish_patience_ms` has passed.
 PUBLISH_RETRY_S = 0.2
 PUBLISH_RETRY_MAX_S = 1.0
-# How often a resuming attempt looks whether the relay has stored the earlier frames.
-RESUME_POLL_S = 0.02
-# Frames read back from the relay's segments were checked when they were made.
-STORED = {CHECKED: True}
 PUBLISH_WINDOW = 256
 # The most text one coalesced `message` frame holds (characters).
 COALESCE_MAX_CHARS = 16_384
@@ -411,45 +408,14 @@ class Attempt:
             retryable=False,
         )
 
-    async def _more_stored_frames(self, frames: list[Frame]) -> None:
-        """Append to `frames` the run's frames stored in Postgres segments after them, up
-        to the first gap."""
-        for segment in await self._store.segments_after(self.run.run_id, len(frames)):
-            if segment.first_seq != len(frames) + 1:
-                break  # frames a crashed relay published but never wrote: stop before them
-            frames.extend(Frame.model_validate(body, context=STORED) for body in segment.frames)
-
     async def _resume_point(self) -> None:
-        """Continue from everything the relay stored for the run. The text the previous
-        attempt knew was published (`partial_text`) is waited for, a little, so that a
-        retry takes nothing back; after a crash only the frames the relay had published
-        but not stored yet are taken back."""
-        run = self.run
-        if run.attempts <= 1 and run.last_seq == 0 and not run.partial_text:
+        """Continue from everything the relay stored for the run (see `resume`)."""
+        if not resumes(self.run):
             return
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._settings.resume_wait_ms / 1000
-        frames: list[Frame] = []
-        transcript = Transcript()
-        while True:
-            # Each look reads only the segments written since the one before.
-            start = len(frames)
-            await self._more_stored_frames(frames)
-            for frame in frames[start:]:
-                transcript.apply(frame)
-            if transcript.text.startswith(run.partial_text) or loop.time() >= deadline:
-                break
-            await asyncio.sleep(RESUME_POLL_S)
-        if not transcript.text.startswith(run.partial_text):
-            log.warning(
-                "the relay has not stored all the run's frames yet; resuming from what it "
-                "stored (%d characters of %d)",
-                len(transcript.text),
-                len(run.partial_text),
-            )
-        self.history = frames
-        self.continuation = transcript.text
-        self.resume_after = frames[-1].seq if frames else 0
+        point = await resume_point(self._store, self.run, self._settings.resume_wait_ms)
+        self.history = point.history
+        self.continuation = point.continuation
+        self.resume_after = point.after
 
     async def execute(self) -> Outcome:
         """Run the runner under heartbeat, deadline and abort; return how it ended."""

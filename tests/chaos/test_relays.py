@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from runwire.contracts.frames import FrameType
 from runwire.runtime.faults import RELAY_UNWRITTEN
 from runwire.testing.waiting import eventually
 from tests.services import ProcessStack, all_frames_stored, assert_well_formed, collect
@@ -122,3 +123,45 @@ async def test_frames_a_killed_relay_published_but_never_wrote_reach_postgres(
         assert [f.seq for f in replay.replay] == [f.seq for f in frames]
     finally:
         await stack.close()
+
+
+async def test_a_retry_resumes_after_the_closing_error_of_the_attempt_before(
+    processes: ProcessStack,
+) -> None:
+    # The relay is frozen between the first attempt's text and its failure: the failure's
+    # `error` frame is published but not stored when the second attempt starts. That
+    # attempt's `run` frame must still mark its cut after the error frame, not before.
+    processes.start("executor", resume_wait_ms=20_000)
+    script = {
+        "tokens": ["a ", "b ", "c "],
+        "token_delay_ms": 1500,
+        "fail": [{"attempt": 1, "after_tokens": 1, "kind": "retryable"}],
+    }
+    run_id = (await processes.client.submit(script)).run.run_id
+
+    async def first_token_stored() -> bool:
+        run = await processes.store.get_run_by_id(run_id)
+        return run is not None and run.frame_count >= 2  # its `run` frame and "a "
+
+    await eventually(first_token_stored, timeout=20)
+    relay = processes.procs["relay"]
+    relay.signal(signal.SIGSTOP)
+    try:
+
+        async def second_attempt() -> bool:
+            run = await processes.store.get_run_by_id(run_id)
+            return run is not None and run.attempts == 2
+
+        await eventually(second_attempt, timeout=20)
+        # Time for an attempt that does not wait for the relay to publish its first frame.
+        await asyncio.sleep(1)
+    finally:
+        relay.signal(signal.SIGCONT)
+
+    frames, transcript = await collect(processes.client, run_id, timeout=60)
+    assert_well_formed(frames)
+    assert transcript.text == "a b c "
+    error = next(f for f in frames if f.type == FrameType.ERROR)
+    second = next(f for f in frames if f.type == FrameType.RUN and f.data["attempt"] == 2)
+    assert error.seq < second.seq
+    assert second.data["resume_after"] >= error.seq, (error, second)

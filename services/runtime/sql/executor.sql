@@ -6,12 +6,13 @@
 -- name: claim_run
 -- Starts an attempt: a new generation fences every write of earlier attempts. A run never
 -- starts while an earlier run of its session holds the session. $6: the key of the
--- executor's presence lock (NULL when it holds none: then only the lease tells).
+-- executor's presence lock (NULL when it holds none: then only the lease tells). The
+-- close point of the attempt before (`close_seq`) is kept as `prev_close_seq`.
 WITH upd AS (
     UPDATE runs
        SET status = 'running', attempts = attempts + 1, generation = generation + 1,
            lease_owner = $3, lease_expires_at = now() + make_interval(secs => $4 / 1000.0),
-           job_ack = $5, lease_presence = $6, close_seq = NULL,
+           job_ack = $5, lease_presence = $6, prev_close_seq = close_seq, close_seq = NULL,
            started_at = coalesce(started_at, now()), updated_at = now()
      WHERE run_id = $1 AND generation = $2 AND run_waiting(status)
        AND NOT cancel_requested AND not_before <= now()

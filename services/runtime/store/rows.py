@@ -83,6 +83,10 @@ class Run:
     parent_run_id: str | None = None
     node_id: str | None = None
     retry_base_ms: int | None = None
+    # Set by a claim: how many frames the attempt before published, its closing `error`
+    # frame included (None when it closed with none of its own: the resumed attempt's cut
+    # waits for them, see runwire.executor.resume).
+    prev_close_seq: int | None = None
     # The transaction of the transition that returned this row: what it implies waits in
     # the outbox under this id, for the service to publish (None for a plain read).
     xact: str | None = None
@@ -138,6 +142,7 @@ class Run:
             parent_run_id=str(rec["parent_run_id"]) if rec.get("parent_run_id") else None,
             node_id=rec.get("node_id"),
             retry_base_ms=rec.get("retry_base_ms"),
+            prev_close_seq=rec.get("prev_close_seq"),
             xact=rec.get("xact"),
             messages=messages,
         )
