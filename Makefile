@@ -8,7 +8,7 @@ START_TIMEOUT ?=
 CLUSTER ?=
 STACK_OPTIONS := $(if $(START_TIMEOUT),--start-timeout $(START_TIMEOUT)) $(if $(CLUSTER),--cluster $(CLUSTER))
 
-.PHONY: install run up down logs status browser bench-peers test test-soak security fuzz lint typecheck unit integration chaos schemas docs bench clean
+.PHONY: install run up down logs status browser bench-peers test test-soak security fuzz lint typecheck unit integration chaos schemas schema docs bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,11 +40,13 @@ status: $(STAMP)
 	$(BIN)/python -m runwire.infra.stack status
 
 ## ruff, then the house's measures: module sizes, repeated blocks, import circles, the
-## README's length (infra/lint.py says which limits fail the step).
+## README's length (infra/lint.py says which limits fail the step), and whether
+## services/runtime/schema.sql is what the migrations make (infra/schema.py).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m runwire.infra.lint
+	$(BIN)/python -m runwire.infra.schema --check
 
 ## mypy over the `runwire` namespace, seen through a tree of links in .typecheck/ (mypy
 ## cannot follow the folder mapping of pyproject.toml by itself).
@@ -90,6 +92,11 @@ fuzz: $(STAMP)
 ## Write the JSON Schema of every wire model to contracts/schema/.
 schemas: $(STAMP)
 	$(BIN)/python -m runwire.contracts.schemas
+
+## Write services/runtime/schema.sql: the schema the migrations and sql/functions/ make of
+## an empty database (pg_dump of a fresh one); make lint fails when it is not current.
+schema: $(STAMP)
+	$(BIN)/python -m runwire.infra.schema
 
 ## Write the AsyncAPI document of the services' FastStream applications to docs/asyncapi.json and
 ## docs/asyncapi.html, and check it with the official AsyncAPI parser (npm, into docs/validate/);

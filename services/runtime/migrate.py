@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.database_url:
         parser.error("give the owner's database URL, or set RUNWIRE_DATABASE_URL")
     try:
-        applied = asyncio.run(migrate(args.database_url))
+        applied = asyncio.run(migrate(args.database_url, replace_newer=True))
     except (OSError, RunwireError) as exc:
         sys.stderr.write(f"runwire-migrate: {exc}\n")
         raise SystemExit(1) from None

@@ -55,3 +55,11 @@ SELECT version FROM schema_migrations;
 
 -- name: migration_done
 INSERT INTO schema_migrations (version, name) VALUES ($1, $2);
+
+-- name: functions_applied
+-- The texts of sql/functions/ the database has had (their digests), the current first.
+SELECT digest FROM schema_functions ORDER BY applied_at DESC, digest;
+
+-- name: functions_done
+INSERT INTO schema_functions (digest) VALUES ($1)
+ON CONFLICT (digest) DO UPDATE SET applied_at = clock_timestamp();

@@ -1,6 +1,15 @@
-"""The schema and its queries: named SQL loaded from `sql/*.sql`, and numbered
-migrations from `migrations/`, applied at start-up under an advisory lock."""
+"""The schema and its queries: named SQL loaded from `sql/*.sql`; numbered migrations
+from `migrations/`, which change tables; and the engine's functions and triggers, whose
+current definitions are the files of `sql/functions/`. Both are applied at start-up
+under an advisory lock: the migrations not applied yet, then the functions whenever
+their text is one the database has never had.
 
+Migrations up to LAST_MIGRATION_WITH_FUNCTIONS are history: they created and replaced
+functions before `sql/functions/` held them, and are never edited. A later migration
+only changes tables (a test keeps it so); a function changes in its file.
+"""
+
+import hashlib
 import json
 import logging
 import re
@@ -13,6 +22,8 @@ from runwire.runtime.errors import MigrationFailed, MigrationsPending
 log = logging.getLogger(__name__)
 
 MIGRATION_LOCK_KEY = 7_240_113_001
+# The last migration that defines functions or triggers; later ones change tables only.
+LAST_MIGRATION_WITH_FUNCTIONS = 27
 _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 
@@ -59,8 +70,59 @@ def _migrations() -> list[tuple[int, str, str]]:
     return sorted(found)
 
 
-async def migrate(dsn: str) -> list[str]:
-    """Apply every migration not yet applied, under an advisory lock; return their names."""
+def functions_text() -> tuple[str, str]:
+    """The text of `sql/functions/*.sql` in file-name order, and its digest."""
+    folder = resources.files("runwire.runtime").joinpath("sql", "functions")
+    files = sorted(
+        (entry for entry in folder.iterdir() if entry.name.endswith(".sql")),
+        key=lambda e: e.name,
+    )
+    text = "\n".join(entry.read_text() for entry in files)
+    return text, hashlib.sha256(text.encode()).hexdigest()
+
+
+async def _apply_functions(conn: asyncpg.Connection, *, replace_newer: bool) -> bool:
+    """Create or replace the engine's functions and triggers unless the database has this
+    text of them already; True when it applied them.
+
+    A text the database had before, replaced since by another, is left alone unless
+    `replace_newer`: that is a service older than the last `runwire-migrate`, and its
+    functions would undo the newer ones.
+    """
+    text, digest = functions_text()
+    history = [r["digest"] for r in await conn.fetch(QUERIES["functions_applied"])]
+    if history and history[0] == digest:
+        return False
+    if digest in history and not replace_newer:
+        log.warning(
+            "the database's functions were replaced since this service's version of them "
+            "was applied; left as they are (runwire-migrate applies this version's)"
+        )
+        return False
+    try:
+        async with conn.transaction():
+            # Bodies refer to each other across files: checked when called, not here.
+            await conn.execute("SET LOCAL check_function_bodies = off")
+            await conn.execute(text)
+            await conn.execute(QUERIES["functions_done"], digest)
+    except asyncpg.InsufficientPrivilegeError as exc:
+        raise MigrationsPending(
+            f"the engine's functions in this version are not applied, and this role "
+            f"({exc}) may not apply them: run runwire-migrate as the owner of the schema"
+        ) from exc
+    except asyncpg.PostgresError as exc:
+        if isinstance(exc, asyncpg.PostgresConnectionError):
+            raise
+        raise MigrationFailed(f"the engine's functions failed, none applied: {exc}") from exc
+    log.info("applied the engine's functions (%s)", digest[:12])
+    return True
+
+
+async def migrate(dsn: str, *, replace_newer: bool = False) -> list[str]:
+    """Apply every migration not yet applied, then the engine's functions when the
+    database lacks them, under an advisory lock; return the names of what it applied.
+    `replace_newer`: apply this version's functions even over newer ones (an operator's
+    `runwire-migrate`)."""
     conn = await asyncpg.connect(dsn)
     applied: list[str] = []
     try:
@@ -98,6 +160,8 @@ async def migrate(dsn: str) -> list[str]:
                     ) from exc
                 applied.append(name)
                 log.info("applied migration %s", name)
+            if await _apply_functions(conn, replace_newer=replace_newer):
+                applied.append("sql/functions")
         finally:
             await conn.execute(QUERIES["migration_unlock"], MIGRATION_LOCK_KEY)
     finally:

@@ -1,0 +1,1605 @@
+-- runwire's schema: what the migrations and sql/functions/ make of an empty database,
+-- dumped by PostgreSQL 18 (`make schema` writes this file; never edit it by hand).
+
+SET statement_timeout = 0;
+SET lock_timeout = 0;
+SET idle_in_transaction_session_timeout = 0;
+SET transaction_timeout = 0;
+SET client_encoding = 'UTF8';
+SET standard_conforming_strings = on;
+SELECT pg_catalog.set_config('search_path', '', false);
+SET check_function_bodies = false;
+SET xmloption = content;
+SET client_min_messages = warning;
+SET row_security = off;
+
+CREATE TYPE public.effect_state AS ENUM (
+    'prepared',
+    'claimed',
+    'committed',
+    'failed',
+    'unknown',
+    'reconciled'
+);
+
+CREATE TYPE public.node_status AS ENUM (
+    'ready',
+    'running',
+    'waiting',
+    'completed',
+    'failed',
+    'timed_out',
+    'skipped'
+);
+
+CREATE TYPE public.outbox_kind AS ENUM (
+    'job',
+    'frame',
+    'event'
+);
+
+CREATE TYPE public.run_status AS ENUM (
+    'queued',
+    'running',
+    'recovering',
+    'finished',
+    'failed',
+    'canceled',
+    'interrupted'
+);
+
+CREATE FUNCTION public.budget_charge(p_state text, p_held bigint, p_used bigint) RETURNS bigint
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT CASE p_state WHEN 'released' THEN 0 WHEN 'settled' THEN coalesce(p_used, 0)
+                        ELSE p_held END
+$$;
+
+CREATE FUNCTION public.budget_reserve(p_run uuid, p_key text, p_tokens bigint, p_cost bigint, p_generation integer) RETURNS TABLE(granted boolean, tenant_left bigint, run_left bigint, tenant_cost_left bigint, run_cost_left bigint)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_run runs;
+    v_owner runs;
+    v_limit tenant_budgets;
+    v_spent tenant_spend;
+    v_run_tokens bigint;
+    v_run_cost bigint;
+BEGIN
+    SELECT * INTO v_run FROM runs WHERE run_id = p_run;
+    IF NOT FOUND OR v_run.generation <> p_generation OR v_run.status <> 'running' THEN
+        RETURN;  -- no row: the attempt no longer holds the run
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtext('runwire.budget'), hashtext(v_run.tenant));
+    IF EXISTS (SELECT 1 FROM budget_reservations WHERE run_id = p_run AND key = p_key) THEN
+        RETURN QUERY SELECT true, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint;
+        RETURN;
+    END IF;
+    v_owner := v_run;
+    IF v_run.parent_run_id IS NOT NULL THEN
+        SELECT * INTO v_owner FROM runs WHERE run_id = v_run.parent_run_id;
+    END IF;
+    SELECT * INTO v_limit FROM tenant_budgets WHERE tenant = v_run.tenant;
+    SELECT * INTO v_spent FROM tenant_spend WHERE tenant = v_run.tenant;
+    SELECT coalesce(sum(budget_charge(state, tokens, used)), 0),
+           coalesce(sum(budget_charge(state, cost, cost_used)), 0)
+      INTO v_run_tokens, v_run_cost
+      FROM budget_reservations
+     WHERE run_id = v_owner.run_id
+        OR (v_owner.workflow IS NOT NULL
+            AND run_id IN (SELECT run_id FROM runs WHERE parent_run_id = v_owner.run_id));
+    tenant_left := v_limit.tokens - coalesce(v_spent.tokens, 0);
+    run_left := v_owner.budget_tokens - v_run_tokens;
+    tenant_cost_left := v_limit.cost - coalesce(v_spent.cost, 0);
+    run_cost_left := v_owner.budget_cost - v_run_cost;
+    IF p_tokens > coalesce(tenant_left, p_tokens) OR p_tokens > coalesce(run_left, p_tokens)
+       OR p_cost > coalesce(tenant_cost_left, p_cost) OR p_cost > coalesce(run_cost_left, p_cost)
+    THEN
+        granted := false;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    INSERT INTO budget_reservations (run_id, key, tenant, generation, tokens, cost)
+    VALUES (p_run, p_key, v_run.tenant, p_generation, p_tokens, p_cost);
+    INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
+    VALUES (p_run, 'budget_reserved', v_run.status, v_run.attempts,
+            coalesce(v_run.lease_owner, 'executor'),
+            p_key || ': ' || p_tokens || ' tokens'
+                  || CASE WHEN p_cost > 0 THEN ', ' || p_cost || ' cost units' ELSE '' END);
+    granted := true;
+    tenant_left := tenant_left - p_tokens;
+    run_left := run_left - p_tokens;
+    tenant_cost_left := tenant_cost_left - p_cost;
+    run_cost_left := run_cost_left - p_cost;
+    RETURN NEXT;
+END
+$$;
+
+CREATE FUNCTION public.budget_spend_track() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    v_tokens bigint := budget_charge(NEW.state, NEW.tokens, NEW.used);
+    v_cost bigint := budget_charge(NEW.state, NEW.cost, NEW.cost_used);
+BEGIN
+    IF TG_OP = 'UPDATE' THEN
+        v_tokens := v_tokens - budget_charge(OLD.state, OLD.tokens, OLD.used);
+        v_cost := v_cost - budget_charge(OLD.state, OLD.cost, OLD.cost_used);
+    END IF;
+    IF v_tokens <> 0 OR v_cost <> 0 THEN
+        INSERT INTO tenant_spend AS s (tenant, tokens, cost) VALUES (NEW.tenant, v_tokens, v_cost)
+        ON CONFLICT (tenant) DO UPDATE
+           SET tokens = s.tokens + EXCLUDED.tokens, cost = s.cost + EXCLUDED.cost;
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+SET default_tablespace = '';
+
+SET default_table_access_method = heap;
+
+CREATE TABLE public.runs (
+    run_id uuid NOT NULL,
+    tenant text NOT NULL,
+    request_id text NOT NULL,
+    session_id text,
+    multitask text NOT NULL,
+    runner text NOT NULL,
+    input jsonb NOT NULL,
+    metadata jsonb DEFAULT '{}'::jsonb NOT NULL,
+    status public.run_status DEFAULT 'queued'::public.run_status NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    max_attempts integer NOT NULL,
+    generation integer DEFAULT 0 NOT NULL,
+    attempt_timeout_ms integer NOT NULL,
+    queue_timeout_ms integer,
+    not_before timestamp with time zone DEFAULT now() NOT NULL,
+    job_published_at timestamp with time zone,
+    lease_owner text,
+    lease_expires_at timestamp with time zone,
+    cancel_requested boolean DEFAULT false NOT NULL,
+    partial_text text DEFAULT ''::text NOT NULL,
+    checkpoint jsonb,
+    checkpoint_version integer DEFAULT 0 NOT NULL,
+    recoveries integer DEFAULT 0 NOT NULL,
+    recovery_checkpoint integer DEFAULT 0 NOT NULL,
+    last_seq bigint DEFAULT 0 NOT NULL,
+    frame_count bigint DEFAULT 0 NOT NULL,
+    frames_closed boolean DEFAULT false NOT NULL,
+    result jsonb,
+    error jsonb,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    started_at timestamp with time zone,
+    ended_at timestamp with time zone,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    submit_seq bigint NOT NULL,
+    cancel_error jsonb,
+    cancel_deadline timestamp with time zone,
+    stream_purged_at timestamp with time zone,
+    frames_expired_at timestamp with time zone,
+    job_ack text,
+    trace_parent text,
+    close_seq integer,
+    implied_trace_parent text,
+    job_checked_at timestamp with time zone,
+    config_pin text,
+    budget_tokens bigint,
+    budget_cost bigint,
+    effects text[],
+    auth_fence text,
+    frame_secret text DEFAULT (gen_random_uuid())::text,
+    workflow jsonb,
+    parent_run_id uuid,
+    node_id text,
+    retry_base_ms integer,
+    lease_presence integer,
+    prev_close_seq integer
+);
+
+CREATE FUNCTION public.claim_runs(p_runs uuid[], p_generations integer[], p_owner text, p_lease_ms integer, p_job_acks text[], p_presence integer) RETURNS SETOF public.runs
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+    i integer;
+    r runs;
+BEGIN
+    FOR i IN 1 .. coalesce(array_length(p_runs, 1), 0) LOOP
+        UPDATE runs
+           SET status = 'running', attempts = attempts + 1, generation = generation + 1,
+               lease_owner = p_owner,
+               lease_expires_at = now() + make_interval(secs => p_lease_ms / 1000.0),
+               job_ack = p_job_acks[i], lease_presence = p_presence,
+               prev_close_seq = close_seq, close_seq = NULL,
+               started_at = coalesce(started_at, now()), updated_at = now()
+         WHERE run_id = p_runs[i] AND generation = p_generations[i] AND run_waiting(status)
+           AND NOT cancel_requested AND not_before <= now()
+           AND (attempts > 0 OR queue_timeout_ms IS NULL
+                OR created_at + make_interval(secs => queue_timeout_ms / 1000.0) > now())
+           AND NOT session_blocked(tenant, session_id, submit_seq)
+        RETURNING * INTO r;
+        IF FOUND THEN
+            INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
+            VALUES (r.run_id, 'claimed', r.status, r.attempts, p_owner, 'attempt started');
+            RETURN NEXT r;
+        END IF;
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION public.effect_budget_close() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    v_run runs;
+    v_key text := 'effect:' || NEW.key;
+    v_row budget_reservations;
+    -- Charged because it may have happened, now known not to have.
+    v_corrected boolean := OLD.state = 'failed'
+                           AND OLD.error_code = 'EFFECT_DEADLINE_EXCEEDED'
+                           AND NEW.error_code IS DISTINCT FROM 'EFFECT_DEADLINE_EXCEEDED';
+BEGIN
+    IF NEW.state NOT IN ('committed', 'reconciled', 'failed')
+       OR (NEW.state = OLD.state AND NOT v_corrected) THEN
+        RETURN NULL;
+    END IF;
+    IF NEW.state = 'failed' AND NEW.error_code IS DISTINCT FROM 'EFFECT_DEADLINE_EXCEEDED' THEN
+        UPDATE budget_reservations SET state = 'released', settled_at = now()
+         WHERE run_id = NEW.run_id AND key = v_key
+           AND (state = 'reserved' OR (v_corrected AND state = 'settled'))
+        RETURNING * INTO v_row;
+    ELSE
+        UPDATE budget_reservations
+           SET state = 'settled', used = tokens, cost_used = cost, settled_at = now(),
+               receipt = 'effect ' || NEW.state
+         WHERE run_id = NEW.run_id AND key = v_key AND state = 'reserved'
+        RETURNING * INTO v_row;
+    END IF;
+    IF v_row.run_id IS NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT * INTO v_run FROM runs WHERE run_id = NEW.run_id;
+    INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
+    VALUES (NEW.run_id,
+            CASE v_row.state WHEN 'settled' THEN 'budget_settled' ELSE 'budget_released' END,
+            v_run.status, v_run.attempts, coalesce(v_run.lease_owner, 'executor'),
+            v_key || ': effect ' || NEW.state);
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION public.finish_runs(p_runs uuid[], p_generations integer[], p_results text[], p_texts text[], p_actor text, p_close_seqs integer[], p_trace_parents text[]) RETURNS SETOF public.runs
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+    i integer;
+    r runs;
+BEGIN
+    FOR i IN 1 .. coalesce(array_length(p_runs, 1), 0) LOOP
+        UPDATE runs
+           SET status = 'finished', result = p_results[i]::jsonb, partial_text = p_texts[i],
+               error = NULL, close_seq = p_close_seqs[i],
+               implied_trace_parent = p_trace_parents[i], lease_owner = NULL,
+               lease_expires_at = NULL, ended_at = now(), updated_at = now()
+         WHERE run_id = p_runs[i] AND generation = p_generations[i] AND status = 'running'
+        RETURNING * INTO r;
+        IF FOUND THEN
+            INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
+            VALUES (r.run_id, 'finished', r.status, r.attempts, p_actor, 'runner returned');
+            RETURN NEXT r;
+        END IF;
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION public.finish_runs_told(p_runs uuid[], p_generations integer[], p_results text[], p_texts text[], p_actor text, p_close_seqs integer[], p_trace_parents text[]) RETURNS TABLE(o_run public.runs, o_messages jsonb)
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+BEGIN
+    RETURN QUERY
+        SELECT r, NULL::jsonb
+          FROM finish_runs(p_runs, p_generations, p_results, p_texts, p_actor, p_close_seqs,
+                           p_trace_parents) r;
+    RETURN QUERY SELECT NULL::runs, xact_messages();
+END
+$$;
+
+CREATE FUNCTION public.frame_token(p_secret text, p_generation integer) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT encode(sha256(convert_to(p_secret || ':' || p_generation, 'UTF8')), 'hex')
+$$;
+
+CREATE FUNCTION public.insert_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[]) RETURNS SETOF public.runs
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+    i integer;
+    r runs;
+    v_effects text[];
+BEGIN
+    FOR i IN 1 .. coalesce(array_length(p_run_ids, 1), 0) LOOP
+        PERFORM submit_quota_check(p_tenants[i]);
+        -- A run's effect kinds come as a JSON array (NULL: every kind its policy allows).
+        v_effects := CASE WHEN p_effects[i] IS NULL THEN NULL ELSE
+            ARRAY(SELECT jsonb_array_elements_text(p_effects[i]::jsonb)) END;
+        INSERT INTO runs (run_id, tenant, request_id, session_id, multitask, runner, input,
+                          metadata, max_attempts, attempt_timeout_ms, queue_timeout_ms,
+                          job_published_at, created_at, updated_at, trace_parent, config_pin,
+                          budget_tokens, budget_cost, effects, auth_fence, workflow)
+        VALUES (p_run_ids[i], p_tenants[i], p_request_ids[i], NULL, p_multitasks[i],
+                p_runners[i], p_inputs[i]::jsonb, p_metadata[i]::jsonb, p_max_attempts[i],
+                p_attempt_timeouts[i], p_queue_timeouts[i], now(), clock_timestamp(),
+                clock_timestamp(), p_trace_parents[i], p_config_pins[i], p_budget_tokens[i],
+                p_budget_costs[i], v_effects, run_authorization(p_tenants[i], v_effects),
+                p_workflows[i]::jsonb)
+        ON CONFLICT (tenant, request_id) DO NOTHING
+        RETURNING * INTO r;
+        IF FOUND THEN
+            INSERT INTO run_events (run_id, event, status, attempt, actor, reason, at)
+            VALUES (r.run_id, 'submitted', r.status, r.attempts, p_actor, 'submit',
+                    r.created_at);
+            RETURN NEXT r;
+        END IF;
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION public.outbox_done(p_ids bigint[]) RETURNS void
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+    DELETE FROM outbox
+     WHERE id IN (SELECT id FROM outbox WHERE id = ANY(p_ids)
+                   ORDER BY run_id, id
+                     FOR UPDATE);
+$$;
+
+CREATE FUNCTION public.outbox_frame(r public.runs, p_generation integer, p_seq integer, p_type text, p_data jsonb) RETURNS void
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+    SELECT outbox_put('frame', r.tenant, r.run_id,
+                      r.run_id || ':' || p_generation || ':' || p_seq
+                          || coalesce(':' || left(frame_token(r.frame_secret, p_generation), 16),
+                                      ''),
+                      jsonb_build_object('v', 1, 'run_id', r.run_id, 'tenant', r.tenant,
+                                         'generation', p_generation, 'seq', p_seq,
+                                         'type', p_type, 'data', p_data,
+                                         'at', rfc3339(clock_timestamp()))
+                          || CASE WHEN r.frame_secret IS NULL THEN '{}'::jsonb
+                                  ELSE jsonb_build_object(
+                                      'token', frame_token(r.frame_secret, p_generation)) END,
+                      coalesce(r.implied_trace_parent, r.trace_parent), now())
+$$;
+
+CREATE FUNCTION public.outbox_put(p_kind public.outbox_kind, p_tenant text, p_run_id uuid, p_msg_id text, p_body jsonb, p_trace_parent text, p_due_at timestamp with time zone) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+    v_id bigint := nextval(pg_get_serial_sequence('outbox', 'id'));
+BEGIN
+    INSERT INTO outbox (id, kind, tenant, run_id, msg_id, body, trace_parent, due_at)
+    VALUES (v_id, p_kind, p_tenant, p_run_id,
+            coalesce(p_msg_id, p_kind::text || ':' || p_run_id || ':' || v_id),
+            p_body, p_trace_parent, p_due_at);
+END
+$$;
+
+CREATE FUNCTION public.release_session_turn(p_tenant text, p_session text, p_actor text) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+    released integer;
+BEGIN
+    WITH due AS (
+        SELECT run_id FROM runs
+         WHERE tenant = p_tenant AND session_id = p_session
+           AND status = 'queued' AND job_published_at IS NULL
+           AND NOT session_blocked(tenant, session_id, submit_seq)
+         ORDER BY submit_seq
+           FOR UPDATE SKIP LOCKED
+    ), upd AS (
+        UPDATE runs r SET job_published_at = now(), updated_at = now()
+          FROM due WHERE r.run_id = due.run_id
+        RETURNING r.*
+    )
+    INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
+    SELECT run_id, 'session_turn', status, attempts, p_actor,
+           'no earlier run of its session is active'
+      FROM upd;
+    GET DIAGNOSTICS released = ROW_COUNT;
+    RETURN released;
+END
+$$;
+
+CREATE FUNCTION public.rfc3339(p_at timestamp with time zone) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT to_char(p_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+$$;
+
+CREATE FUNCTION public.run_active(p_status public.run_status) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT p_status IN ('queued', 'running', 'recovering')
+$$;
+
+CREATE FUNCTION public.run_authorization(p_tenant text, p_effects text[]) RETURNS text
+    LANGUAGE sql STABLE
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+    SELECT md5(coalesce(p_effects::text, '*') || '|' || coalesce(p.effects::text, '*')
+               || '|' || coalesce(p.version, 0))
+      FROM (SELECT 1) one LEFT JOIN tenant_policies p ON p.tenant = p_tenant
+$$;
+
+CREATE FUNCTION public.run_messages() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+    v_generation integer;
+    v_seq integer;
+    v_done jsonb;
+BEGIN
+    IF run_waiting(NEW.status) AND NEW.job_published_at IS NOT NULL
+       AND (TG_OP = 'INSERT' OR NEW.job_published_at IS DISTINCT FROM OLD.job_published_at)
+    THEN
+        PERFORM outbox_put('job', NEW.tenant, NEW.run_id, NULL,
+                           jsonb_build_object('v', 1, 'run_id', NEW.run_id,
+                                              'tenant', NEW.tenant,
+                                              'runner', NEW.runner,
+                                              'generation', NEW.generation),
+                           coalesce(NEW.implied_trace_parent, NEW.trace_parent),
+                           greatest(NEW.not_before, now()));
+    END IF;
+    IF TG_OP = 'INSERT' OR NEW.status = OLD.status THEN
+        RETURN NULL;
+    END IF;
+    IF NEW.close_seq IS NOT NULL THEN
+        v_generation := NEW.generation;
+        v_seq := NEW.close_seq;
+    ELSE
+        v_generation := NEW.generation + 1;
+        v_seq := 1;
+    END IF;
+    IF run_terminal(NEW.status) THEN
+        DELETE FROM outbox WHERE run_id = NEW.run_id AND kind = 'job';
+        IF NEW.status NOT IN ('finished', 'canceled') AND NEW.error IS NOT NULL THEN
+            PERFORM outbox_frame(NEW, v_generation, v_seq, 'error', NEW.error);
+            v_seq := v_seq + 1;
+        END IF;
+        v_done := jsonb_build_object('status', NEW.status);
+        IF NEW.status <> 'finished' AND NEW.error ? 'code' THEN
+            v_done := v_done || jsonb_build_object('code', NEW.error->'code');
+        END IF;
+        PERFORM outbox_frame(NEW, v_generation, v_seq, 'done', v_done);
+        IF NEW.session_id IS NOT NULL THEN
+            PERFORM release_session_turn(NEW.tenant, NEW.session_id, 'session');
+        END IF;
+    ELSIF NEW.status = 'queued' AND OLD.status = 'running' AND NEW.close_seq IS NOT NULL
+          AND NEW.error IS NOT NULL THEN
+        PERFORM outbox_frame(NEW, v_generation, v_seq, 'error', NEW.error);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION public.run_terminal(p_status public.run_status) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT NOT run_active(p_status)
+$$;
+
+CREATE FUNCTION public.run_waiting(p_status public.run_status) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT p_status IN ('queued', 'recovering')
+$$;
+
+CREATE FUNCTION public.session_blocked(p_tenant text, p_session text, p_before bigint) RETURNS boolean
+    LANGUAGE sql STABLE
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM runs e
+         WHERE e.tenant = p_tenant AND e.session_id = p_session
+           AND (p_before IS NULL OR e.submit_seq < p_before)
+           AND run_active(e.status)
+           AND (e.cancel_deadline IS NULL OR e.cancel_deadline > now()))
+$$;
+
+CREATE FUNCTION public.submit_quota_check(p_tenant text) RETURNS boolean
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+    v_quota tenant_budgets;
+    v_count bigint;
+BEGIN
+    SELECT * INTO v_quota FROM tenant_budgets WHERE tenant = p_tenant;
+    IF NOT FOUND OR (v_quota.max_active_runs IS NULL AND v_quota.max_runs_per_day IS NULL) THEN
+        RETURN true;
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtext('runwire.quota'), hashtext(p_tenant));
+    IF v_quota.max_active_runs IS NOT NULL THEN
+        SELECT count(*) INTO v_count FROM runs
+         WHERE tenant = p_tenant AND run_active(status) AND parent_run_id IS NULL;
+        IF v_count >= v_quota.max_active_runs THEN
+            RAISE EXCEPTION 'tenant % has % active runs; its quota is %',
+                p_tenant, v_count, v_quota.max_active_runs USING ERRCODE = 'RWQ01';
+        END IF;
+    END IF;
+    IF v_quota.max_runs_per_day IS NOT NULL THEN
+        SELECT count(*) INTO v_count FROM runs
+         WHERE tenant = p_tenant AND parent_run_id IS NULL
+           AND created_at >= date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC';
+        IF v_count >= v_quota.max_runs_per_day THEN
+            RAISE EXCEPTION 'tenant % submitted % runs today (UTC); its quota is %',
+                p_tenant, v_count, v_quota.max_runs_per_day USING ERRCODE = 'RWQ01';
+        END IF;
+    END IF;
+    RETURN true;
+END
+$$;
+
+CREATE FUNCTION public.submit_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[]) RETURNS TABLE(o_run public.runs, o_messages jsonb)
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+BEGIN
+    RETURN QUERY
+        SELECT r, NULL::jsonb
+          FROM insert_runs(p_run_ids, p_tenants, p_request_ids, p_multitasks, p_runners,
+                           p_inputs, p_metadata, p_max_attempts, p_attempt_timeouts,
+                           p_queue_timeouts, p_actor, p_trace_parents, p_config_pins,
+                           p_budget_tokens, p_budget_costs, p_effects, p_workflows) r;
+    -- A statement of its own: it sees what the inserts' triggers wrote.
+    RETURN QUERY SELECT NULL::runs, xact_messages();
+END
+$$;
+
+CREATE FUNCTION public.workflow_advance(p_run public.runs, p_actor text) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    v_definition jsonb;
+    v_node text;
+    v_outputs jsonb;
+    v_seq integer;
+BEGIN
+    SELECT definition INTO v_definition FROM workflow_runs WHERE run_id = p_run.run_id;
+    FOR v_node IN
+        SELECT n->>'id' FROM jsonb_array_elements(v_definition->'nodes') n
+         WHERE NOT EXISTS (  -- not some node's fallback: it runs only in its place
+                   SELECT 1 FROM jsonb_array_elements(v_definition->'nodes') f
+                    WHERE f->>'fallback' = n->>'id')
+           AND NOT EXISTS (SELECT 1 FROM node_runs r
+                            WHERE r.run_id = p_run.run_id AND r.node_id = n->>'id')
+           AND NOT EXISTS (  -- a predecessor whose slot is not settled
+                   SELECT 1 FROM jsonb_array_elements(v_definition->'edges') e
+                    WHERE e->>'to' = n->>'id'
+                      AND NOT EXISTS (SELECT 1 FROM node_runs s
+                                       WHERE s.run_id = p_run.run_id
+                                         AND s.slot = e->>'from' AND s.settled))
+         ORDER BY n->>'id'
+    LOOP
+        PERFORM workflow_node_create(p_run, v_definition, v_node, v_node, p_actor);
+    END LOOP;
+    IF EXISTS (SELECT 1 FROM node_runs
+                WHERE run_id = p_run.run_id AND status IN ('ready', 'running', 'waiting')) THEN
+        RETURN;
+    END IF;
+    SELECT jsonb_object_agg(slot, output ORDER BY slot) FILTER (WHERE settled) INTO v_outputs
+      FROM node_runs WHERE run_id = p_run.run_id;
+    SELECT frame_seq INTO v_seq FROM workflow_runs WHERE run_id = p_run.run_id;
+    WITH upd AS (
+        UPDATE runs
+           SET status = 'finished', result = jsonb_build_object('outputs', coalesce(v_outputs, '{}')),
+               close_seq = v_seq + 1, lease_owner = NULL, ended_at = now(), updated_at = now()
+         WHERE run_id = p_run.run_id AND status = 'running'
+        RETURNING *
+    )
+    INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
+    SELECT run_id, 'finished', status, attempts, p_actor, 'every node ended' FROM upd;
+END
+$$;
+
+CREATE FUNCTION public.workflow_cancel_runs(p_run_id uuid, p_only uuid, p_error jsonb, p_actor text, p_reason text) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    WITH target AS (
+        SELECT run_id FROM runs
+         WHERE parent_run_id = p_run_id AND (p_only IS NULL OR run_id = p_only)
+           AND run_active(status) AND NOT cancel_requested
+           FOR UPDATE SKIP LOCKED
+    ), upd AS (
+        UPDATE runs c
+           SET cancel_requested = true, cancel_error = coalesce(c.cancel_error, p_error),
+               cancel_deadline = coalesce(c.cancel_deadline, now()),
+               status = CASE WHEN c.status = 'running' THEN c.status ELSE 'canceled'::run_status END,
+               error = CASE WHEN c.status = 'running' THEN c.error
+                            ELSE coalesce(c.cancel_error, p_error) END,
+               ended_at = CASE WHEN c.status = 'running' THEN c.ended_at ELSE now() END,
+               close_seq = NULL, updated_at = now()
+          FROM target WHERE c.run_id = target.run_id
+        RETURNING c.*
+    )
+    INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)
+    SELECT run_id, 'cancel_requested', status, attempts, p_actor, p_error->>'code', p_reason
+      FROM upd;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END
+$$;
+
+CREATE TABLE public.node_runs (
+    node_run_id uuid NOT NULL,
+    run_id uuid NOT NULL,
+    node_id text NOT NULL,
+    slot text NOT NULL,
+    status public.node_status DEFAULT 'ready'::public.node_status NOT NULL,
+    version integer DEFAULT 1 NOT NULL,
+    attempt integer DEFAULT 0 NOT NULL,
+    settled boolean DEFAULT false NOT NULL,
+    deadline_at timestamp with time zone,
+    output jsonb,
+    error jsonb,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    ended_at timestamp with time zone
+);
+
+CREATE FUNCTION public.workflow_event(p_run public.runs, p_node public.node_runs, p_event text, p_key text, p_code text, p_reason text, p_actor text) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    v_seq bigint;
+    v_at timestamptz;
+    v_expected bigint;
+BEGIN
+    SELECT event_seq INTO v_expected FROM workflow_runs WHERE run_id = p_run.run_id;
+    UPDATE workflow_runs
+       SET event_seq = event_seq + 1, event_at = greatest(event_at, clock_timestamp())
+     WHERE run_id = p_run.run_id AND event_seq = v_expected
+    RETURNING event_seq, event_at INTO v_seq, v_at;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'node event of run % out of sequence', p_run.run_id;
+    END IF;
+    INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason, at,
+                            node_id, seq, idempotency_key)
+    VALUES (p_run.run_id, p_event, p_run.status, p_node.attempt, p_actor, p_code,
+            left(p_reason, 2000), v_at, p_node.node_id, v_seq, p_key)
+    ON CONFLICT (run_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING;
+    IF NOT FOUND THEN
+        -- Used before: give the number back, so that numbers stay consecutive.
+        UPDATE workflow_runs SET event_seq = event_seq - 1 WHERE run_id = p_run.run_id;
+        RETURN false;
+    END IF;
+    RETURN true;
+END
+$$;
+
+CREATE FUNCTION public.workflow_fail(p_run public.runs, p_error jsonb, p_actor text) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    v_seq integer;
+BEGIN
+    PERFORM workflow_stop_nodes(
+        p_run, jsonb_build_object('code', 'CANCELED', 'retryable', false,
+                                  'message', 'its workflow run failed'),
+        'the workflow run failed', p_actor, false);
+    SELECT frame_seq INTO v_seq FROM workflow_runs WHERE run_id = p_run.run_id;
+    WITH upd AS (
+        UPDATE runs
+           SET status = 'failed', error = p_error, close_seq = v_seq + 1, lease_owner = NULL,
+               ended_at = now(), updated_at = now()
+         WHERE run_id = p_run.run_id AND status = 'running'
+        RETURNING *
+    )
+    INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)
+    SELECT run_id, 'failed', status, attempts, p_actor, p_error->>'code', p_error->>'message'
+      FROM upd;
+END
+$$;
+
+CREATE FUNCTION public.workflow_frame(p_run public.runs, p_type text, p_data jsonb) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    v_seq integer;
+BEGIN
+    UPDATE workflow_runs SET frame_seq = frame_seq + 1 WHERE run_id = p_run.run_id
+    RETURNING frame_seq INTO v_seq;
+    PERFORM outbox_frame(p_run, 1, v_seq, p_type, p_data);
+END
+$$;
+
+CREATE FUNCTION public.workflow_node(p_definition jsonb, p_node text) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT n FROM jsonb_array_elements(p_definition->'nodes') n WHERE n->>'id' = p_node
+$$;
+
+CREATE FUNCTION public.workflow_node_create(p_run public.runs, p_definition jsonb, p_node text, p_slot text, p_actor text) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $_$
+DECLARE
+    v_spec jsonb := workflow_node(p_definition, p_node);
+    v_ctx jsonb;
+    v_input jsonb;
+    v_id uuid := gen_random_uuid();
+    v_node node_runs;
+BEGIN
+    SELECT jsonb_build_object(
+               'input', p_run.input,
+               'nodes', coalesce(jsonb_object_agg(slot, coalesce(output, 'null'::jsonb))
+                                     FILTER (WHERE settled), '{}'::jsonb))
+      INTO v_ctx FROM node_runs WHERE run_id = p_run.run_id;
+    v_input := workflow_resolve(coalesce(v_spec->'input', '{"$ref": "input"}'::jsonb), v_ctx);
+    IF jsonb_typeof(v_input) <> 'object' THEN
+        v_input := jsonb_build_object('value', v_input);
+    END IF;
+    IF v_spec->>'effect' IS NOT NULL THEN
+        v_input := jsonb_build_object('kind', v_spec->>'effect', 'request', v_input);
+    END IF;
+    INSERT INTO node_runs (node_run_id, run_id, node_id, slot, deadline_at)
+    VALUES (v_id, p_run.run_id, p_node, p_slot,
+            clock_timestamp() + make_interval(secs => (v_spec->>'deadline_ms')::bigint / 1000.0))
+    ON CONFLICT ON CONSTRAINT node_runs_once DO NOTHING
+    RETURNING * INTO v_node;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    INSERT INTO runs (run_id, tenant, request_id, multitask, runner, input, metadata,
+                      max_attempts, attempt_timeout_ms, job_published_at, created_at,
+                      updated_at, trace_parent, budget_tokens, budget_cost, effects,
+                      auth_fence, parent_run_id, node_id, retry_base_ms)
+    -- Its request_id comes from its random id: no client's submit can take it first.
+    VALUES (v_id, p_run.tenant, 'node:' || v_id, 'enqueue',
+            coalesce(v_spec->>'runner', 'effect'), v_input,
+            jsonb_build_object('workflow_run', p_run.run_id, 'node', p_node),
+            CASE WHEN v_spec->>'on_failure' = 'fail_run' THEN 1  -- fails the run at once
+                 ELSE coalesce((v_spec #>> '{retry,max_attempts}')::integer, 3) END,
+            coalesce((v_spec->>'attempt_timeout_ms')::integer, p_run.attempt_timeout_ms),
+            now(), clock_timestamp(), clock_timestamp(), p_run.trace_parent,
+            p_run.budget_tokens, p_run.budget_cost, p_run.effects, p_run.auth_fence,
+            p_run.run_id, p_node, (v_spec #>> '{retry,backoff_ms}')::integer);
+    INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
+    VALUES (v_id, 'submitted', 'queued', 0, p_actor,
+            'node ' || p_node || ' of workflow run ' || p_run.run_id);
+    PERFORM workflow_event(p_run, v_node, 'node_ready', 'ready:' || v_id || ':0', NULL,
+                           CASE WHEN p_slot = p_node THEN 'every node before it ended'
+                                ELSE 'runs in place of ' || p_slot END, p_actor);
+END
+$_$;
+
+CREATE FUNCTION public.workflow_node_failed(p_run public.runs, p_node public.node_runs, p_status public.node_status, p_error jsonb, p_actor text) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    v_definition jsonb;
+    v_spec jsonb;
+    v_policy text;
+    v_action text := CASE WHEN p_status = 'timed_out' THEN 'timed_out' ELSE 'failed' END;
+    v_message text := coalesce(p_error->>'message', 'no reason given');
+    v_effect text;
+BEGIN
+    SELECT definition INTO v_definition FROM workflow_runs WHERE run_id = p_run.run_id;
+    v_spec := workflow_node(v_definition, p_node.node_id);
+    v_policy := coalesce(v_spec->>'on_failure', 'retry');
+    IF v_policy = 'fallback' AND NOT coalesce((v_spec->>'fallback_after_effect')::boolean, false)
+    THEN
+        -- An effect its run performed, or may have: the fallback would repeat it.
+        SELECT key INTO v_effect FROM effects
+         WHERE run_id = p_node.node_run_id AND state <> 'prepared'
+           AND NOT (state = 'failed' AND error_code IS DISTINCT FROM 'EFFECT_DEADLINE_EXCEEDED')
+         ORDER BY created_at, key LIMIT 1;
+        IF v_effect IS NOT NULL THEN
+            v_policy := 'retry';
+            v_message := v_message || '; its fallback ' || (v_spec->>'fallback')
+                         || ' does not run: the node performed effect ' || v_effect
+                         || ', which it would repeat (fallback_after_effect allows it)';
+        END IF;
+    END IF;
+    IF v_policy = 'skip' THEN
+        PERFORM workflow_node_move(
+            p_run, p_node, CASE WHEN p_status = 'timed_out' THEN 'timed_out'::node_status
+                                ELSE 'skipped'::node_status END,
+            CASE WHEN p_status = 'timed_out' THEN 'timed_out' ELSE 'skipped' END,
+            p_node.attempt, NULL, p_error, v_message || '; skipped: the nodes after it run',
+            NULL, true, p_actor, false);
+        PERFORM workflow_advance(p_run, p_actor);
+    ELSIF v_policy = 'fallback' THEN
+        PERFORM workflow_node_move(
+            p_run, p_node, p_status,
+            CASE WHEN p_status = 'timed_out' THEN 'timed_out' ELSE 'fell_back' END,
+            p_node.attempt, NULL, p_error,
+            v_message || '; ' || (v_spec->>'fallback') || ' runs in its place',
+            v_spec->>'fallback', false, p_actor, false);
+        PERFORM workflow_node_create(p_run, v_definition, v_spec->>'fallback', p_node.slot,
+                                     p_actor);
+    ELSE
+        PERFORM workflow_node_move(p_run, p_node, p_status, v_action, p_node.attempt, NULL,
+                                   p_error, v_message, NULL, false, p_actor, false);
+        PERFORM workflow_fail(
+            p_run,
+            jsonb_build_object(
+                'code', CASE WHEN p_status = 'timed_out' THEN 'NODE_DEADLINE_EXCEEDED'
+                             ELSE 'NODE_FAILED' END,
+                'retryable', false,
+                'message', 'node ' || p_node.node_id || ' '
+                           || CASE WHEN p_status = 'timed_out' THEN 'timed out' ELSE 'failed' END
+                           || ': ' || v_message),
+            p_actor);
+    END IF;
+END
+$$;
+
+CREATE FUNCTION public.workflow_node_move(p_run public.runs, p_node public.node_runs, p_status public.node_status, p_action text, p_attempt integer, p_output jsonb, p_error jsonb, p_reason text, p_fallback text, p_settled boolean, p_actor text, p_quiet boolean) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    v_node node_runs;
+    v_data jsonb;
+    v_generation integer;
+BEGIN
+    UPDATE node_runs
+       SET status = p_status, version = version + 1, attempt = greatest(attempt, p_attempt),
+           output = coalesce(p_output, output), error = coalesce(p_error, error),
+           settled = p_settled, updated_at = clock_timestamp(),
+           ended_at = CASE WHEN p_status IN ('completed', 'failed', 'timed_out', 'skipped')
+                           THEN clock_timestamp() END
+     WHERE node_run_id = p_node.node_run_id AND version = p_node.version
+    RETURNING * INTO v_node;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    -- The key names the attempt by its generation, which only grows (an attempt handed
+    -- back at shutdown does not count, so `attempt` may repeat). A key used before keeps
+    -- its event.
+    SELECT generation INTO v_generation FROM runs WHERE run_id = v_node.node_run_id;
+    PERFORM workflow_event(p_run, v_node, 'node_' || p_action,
+                           p_action || ':' || v_node.node_run_id || ':'
+                               || coalesce(v_generation, 0),
+                           p_error->>'code', p_reason, p_actor);
+    IF NOT p_quiet THEN
+        v_data := jsonb_build_object('node_id', v_node.node_id, 'slot', v_node.slot,
+                                     'node_run_id', v_node.node_run_id, 'action', p_action,
+                                     'status', p_status, 'attempt', v_node.attempt);
+        IF p_reason IS NOT NULL THEN
+            v_data := v_data || jsonb_build_object('reason', left(p_reason, 2000));
+        END IF;
+        IF p_error ? 'code' THEN
+            v_data := v_data || jsonb_build_object('code', p_error->>'code');
+        END IF;
+        IF p_fallback IS NOT NULL THEN
+            v_data := v_data || jsonb_build_object('fallback', p_fallback);
+        END IF;
+        PERFORM workflow_frame(p_run, 'node', v_data);
+    END IF;
+    RETURN true;
+END
+$$;
+
+CREATE FUNCTION public.workflow_node_run_changed() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    v_run runs;
+    v_node node_runs;
+    v_actor text := coalesce(NEW.lease_owner, 'workflow');
+BEGIN
+    SELECT * INTO v_run FROM runs WHERE run_id = NEW.parent_run_id FOR UPDATE;
+    SELECT * INTO v_node FROM node_runs WHERE node_run_id = NEW.run_id;
+    IF NOT FOUND OR v_node.status NOT IN ('ready', 'running', 'waiting') THEN
+        RETURN NULL;  -- it ended already (timed out, or stopped with its workflow run)
+    END IF;
+    IF run_terminal(v_run.status) THEN
+        PERFORM workflow_node_move(
+            v_run, v_node, 'failed', 'failed', NEW.attempts, NULL,
+            jsonb_build_object('code', 'CANCELED', 'retryable', false,
+                               'message', 'its workflow run ended'),
+            'the workflow run ended', NULL, false, v_actor, true);
+        RETURN NULL;
+    END IF;
+    IF NEW.status = 'running' THEN
+        PERFORM workflow_node_move(v_run, v_node, 'running', 'started', NEW.attempts, NULL,
+                                   NULL, 'attempt ' || NEW.attempts, NULL, false, v_actor,
+                                   false);
+    ELSIF NEW.status = 'queued' THEN
+        PERFORM workflow_node_move(v_run, v_node, 'waiting', 'retrying', NEW.attempts, NULL,
+                                   NEW.error, coalesce(NEW.error->>'message', 'retrying'),
+                                   NULL, false, v_actor, false);
+    ELSIF NEW.status = 'recovering' THEN
+        PERFORM workflow_node_move(v_run, v_node, 'waiting', 'waiting', NEW.attempts, NULL,
+                                   NULL, 'its executor stopped; it resumes elsewhere', NULL,
+                                   false, 'recovery', false);
+    ELSIF NEW.status = 'finished' THEN
+        IF workflow_node_move(v_run, v_node, 'completed', 'completed', NEW.attempts,
+                              coalesce(NEW.result, 'null'::jsonb), NULL, NULL, NULL, true,
+                              v_actor, false) THEN
+            PERFORM workflow_advance(v_run, v_actor);
+        END IF;
+    ELSE  -- failed, canceled, interrupted
+        PERFORM workflow_node_failed(
+            v_run, v_node, 'failed',
+            coalesce(NEW.error, jsonb_build_object('code', 'RUNNER_ERROR', 'retryable', false,
+                                                   'message', 'the node run ' || NEW.status)),
+            v_actor);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION public.workflow_resolve(p_template jsonb, p_ctx jsonb) RETURNS jsonb
+    LANGUAGE plpgsql IMMUTABLE
+    AS $_$
+DECLARE
+    v_out jsonb;
+BEGIN
+    CASE jsonb_typeof(p_template)
+    WHEN 'object' THEN
+        IF p_template ? '$ref' AND jsonb_typeof(p_template->'$ref') = 'string'
+           AND (SELECT count(*) FROM jsonb_object_keys(p_template)) = 1 THEN
+            RETURN coalesce(p_ctx #> string_to_array(p_template->>'$ref', '.'), 'null'::jsonb);
+        END IF;
+        SELECT coalesce(jsonb_object_agg(key, workflow_resolve(value, p_ctx)), '{}'::jsonb)
+          INTO v_out FROM jsonb_each(p_template);
+        RETURN v_out;
+    WHEN 'array' THEN
+        SELECT coalesce(jsonb_agg(workflow_resolve(value, p_ctx) ORDER BY ord), '[]'::jsonb)
+          INTO v_out FROM jsonb_array_elements(p_template) WITH ORDINALITY AS e(value, ord);
+        RETURN v_out;
+    ELSE
+        RETURN p_template;
+    END CASE;
+END
+$_$;
+
+CREATE FUNCTION public.workflow_run_after() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    v_definition jsonb;
+BEGIN
+    IF NEW.status = 'running' AND (TG_OP = 'INSERT' OR OLD.status <> 'running') THEN
+        SELECT definition INTO v_definition FROM releases
+         WHERE tenant = NEW.tenant AND release_id = NEW.workflow->>'release_id'
+           AND version = (NEW.workflow->>'version')::integer;
+        INSERT INTO workflow_runs (run_id, definition) VALUES (NEW.run_id, v_definition)
+        ON CONFLICT (run_id) DO NOTHING;
+        PERFORM workflow_frame(NEW, 'run', jsonb_build_object('attempt', 1, 'resumed', false,
+                                                              'partial_length', 0));
+        PERFORM workflow_advance(NEW, 'workflow');
+    ELSIF TG_OP = 'UPDATE' AND OLD.status = 'running' AND NEW.status = 'canceled' THEN
+        PERFORM workflow_stop_nodes(NEW, NEW.error, 'the workflow run was canceled',
+                                    'workflow', false);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION public.workflow_run_before() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    v_active integer;
+    v_seq integer;
+BEGIN
+    IF NEW.status = 'queued' AND NEW.job_published_at IS NOT NULL AND NOT NEW.cancel_requested
+       AND (TG_OP = 'INSERT' OR OLD.job_published_at IS NULL) THEN
+        NEW.status := 'running';
+        NEW.attempts := 1;
+        NEW.generation := 1;
+        NEW.started_at := coalesce(NEW.started_at, now());
+        NEW.lease_owner := 'workflow';
+    ELSIF TG_OP = 'UPDATE' AND OLD.status = 'running' AND NEW.status = 'running'
+          AND NEW.cancel_requested AND NOT OLD.cancel_requested THEN
+        -- A cancel ends it at once (no executor will): its closing frames follow the
+        -- `node` frames of the node runs it stops (workflow_run_after).
+        SELECT count(*) INTO v_active FROM node_runs
+         WHERE run_id = NEW.run_id AND status IN ('ready', 'running', 'waiting');
+        SELECT frame_seq INTO v_seq FROM workflow_runs WHERE run_id = NEW.run_id;
+        NEW.status := 'canceled';
+        NEW.error := NEW.cancel_error;
+        NEW.ended_at := now();
+        NEW.lease_owner := NULL;
+        NEW.close_seq := coalesce(v_seq, 0) + v_active + 1;
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE FUNCTION public.workflow_stop_nodes(p_run public.runs, p_error jsonb, p_reason text, p_actor text, p_quiet boolean) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    v_node node_runs;
+BEGIN
+    FOR v_node IN SELECT * FROM node_runs
+                   WHERE run_id = p_run.run_id AND status IN ('ready', 'running', 'waiting')
+                   ORDER BY created_at, node_id
+    LOOP
+        PERFORM workflow_node_move(p_run, v_node, 'failed', 'failed', v_node.attempt, NULL,
+                                   p_error, p_reason, NULL, false, p_actor, p_quiet);
+    END LOOP;
+    PERFORM workflow_cancel_runs(p_run.run_id, NULL, p_error, p_actor, 'its workflow run ended');
+END
+$$;
+
+CREATE FUNCTION public.workflow_sweep(p_limit integer, OUT timed_out integer, OUT stopped integer) RETURNS record
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    v_due record;
+    v_run runs;
+    v_node node_runs;
+    v_error jsonb;
+BEGIN
+    timed_out := 0;
+    stopped := 0;
+    FOR v_due IN SELECT node_run_id, run_id FROM node_runs
+                  WHERE status IN ('ready', 'running', 'waiting') AND deadline_at <= now()
+                  ORDER BY deadline_at LIMIT p_limit
+    LOOP
+        -- The lock order: the node's run, then its workflow run.
+        PERFORM 1 FROM runs WHERE run_id = v_due.node_run_id FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        -- Never waits while holding what it took before: a busy workflow run is taken
+        -- on a later tick.
+        SELECT * INTO v_run FROM runs WHERE run_id = v_due.run_id FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        SELECT * INTO v_node FROM node_runs WHERE node_run_id = v_due.node_run_id;
+        CONTINUE WHEN v_node.status NOT IN ('ready', 'running', 'waiting')
+                   OR v_node.deadline_at > now() OR run_terminal(v_run.status);
+        v_error := jsonb_build_object(
+            'code', 'NODE_DEADLINE_EXCEEDED', 'retryable', false,
+            'message', 'node ' || v_node.node_id || ' ran past its deadline of '
+                       || (workflow_node((SELECT definition FROM workflow_runs
+                                           WHERE run_id = v_run.run_id),
+                                         v_node.node_id)->>'deadline_ms') || ' ms');
+        PERFORM workflow_node_failed(v_run, v_node, 'timed_out', v_error, 'recovery');
+        -- Its run stops (the node has ended: the run's own end changes nothing more).
+        PERFORM workflow_cancel_runs(v_run.run_id, v_node.node_run_id, v_error, 'recovery',
+                                     'its node ran past its deadline');
+        timed_out := timed_out + 1;
+    END LOOP;
+    FOR v_due IN SELECT DISTINCT c.parent_run_id AS run_id FROM runs c JOIN runs p
+                     ON p.run_id = c.parent_run_id
+                  WHERE c.parent_run_id IS NOT NULL
+                    AND c.status IN ('queued', 'running', 'recovering')  -- runs_active_nodes
+                    AND NOT c.cancel_requested AND run_terminal(p.status)
+                  LIMIT p_limit
+    LOOP
+        -- Their triggers take the ended workflow run: take it first, without waiting (no
+        -- one waits for a node's run while holding its workflow run: SKIP LOCKED).
+        PERFORM 1 FROM runs WHERE run_id = v_due.run_id FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        stopped := stopped + workflow_cancel_runs(
+            v_due.run_id, NULL,
+            jsonb_build_object('code', 'CANCELED', 'retryable', false,
+                               'message', 'its workflow run ended'),
+            'recovery', 'its workflow run ended');
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION public.write_segments(p_runs uuid[], p_first bigint[], p_last bigint[], p_last_stream bigint[], p_frames text[], p_closed boolean[]) RETURNS TABLE(run_id uuid, tenant text, last_seq bigint, frame_count bigint, done_written boolean)
+    LANGUAGE sql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+    SELECT 1 FROM runs WHERE runs.run_id = ANY(p_runs) ORDER BY runs.run_id FOR NO KEY UPDATE;
+
+    WITH ins AS (
+        INSERT INTO frame_segments (run_id, first_seq, last_seq, last_stream_seq, frames)
+        SELECT s.run_id, s.first_seq, s.last_seq, s.last_stream_seq, s.frames::jsonb
+          FROM unnest(p_runs, p_first, p_last, p_last_stream, p_frames)
+               AS s(run_id, first_seq, last_seq, last_stream_seq, frames)
+         -- Segments never overlap, so that frame_count counts each frame once: one that
+         -- overlaps a segment already written is left out; what it alone held is
+         -- repaired from the stream. Segments are disjoint, so the one starting last at
+         -- or before this one's end is the only one that can overlap it.
+         WHERE coalesce((SELECT f.last_seq FROM frame_segments f
+                          WHERE f.run_id = s.run_id AND f.first_seq <= s.last_seq
+                          ORDER BY f.first_seq DESC LIMIT 1), 0) < s.first_seq
+        ON CONFLICT ON CONSTRAINT frame_segments_pkey DO NOTHING
+        RETURNING frame_segments.run_id, frame_segments.last_seq,
+                  jsonb_array_length(frame_segments.frames) AS n
+    ), per_run AS (
+        SELECT i.run_id, max(i.last_seq) AS last_seq, sum(i.n) AS n, bool_or(u.closed) AS closed
+          FROM ins i
+          JOIN unnest(p_runs, p_last, p_closed) AS u(run_id, last_seq, closed)
+            ON u.run_id = i.run_id AND u.last_seq = i.last_seq
+         GROUP BY i.run_id
+    )
+    -- A run's frames are closed once `done` was written and no frame is missing.
+    UPDATE runs r
+       SET last_seq = GREATEST(r.last_seq, p.last_seq),
+           frame_count = r.frame_count + p.n,
+           frames_closed = r.frames_closed
+               OR (p.closed AND r.frame_count + p.n >= GREATEST(r.last_seq, p.last_seq))
+      FROM per_run p
+     WHERE r.run_id = p.run_id
+    RETURNING r.run_id, r.tenant, r.last_seq, r.frame_count, p.closed;
+$$;
+
+CREATE FUNCTION public.xact_messages() RETURNS jsonb
+    LANGUAGE sql
+    AS $$
+    SELECT coalesce(jsonb_agg(jsonb_build_object(
+               'id', o.id, 'kind', o.kind, 'tenant', o.tenant, 'run_id', o.run_id,
+               'msg_id', o.msg_id, 'body', o.body::text, 'trace_parent', o.trace_parent,
+               'runner', o.body->>'runner') ORDER BY o.id), '[]'::jsonb)
+      FROM outbox o
+     WHERE o.xact = pg_current_xact_id() AND o.kind <> 'event' AND o.due_at <= o.created_at
+$$;
+
+CREATE TABLE public.budget_reservations (
+    run_id uuid NOT NULL,
+    key text NOT NULL,
+    tenant text NOT NULL,
+    generation integer NOT NULL,
+    tokens bigint NOT NULL,
+    used bigint,
+    receipt text,
+    state text DEFAULT 'reserved'::text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    settled_at timestamp with time zone,
+    cost bigint DEFAULT 0 NOT NULL,
+    cost_used bigint,
+    CONSTRAINT budget_reservations_cost_check CHECK ((cost >= 0)),
+    CONSTRAINT budget_reservations_cost_used_check CHECK ((cost_used >= 0)),
+    CONSTRAINT budget_reservations_state_check CHECK ((state = ANY (ARRAY['reserved'::text, 'settled'::text, 'released'::text]))),
+    CONSTRAINT budget_reservations_tokens_check CHECK ((tokens >= 0)),
+    CONSTRAINT budget_reservations_used_check CHECK ((used >= 0))
+);
+
+CREATE TABLE public.effects (
+    run_id uuid NOT NULL,
+    key text NOT NULL,
+    kind text NOT NULL,
+    idempotency_key text NOT NULL,
+    request jsonb NOT NULL,
+    request_digest text NOT NULL,
+    state public.effect_state DEFAULT 'prepared'::public.effect_state NOT NULL,
+    version integer DEFAULT 1 NOT NULL,
+    fence bigint DEFAULT 0 NOT NULL,
+    claimed_generation integer,
+    deadline_at timestamp with time zone,
+    receipt jsonb,
+    error text,
+    error_code text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    tokens bigint DEFAULT 0 NOT NULL,
+    cost bigint DEFAULT 0 NOT NULL,
+    auth_fence text,
+    checked_at timestamp with time zone
+);
+
+CREATE TABLE public.frame_segments (
+    run_id uuid NOT NULL,
+    first_seq bigint NOT NULL,
+    last_seq bigint NOT NULL,
+    last_stream_seq bigint NOT NULL,
+    frames jsonb NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE public.outbox (
+    id bigint NOT NULL,
+    kind public.outbox_kind NOT NULL,
+    tenant text NOT NULL,
+    run_id uuid NOT NULL,
+    msg_id text NOT NULL,
+    body jsonb NOT NULL,
+    trace_parent text,
+    xact xid8 DEFAULT pg_current_xact_id() NOT NULL,
+    due_at timestamp with time zone DEFAULT now() NOT NULL,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
+);
+
+CREATE SEQUENCE public.outbox_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+ALTER SEQUENCE public.outbox_id_seq OWNED BY public.outbox.id;
+
+CREATE TABLE public.releases (
+    tenant text NOT NULL,
+    release_id text NOT NULL,
+    version integer NOT NULL,
+    definition jsonb NOT NULL,
+    digest text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE public.run_events (
+    id bigint NOT NULL,
+    run_id uuid NOT NULL,
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    event text NOT NULL,
+    status public.run_status NOT NULL,
+    attempt integer NOT NULL,
+    actor text NOT NULL,
+    code text,
+    reason text,
+    published_at timestamp with time zone,
+    node_id text,
+    seq bigint,
+    idempotency_key text
+);
+
+CREATE SEQUENCE public.run_events_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+ALTER SEQUENCE public.run_events_id_seq OWNED BY public.run_events.id;
+
+CREATE TABLE public.runners (
+    name text NOT NULL,
+    input_schema jsonb,
+    registered_by text NOT NULL,
+    registered_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+ALTER TABLE public.runs ALTER COLUMN submit_seq ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.runs_submit_seq_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+CREATE TABLE public.schema_functions (
+    digest text NOT NULL,
+    applied_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
+);
+
+CREATE TABLE public.schema_migrations (
+    version integer NOT NULL,
+    name text NOT NULL,
+    applied_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE public.tenant_budgets (
+    tenant text NOT NULL,
+    tokens bigint,
+    max_active_runs integer,
+    max_runs_per_day integer,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    cost bigint
+);
+
+CREATE TABLE public.tenant_policies (
+    tenant text NOT NULL,
+    effects text[],
+    version bigint DEFAULT 1 NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE public.tenant_spend (
+    tenant text NOT NULL,
+    tokens bigint DEFAULT 0 NOT NULL,
+    cost bigint DEFAULT 0 NOT NULL
+);
+
+CREATE TABLE public.workflow_runs (
+    run_id uuid NOT NULL,
+    definition jsonb NOT NULL,
+    frame_seq integer DEFAULT 0 NOT NULL,
+    event_seq bigint DEFAULT 0 NOT NULL,
+    event_at timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL
+);
+
+ALTER TABLE ONLY public.outbox ALTER COLUMN id SET DEFAULT nextval('public.outbox_id_seq'::regclass);
+
+ALTER TABLE ONLY public.run_events ALTER COLUMN id SET DEFAULT nextval('public.run_events_id_seq'::regclass);
+
+ALTER TABLE ONLY public.budget_reservations
+    ADD CONSTRAINT budget_reservations_pkey PRIMARY KEY (run_id, key);
+
+ALTER TABLE ONLY public.effects
+    ADD CONSTRAINT effects_idempotency_key_key UNIQUE (idempotency_key);
+
+ALTER TABLE ONLY public.effects
+    ADD CONSTRAINT effects_pkey PRIMARY KEY (run_id, key);
+
+ALTER TABLE ONLY public.frame_segments
+    ADD CONSTRAINT frame_segments_pkey PRIMARY KEY (run_id, first_seq);
+
+ALTER TABLE ONLY public.node_runs
+    ADD CONSTRAINT node_runs_once UNIQUE (run_id, node_id);
+
+ALTER TABLE ONLY public.node_runs
+    ADD CONSTRAINT node_runs_pkey PRIMARY KEY (node_run_id);
+
+ALTER TABLE ONLY public.outbox
+    ADD CONSTRAINT outbox_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.releases
+    ADD CONSTRAINT releases_pkey PRIMARY KEY (tenant, release_id, version);
+
+ALTER TABLE public.run_events
+    ADD CONSTRAINT run_events_event_known CHECK ((event = ANY (ARRAY['submitted'::text, 'claimed'::text, 'finished'::text, 'failed'::text, 'canceled'::text, 'retry'::text, 'released'::text, 'cancel_requested'::text, 'session_turn'::text, 'recovering'::text, 'interrupted'::text, 'budget_reserved'::text, 'budget_settled'::text, 'budget_released'::text, 'effect_resolved'::text, 'node_ready'::text, 'node_started'::text, 'node_retrying'::text, 'node_waiting'::text, 'node_completed'::text, 'node_failed'::text, 'node_fell_back'::text, 'node_skipped'::text, 'node_timed_out'::text]))) NOT VALID;
+
+ALTER TABLE ONLY public.run_events
+    ADD CONSTRAINT run_events_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.runners
+    ADD CONSTRAINT runners_pkey PRIMARY KEY (name);
+
+ALTER TABLE ONLY public.runs
+    ADD CONSTRAINT runs_pkey PRIMARY KEY (run_id);
+
+ALTER TABLE ONLY public.runs
+    ADD CONSTRAINT runs_request_unique UNIQUE (tenant, request_id);
+
+ALTER TABLE ONLY public.schema_functions
+    ADD CONSTRAINT schema_functions_pkey PRIMARY KEY (digest);
+
+ALTER TABLE ONLY public.schema_migrations
+    ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (version);
+
+ALTER TABLE ONLY public.tenant_budgets
+    ADD CONSTRAINT tenant_budgets_pkey PRIMARY KEY (tenant);
+
+ALTER TABLE ONLY public.tenant_policies
+    ADD CONSTRAINT tenant_policies_pkey PRIMARY KEY (tenant);
+
+ALTER TABLE ONLY public.tenant_spend
+    ADD CONSTRAINT tenant_spend_pkey PRIMARY KEY (tenant);
+
+ALTER TABLE ONLY public.workflow_runs
+    ADD CONSTRAINT workflow_runs_pkey PRIMARY KEY (run_id);
+
+CREATE INDEX budget_reservations_open ON public.budget_reservations USING btree (run_id) WHERE (state = 'reserved'::text);
+
+CREATE INDEX budget_reservations_open_by_tenant ON public.budget_reservations USING btree (tenant) WHERE (state = 'reserved'::text);
+
+CREATE INDEX effects_open ON public.effects USING btree (checked_at NULLS FIRST) WHERE (state = ANY (ARRAY['claimed'::public.effect_state, 'unknown'::public.effect_state]));
+
+CREATE INDEX node_runs_deadlines ON public.node_runs USING btree (deadline_at) WHERE ((status = ANY (ARRAY['ready'::public.node_status, 'running'::public.node_status, 'waiting'::public.node_status])) AND (deadline_at IS NOT NULL));
+
+CREATE INDEX outbox_by_due ON public.outbox USING btree (due_at, id);
+
+CREATE INDEX outbox_by_xact ON public.outbox USING btree (xact);
+
+CREATE INDEX outbox_jobs_by_run ON public.outbox USING btree (run_id) WHERE (kind = 'job'::public.outbox_kind);
+
+CREATE INDEX run_events_by_run ON public.run_events USING btree (run_id, id);
+
+CREATE UNIQUE INDEX run_events_once ON public.run_events USING btree (run_id, idempotency_key) WHERE (idempotency_key IS NOT NULL);
+
+CREATE INDEX run_events_unpublished ON public.run_events USING btree (id) WHERE (published_at IS NULL);
+
+CREATE INDEX runs_active_by_status ON public.runs USING btree (status, updated_at) WHERE (status = ANY (ARRAY['queued'::public.run_status, 'running'::public.run_status, 'recovering'::public.run_status]));
+
+CREATE INDEX runs_active_nodes ON public.runs USING btree (parent_run_id) WHERE ((parent_run_id IS NOT NULL) AND (status = ANY (ARRAY['queued'::public.run_status, 'running'::public.run_status, 'recovering'::public.run_status])));
+
+CREATE INDEX runs_by_parent ON public.runs USING btree (parent_run_id) WHERE (parent_run_id IS NOT NULL);
+
+CREATE INDEX runs_by_session ON public.runs USING btree (tenant, session_id, created_at) WHERE (session_id IS NOT NULL);
+
+CREATE INDEX runs_ended_frames ON public.runs USING btree (ended_at) WHERE ((ended_at IS NOT NULL) AND (frames_expired_at IS NULL));
+
+CREATE INDEX runs_session_active ON public.runs USING btree (tenant, session_id, submit_seq) WHERE ((session_id IS NOT NULL) AND (status = ANY (ARRAY['queued'::public.run_status, 'running'::public.run_status, 'recovering'::public.run_status])));
+
+CREATE INDEX runs_session_waiting ON public.runs USING btree (submit_seq) WHERE ((status = 'queued'::public.run_status) AND (job_published_at IS NULL));
+
+CREATE INDEX runs_unclosed ON public.runs USING btree (ended_at) WHERE ((ended_at IS NOT NULL) AND (NOT frames_closed));
+
+CREATE INDEX runs_unpurged ON public.runs USING btree (ended_at) WHERE ((ended_at IS NOT NULL) AND (stream_purged_at IS NULL));
+
+CREATE TRIGGER budget_spend_track AFTER INSERT OR UPDATE ON public.budget_reservations FOR EACH ROW EXECUTE FUNCTION public.budget_spend_track();
+
+CREATE TRIGGER effect_budget_close AFTER UPDATE OF state ON public.effects FOR EACH ROW EXECUTE FUNCTION public.effect_budget_close();
+
+CREATE TRIGGER runs_advance_workflow AFTER INSERT OR UPDATE ON public.runs FOR EACH ROW WHEN ((new.workflow IS NOT NULL)) EXECUTE FUNCTION public.workflow_run_after();
+
+CREATE TRIGGER runs_publish_insert AFTER INSERT ON public.runs FOR EACH ROW EXECUTE FUNCTION public.run_messages();
+
+CREATE TRIGGER runs_publish_update AFTER UPDATE OF status, job_published_at ON public.runs FOR EACH ROW WHEN (((new.status IS DISTINCT FROM old.status) OR (new.job_published_at IS DISTINCT FROM old.job_published_at))) EXECUTE FUNCTION public.run_messages();
+
+CREATE TRIGGER workflow_node_run_changed AFTER UPDATE OF status ON public.runs FOR EACH ROW WHEN (((new.parent_run_id IS NOT NULL) AND (old.status IS DISTINCT FROM new.status))) EXECUTE FUNCTION public.workflow_node_run_changed();
+
+CREATE TRIGGER workflow_run_before BEFORE INSERT OR UPDATE ON public.runs FOR EACH ROW WHEN ((new.workflow IS NOT NULL)) EXECUTE FUNCTION public.workflow_run_before();
+
+ALTER TABLE ONLY public.budget_reservations
+    ADD CONSTRAINT budget_reservations_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(run_id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY public.effects
+    ADD CONSTRAINT effects_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(run_id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY public.frame_segments
+    ADD CONSTRAINT frame_segments_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(run_id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY public.node_runs
+    ADD CONSTRAINT node_runs_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(run_id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY public.run_events
+    ADD CONSTRAINT run_events_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(run_id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY public.runs
+    ADD CONSTRAINT runs_parent_run_id_fkey FOREIGN KEY (parent_run_id) REFERENCES public.runs(run_id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY public.workflow_runs
+    ADD CONSTRAINT workflow_runs_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(run_id) ON DELETE CASCADE;
+
+REVOKE ALL ON FUNCTION public.budget_spend_track() FROM PUBLIC;
+
+GRANT SELECT,INSERT,UPDATE ON TABLE public.runs TO runwire_submitter;
+GRANT SELECT,UPDATE ON TABLE public.runs TO runwire_executor;
+GRANT SELECT,UPDATE ON TABLE public.runs TO runwire_relay;
+GRANT SELECT,UPDATE ON TABLE public.runs TO runwire_recovery;
+
+REVOKE ALL ON FUNCTION public.claim_runs(p_runs uuid[], p_generations integer[], p_owner text, p_lease_ms integer, p_job_acks text[], p_presence integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.claim_runs(p_runs uuid[], p_generations integer[], p_owner text, p_lease_ms integer, p_job_acks text[], p_presence integer) TO runwire_executor;
+
+REVOKE ALL ON FUNCTION public.effect_budget_close() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.finish_runs(p_runs uuid[], p_generations integer[], p_results text[], p_texts text[], p_actor text, p_close_seqs integer[], p_trace_parents text[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.finish_runs(p_runs uuid[], p_generations integer[], p_results text[], p_texts text[], p_actor text, p_close_seqs integer[], p_trace_parents text[]) TO runwire_executor;
+
+REVOKE ALL ON FUNCTION public.finish_runs_told(p_runs uuid[], p_generations integer[], p_results text[], p_texts text[], p_actor text, p_close_seqs integer[], p_trace_parents text[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.finish_runs_told(p_runs uuid[], p_generations integer[], p_results text[], p_texts text[], p_actor text, p_close_seqs integer[], p_trace_parents text[]) TO runwire_executor;
+
+REVOKE ALL ON FUNCTION public.insert_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.insert_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[]) TO runwire_submitter;
+
+REVOKE ALL ON FUNCTION public.outbox_done(p_ids bigint[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.outbox_done(p_ids bigint[]) TO runwire_submitter;
+GRANT ALL ON FUNCTION public.outbox_done(p_ids bigint[]) TO runwire_executor;
+GRANT ALL ON FUNCTION public.outbox_done(p_ids bigint[]) TO runwire_relay;
+GRANT ALL ON FUNCTION public.outbox_done(p_ids bigint[]) TO runwire_recovery;
+
+REVOKE ALL ON FUNCTION public.outbox_frame(r public.runs, p_generation integer, p_seq integer, p_type text, p_data jsonb) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.outbox_put(p_kind public.outbox_kind, p_tenant text, p_run_id uuid, p_msg_id text, p_body jsonb, p_trace_parent text, p_due_at timestamp with time zone) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.release_session_turn(p_tenant text, p_session text, p_actor text) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.release_session_turn(p_tenant text, p_session text, p_actor text) TO runwire_recovery;
+
+REVOKE ALL ON FUNCTION public.run_messages() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.submit_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.submit_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[]) TO runwire_submitter;
+
+REVOKE ALL ON FUNCTION public.workflow_advance(p_run public.runs, p_actor text) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.workflow_cancel_runs(p_run_id uuid, p_only uuid, p_error jsonb, p_actor text, p_reason text) FROM PUBLIC;
+
+GRANT SELECT ON TABLE public.node_runs TO runwire_submitter;
+GRANT SELECT ON TABLE public.node_runs TO runwire_recovery;
+
+REVOKE ALL ON FUNCTION public.workflow_event(p_run public.runs, p_node public.node_runs, p_event text, p_key text, p_code text, p_reason text, p_actor text) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.workflow_fail(p_run public.runs, p_error jsonb, p_actor text) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.workflow_frame(p_run public.runs, p_type text, p_data jsonb) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.workflow_node_create(p_run public.runs, p_definition jsonb, p_node text, p_slot text, p_actor text) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.workflow_node_failed(p_run public.runs, p_node public.node_runs, p_status public.node_status, p_error jsonb, p_actor text) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.workflow_node_move(p_run public.runs, p_node public.node_runs, p_status public.node_status, p_action text, p_attempt integer, p_output jsonb, p_error jsonb, p_reason text, p_fallback text, p_settled boolean, p_actor text, p_quiet boolean) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.workflow_node_run_changed() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.workflow_run_after() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.workflow_run_before() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.workflow_stop_nodes(p_run public.runs, p_error jsonb, p_reason text, p_actor text, p_quiet boolean) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.workflow_sweep(p_limit integer, OUT timed_out integer, OUT stopped integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.workflow_sweep(p_limit integer, OUT timed_out integer, OUT stopped integer) TO runwire_recovery;
+
+REVOKE ALL ON FUNCTION public.write_segments(p_runs uuid[], p_first bigint[], p_last bigint[], p_last_stream bigint[], p_frames text[], p_closed boolean[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.write_segments(p_runs uuid[], p_first bigint[], p_last bigint[], p_last_stream bigint[], p_frames text[], p_closed boolean[]) TO runwire_relay;
+
+REVOKE ALL ON FUNCTION public.xact_messages() FROM PUBLIC;
+GRANT ALL ON FUNCTION public.xact_messages() TO runwire_submitter;
+GRANT ALL ON FUNCTION public.xact_messages() TO runwire_executor;
+
+GRANT SELECT ON TABLE public.budget_reservations TO runwire_submitter;
+GRANT SELECT,INSERT,UPDATE ON TABLE public.budget_reservations TO runwire_executor;
+GRANT SELECT,UPDATE ON TABLE public.budget_reservations TO runwire_recovery;
+
+GRANT SELECT,UPDATE ON TABLE public.effects TO runwire_submitter;
+GRANT SELECT,INSERT,UPDATE ON TABLE public.effects TO runwire_executor;
+GRANT SELECT ON TABLE public.effects TO runwire_recovery;
+
+GRANT SELECT ON TABLE public.frame_segments TO runwire_executor;
+GRANT SELECT,INSERT ON TABLE public.frame_segments TO runwire_relay;
+GRANT SELECT,DELETE ON TABLE public.frame_segments TO runwire_recovery;
+
+GRANT SELECT,DELETE ON TABLE public.outbox TO runwire_submitter;
+GRANT SELECT,DELETE ON TABLE public.outbox TO runwire_executor;
+GRANT SELECT,DELETE ON TABLE public.outbox TO runwire_relay;
+GRANT SELECT,DELETE,UPDATE ON TABLE public.outbox TO runwire_recovery;
+
+GRANT USAGE ON SEQUENCE public.outbox_id_seq TO runwire_submitter;
+GRANT USAGE ON SEQUENCE public.outbox_id_seq TO runwire_executor;
+GRANT USAGE ON SEQUENCE public.outbox_id_seq TO runwire_relay;
+GRANT USAGE ON SEQUENCE public.outbox_id_seq TO runwire_recovery;
+
+GRANT SELECT,INSERT ON TABLE public.releases TO runwire_submitter;
+
+GRANT SELECT,INSERT ON TABLE public.run_events TO runwire_submitter;
+GRANT SELECT,INSERT ON TABLE public.run_events TO runwire_executor;
+GRANT SELECT ON TABLE public.run_events TO runwire_relay;
+GRANT SELECT,INSERT,UPDATE ON TABLE public.run_events TO runwire_recovery;
+
+GRANT USAGE ON SEQUENCE public.run_events_id_seq TO runwire_submitter;
+GRANT USAGE ON SEQUENCE public.run_events_id_seq TO runwire_executor;
+GRANT USAGE ON SEQUENCE public.run_events_id_seq TO runwire_relay;
+GRANT USAGE ON SEQUENCE public.run_events_id_seq TO runwire_recovery;
+
+GRANT SELECT ON TABLE public.runners TO runwire_submitter;
+GRANT SELECT,INSERT,UPDATE ON TABLE public.runners TO runwire_executor;
+
+GRANT USAGE ON SEQUENCE public.runs_submit_seq_seq TO runwire_submitter;
+GRANT USAGE ON SEQUENCE public.runs_submit_seq_seq TO runwire_executor;
+GRANT USAGE ON SEQUENCE public.runs_submit_seq_seq TO runwire_relay;
+GRANT USAGE ON SEQUENCE public.runs_submit_seq_seq TO runwire_recovery;
+
+GRANT SELECT ON TABLE public.schema_functions TO runwire_submitter;
+GRANT SELECT ON TABLE public.schema_functions TO runwire_executor;
+GRANT SELECT ON TABLE public.schema_functions TO runwire_relay;
+GRANT SELECT ON TABLE public.schema_functions TO runwire_recovery;
+
+GRANT SELECT ON TABLE public.schema_migrations TO runwire_submitter;
+GRANT SELECT ON TABLE public.schema_migrations TO runwire_executor;
+GRANT SELECT ON TABLE public.schema_migrations TO runwire_relay;
+GRANT SELECT ON TABLE public.schema_migrations TO runwire_recovery;
+
+GRANT SELECT,INSERT,UPDATE ON TABLE public.tenant_budgets TO runwire_submitter;
+GRANT SELECT ON TABLE public.tenant_budgets TO runwire_executor;
+
+GRANT SELECT,INSERT,UPDATE ON TABLE public.tenant_policies TO runwire_submitter;
+GRANT SELECT ON TABLE public.tenant_policies TO runwire_executor;
+
+GRANT SELECT ON TABLE public.tenant_spend TO runwire_submitter;
+GRANT SELECT ON TABLE public.tenant_spend TO runwire_executor;
+
+GRANT SELECT ON TABLE public.workflow_runs TO runwire_submitter;
