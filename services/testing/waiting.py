@@ -55,3 +55,18 @@ async def eventually(
                 f"{name} still returned {value!r} after {timeout} s ({attempts} attempts)"
             )
         await asyncio.sleep(interval)
+
+
+async def fault_window(seconds: float, what: str) -> None:
+    """Let a fault the test made last `seconds` (`what` says which: an outage, a frozen
+    process, a lease left to expire). Not a wait for something to happen: use
+    `eventually` for that."""
+    del what  # read by whoever reads the test
+    await asyncio.sleep(seconds)
+
+
+async def pace(seconds: float, what: str) -> None:
+    """Hold a test's own loop for `seconds` (`what` says why: a slow reader, the pause
+    between two tries of a command the test retries, a soak's rhythm)."""
+    del what
+    await asyncio.sleep(seconds)

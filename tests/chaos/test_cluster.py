@@ -28,7 +28,7 @@ from runwire.client import ClientError
 from runwire.contracts.status import RunStatus
 from runwire.infra.embedded import EmbeddedNats, EmbeddedNatsCluster
 from runwire.infra.stack import SERVICES, replicas
-from runwire.testing.waiting import eventually
+from runwire.testing.waiting import eventually, pace
 from tests.chaos.conftest import FAILED
 from tests.services import ATTEMPT_ENDS, ProcessStack, assert_well_formed, collect
 
@@ -143,7 +143,7 @@ class Load:
                 if not exc.retryable:
                     self.problems.append(f"submit {n} refused: {exc}")
                     return None
-                await asyncio.sleep(0.2)
+                await pace(0.2, "between two tries of a submit the cluster could not take")
                 continue
             self.submitted.append(reply.run.run_id)
             return reply.run.run_id
@@ -163,7 +163,7 @@ async def _served(
         except (ClientError, TimeoutError):  # not served yet: try again
             if time.monotonic() - started > within:
                 raise
-            await asyncio.sleep(0.2)
+            await pace(0.2, "between two probes while the cluster is not serving")
             continue
         # A probe that was served is checked as strictly as the load's runs.
         assert_well_formed(frames)

@@ -14,7 +14,7 @@ from runwire.client import ClientError
 from runwire.contracts.status import RunStatus
 from runwire.infra.embedded import EmbeddedNats
 from runwire.infra.postgres import EmbeddedPostgres
-from runwire.testing.waiting import eventually
+from runwire.testing.waiting import eventually, fault_window, pace
 from tests.services import ProcessStack, assert_well_formed, collect
 
 pytestmark = pytest.mark.chaos
@@ -58,7 +58,7 @@ async def test_relay_killed_while_clients_stream(processes: ProcessStack) -> Non
     await eventually(lambda: _some_frames(processes, ids[0], 5), timeout=20)
 
     processes.procs["relay"].kill()
-    await asyncio.sleep(0.5)  # the runs keep writing raw frames while no relay runs
+    await fault_window(0.5, "the runs keep writing raw frames while no relay runs")
     processes.start("relay")
 
     results = await asyncio.gather(*streams)
@@ -113,7 +113,7 @@ async def test_submitter_killed_mid_submit_then_retried_is_one_run(
             except ClientError as exc:
                 if not exc.retryable:
                     raise
-                await asyncio.sleep(0.2)
+                await pace(0.2, "between two tries of a submit refused during the outage")
     assert len(set(ids)) == 20
     for i, key in enumerate(keys):
         row = await processes.store.run_by_request("default", key)
@@ -193,7 +193,7 @@ async def test_nats_server_restarted_while_runs_are_in_flight(
     await eventually(lambda: _some_frames(own_stack, ids[0], 4), timeout=20)
 
     await asyncio.to_thread(nats_server.stop)
-    await asyncio.sleep(1.0)
+    await fault_window(1.0, "the outage: nats-server is away this long")
     await asyncio.to_thread(nats_server.start)  # same port, same file storage
 
     await _assert_all_finished(own_stack, ids, timeout=120)
@@ -207,7 +207,7 @@ async def _runs_through_a_postgres_restart(
     ids = [(await stack.client.submit(_script(i, 60))).run.run_id for i in range(count)]
     await eventually(lambda: _some_frames(stack, ids[0], 4), timeout=20)
     await asyncio.to_thread(postgres.stop)
-    await asyncio.sleep(1.0)  # the outage itself: Postgres is away this long
+    await fault_window(1.0, "the outage: Postgres is away this long")
     await asyncio.to_thread(postgres.start)
     return ids
 

@@ -10,7 +10,7 @@ import pytest
 
 from runwire.contracts.frames import FrameType
 from runwire.runtime.faults import RELAY_UNWRITTEN
-from runwire.testing.waiting import eventually
+from runwire.testing.waiting import eventually, fault_window
 from tests.services import ProcessStack, all_frames_stored, assert_well_formed, collect
 
 pytestmark = pytest.mark.chaos
@@ -153,8 +153,7 @@ async def test_a_retry_resumes_after_the_closing_error_of_the_attempt_before(
             return run is not None and run.attempts == 2
 
         await eventually(second_attempt, timeout=20)
-        # Time for an attempt that does not wait for the relay to publish its first frame.
-        await asyncio.sleep(1)
+        await fault_window(1, "an attempt that does not wait for the relay publishes meanwhile")
     finally:
         relay.signal(signal.SIGCONT)
 

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from runwire.contracts.status import RunStatus
+from runwire.testing.waiting import pace
 from tests.services import ProcessStack, collect
 
 pytestmark = [pytest.mark.soak, pytest.mark.timeout(900)]
@@ -30,7 +31,7 @@ async def test_no_run_is_lost_while_executors_keep_dying(processes: ProcessStack
     kills = 0
     started = time.monotonic()
     while not all(s.done() for s in streams) and time.monotonic() - started < 500:
-        await asyncio.sleep(rng.uniform(2, 4))
+        await pace(rng.uniform(2, 4), "the soak's rhythm: a kill every 2 to 4 s")
         victim = rng.choice(names)
         processes.procs[victim].kill()
         kills += 1

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from runwire.contracts.frames import Frame, FrameType, Transcript
-from runwire.testing.waiting import eventually
+from runwire.testing.waiting import eventually, pace
 from tests.gateway import serve_gateway, sse_frames
 from tests.services import InProcessStack, assert_well_formed
 
@@ -222,7 +222,7 @@ async def test_a_slow_reader_slows_neither_the_run_nor_other_readers(
         async with http.stream("GET", f"/v1/runs/{run_id}/frames", headers=AUTH) as response:
             async for _, frame in sse_frames(response):
                 frames.append(frame)
-                await asyncio.sleep(0.02)  # 20 ms a frame: 6 s for the run's 300
+                await pace(0.02, "a slow reader: 20 ms a frame, 6 s for the run's 300")
         return frames
 
     slow = asyncio.create_task(slow_reader())

@@ -18,7 +18,7 @@ from runwire.runtime.outbox import Outbox
 from runwire.runtime.settings import RecoverySettings
 from runwire.runtime.store import Run
 from runwire.testing.servers import Servers
-from runwire.testing.waiting import eventually
+from runwire.testing.waiting import eventually, fault_window
 from tests.services import InProcessStack, collect
 
 pytestmark = pytest.mark.integration
@@ -236,7 +236,7 @@ async def test_the_lease_duty_asked_many_times_at_once_answers_each(
     duty = ExpiredLeases(settings, stack.store, broker, Outbox(stack.store, broker), presence)
     try:
         await duty.run()  # its presence session is open from now on
-        await asyncio.sleep(0.3)  # past the 200 ms lease
+        await fault_window(0.3, "the claim's 200 ms lease expires")
         reports = await asyncio.gather(*(duty.run() for _ in range(8)))
     finally:
         await presence.close()
