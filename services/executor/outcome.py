@@ -17,6 +17,7 @@ that arrives while an attempt ends closes the run as canceled instead.
 import logging
 import random
 from dataclasses import dataclass
+from enum import StrEnum
 
 from nats.aio.msg import Msg
 
@@ -32,6 +33,23 @@ from runwire.runtime.settings import ExecutorSettings
 from runwire.runtime.store import Run, Store
 
 log = logging.getLogger(__name__)
+
+
+class Decision(StrEnum):
+    """What the executor made of an attempt's outcome (the `decision` of its span and of
+    the attempt outcome metric)."""
+
+    FINISHED = "finished"
+    RETRY = "retry"  # back to the queue after a backoff
+    FAILED = "failed"  # for good: fatal, or no attempts left
+    CANCELED = "canceled"
+    RELEASED = "released"  # handed back for a shutdown, not counted as an attempt
+    LOST = "lost"  # a newer attempt owns the run: nothing written
+
+    @property
+    def coded(self) -> bool:
+        """Whether its outcome metric names the run's error code."""
+        return self in (Decision.CANCELED, Decision.RETRY, Decision.FAILED)
 
 
 def backoff_ms(attempt: int, base_ms: int, max_ms: int, rng: random.Random) -> int:
@@ -73,22 +91,21 @@ class Settler:
                 ended, decision = await self._settle(attempt, outcome)
             except LostRace:
                 log.warning("outcome not recorded: a newer attempt owns the run")
-                ended, decision = None, "lost"
-            current.set_attribute("decision", decision)
+                ended, decision = None, Decision.LOST
+            current.set_attribute("decision", decision.value)
             if outcome.error is not None:
                 current.set_attribute("code", outcome.error.code.value)
             if run.parent_run_id is not None and ended is not None:
                 await faults.point(faults.NODE_SETTLED)
             await self.outbox.dispatch(ended)
-        if decision == "failed":
+        if decision == Decision.FAILED:
             await msg.term()
         else:
             await msg.ack()
-        ATTEMPT_OUTCOMES.labels(decision, _code(ended) if decision in CODED else "none").inc()
+        ATTEMPT_OUTCOMES.labels(decision.value, _code(ended) if decision.coded else "none").inc()
 
-    async def _settle(self, attempt: Attempt, outcome: Outcome) -> tuple[Run | None, str]:
-        """Record the outcome; returns the run as written and the decision (finished,
-        retry, failed, ...)."""
+    async def _settle(self, attempt: Attempt, outcome: Outcome) -> tuple[Run | None, Decision]:
+        """Record the outcome; returns the run as written and the decision."""
         run, gen, text = attempt.run, attempt.generation, attempt.partial_text
         close_seq = attempt.next_seq
         # This decision's span: the parent of what the write implies (the next job, `done`).
@@ -104,24 +121,24 @@ class Settler:
                 traceparent,
             )
             log.info("run finished", extra=fields(attempt=run.attempts))
-            return ended, "finished"
+            return ended, Decision.FINISHED
         if outcome.abort == AbortReason.LOST:
-            return None, "lost"
+            return None, Decision.LOST
         if outcome.abort == AbortReason.CANCEL:
             ended = await self.store.cancel_attempt(
                 run.run_id, gen, CANCELED_ERROR, text, self.owner, close_seq, traceparent
             )
             log.info("run canceled", extra=fields(attempt=run.attempts, code=_code(ended)))
-            return ended, "canceled"
+            return ended, Decision.CANCELED
         if outcome.abort == AbortReason.SHUTDOWN:
             ended = await self.store.release(
                 run.run_id, gen, text, self.owner, close_seq, traceparent
             )
             if ended.status == RunStatus.CANCELED:
                 log.info("run canceled while its attempt ended", extra=fields(code=_code(ended)))
-                return ended, "canceled"
+                return ended, Decision.CANCELED
             log.info("attempt returned to the queue for shutdown")
-            return ended, "released"
+            return ended, Decision.RELEASED
         error = outcome.error or timeout_error(run.attempt_timeout_ms)
         if error.retryable and run.attempts < run.max_attempts:
             # A workflow node's own backoff, or the executor's.
@@ -141,22 +158,18 @@ class Settler:
             )
             if ended.status == RunStatus.CANCELED:
                 log.info("run canceled while its attempt ended", extra=fields(code=_code(ended)))
-                return ended, "canceled"
+                return ended, Decision.CANCELED
             RETRIES.labels(error.code.value).inc()
             log.info(
                 "attempt failed; retrying",
                 extra=fields(attempt=run.attempts, code=error.code, delay_ms=delay),
             )
-            return ended, "retry"
+            return ended, Decision.RETRY
         ended = await self.store.close_attempt(
             run.run_id, gen, RunStatus.FAILED, error, text, self.owner, close_seq, traceparent
         )
         log.info("run failed", extra=fields(attempt=run.attempts, code=error.code))
-        return ended, "failed"
-
-
-# Decisions whose outcome metric names the run's error code.
-CODED = frozenset({"canceled", "retry", "failed"})
+        return ended, Decision.FAILED
 
 
 def _code(run: Run | None) -> str:
