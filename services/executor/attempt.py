@@ -154,7 +154,7 @@ class Attempt:
         self._pending: deque[tuple[RawFrame, str | None, asyncio.Future[int]]] = deque()
         # Text deltas waiting for the frame before them to be stored (see `publish`).
         self._held: _Held | None = None
-        self._releasing: set[asyncio.Task[None]] = set()
+        self._flushing: set[asyncio.Task[None]] = set()
         self._sync_lock = asyncio.Lock()
         self.continuation = run.partial_text
         # Where a resumed attempt continues: the frames stored for the run (contiguous
@@ -210,7 +210,7 @@ class Attempt:
             if len(text) < most and self._in_flight():
                 self._seq += 1  # its place in the attempt's frames is taken now
                 self._held = _Held(self._seq, datetime.now(UTC), [text], len(text))
-                self._pending[-1][2].add_done_callback(self._release_held)
+                self._pending[-1][2].add_done_callback(self._flush_held)
                 return
         await self._send_held()
         await self._publish(type, data, self._seq + 1, datetime.now(UTC))
@@ -239,12 +239,12 @@ class Attempt:
         frame, _, sent = self._pending[-1]
         return frame.type == FrameType.MESSAGE and not sent.done()
 
-    def _release_held(self, _: "asyncio.Future[int]") -> None:
+    def _flush_held(self, _: "asyncio.Future[int]") -> None:
         # The frame before it is acknowledged: send the joined deltas now.
         if self._held is not None:
             task = asyncio.ensure_future(self._send_held())
-            self._releasing.add(task)
-            task.add_done_callback(self._releasing.discard)
+            self._flushing.add(task)
+            task.add_done_callback(self._flushing.discard)
 
     async def _send_held(self) -> None:
         """Send the coalesced text deltas, if any (before any later frame)."""

@@ -5,7 +5,7 @@
   outbox until due, so it holds no slot of the in-flight limit meanwhile);
 - fatal or exhausted → fail + term;
 - canceled → cancel (with the error the canceller chose: CANCELED or SUPERSEDED) + ack;
-- shutdown → release (not counted) + ack;
+- shutdown → hand back (not counted) + ack;
 - lease lost → ack only (the newer attempt owns the run).
 
 Each write also writes, in its transaction, what it implies (Postgres builds it: the
@@ -43,7 +43,7 @@ class Decision(StrEnum):
     RETRY = "retry"  # back to the queue after a backoff
     FAILED = "failed"  # for good: fatal, or no attempts left
     CANCELED = "canceled"
-    RELEASED = "released"  # handed back for a shutdown, not counted as an attempt
+    HANDED_BACK = "handed_back"  # to the queue, for a shutdown: not counted as an attempt
     LOST = "lost"  # a newer attempt owns the run: nothing written
 
     @property
@@ -131,14 +131,14 @@ class Settler:
             log.info("run canceled", extra=fields(attempt=run.attempts, code=_code(ended)))
             return ended, Decision.CANCELED
         if outcome.abort == AbortReason.SHUTDOWN:
-            ended = await self.store.release(
+            ended = await self.store.hand_back(
                 run.run_id, gen, text, self.owner, close_seq, traceparent
             )
             if ended.status == RunStatus.CANCELED:
                 log.info("run canceled while its attempt ended", extra=fields(code=_code(ended)))
                 return ended, Decision.CANCELED
             log.info("attempt returned to the queue for shutdown")
-            return ended, Decision.RELEASED
+            return ended, Decision.HANDED_BACK
         error = outcome.error or timeout_error(run.attempt_timeout_ms)
         if error.retryable and run.attempts < run.max_attempts:
             # A workflow node's own backoff, or the executor's.

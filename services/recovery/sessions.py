@@ -9,7 +9,7 @@ from runwire.runtime.store import Store
 
 
 class SessionTurns:
-    """The duty that releases sessions held past a cancel's grace."""
+    """The duty that starts the turns of sessions held past a cancel's grace."""
 
     name = "session turns"
 
@@ -20,4 +20,4 @@ class SessionTurns:
     async def run(self) -> dict[str, int]:
         # Their jobs are the outbox's (due at once, written by this statement): the sweep
         # publishes them on its next pass.
-        return {"released": await self.store.release_sessions(self.settings.batch_size, ACTOR)}
+        return {"started": await self.store.start_session_turns(self.settings.batch_size, ACTOR)}

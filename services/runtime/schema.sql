@@ -396,35 +396,6 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION public.release_session_turn(p_tenant text, p_session text, p_actor text) RETURNS integer
-    LANGUAGE plpgsql SECURITY DEFINER
-    SET search_path TO 'public', 'pg_temp'
-    SET plan_cache_mode TO 'force_generic_plan'
-    AS $$
-DECLARE
-    released integer;
-BEGIN
-    WITH due AS (
-        SELECT run_id FROM runs
-         WHERE tenant = p_tenant AND session_id = p_session
-           AND status = 'queued' AND job_published_at IS NULL
-           AND NOT session_blocked(tenant, session_id, submit_seq)
-         ORDER BY submit_seq
-           FOR UPDATE SKIP LOCKED
-    ), upd AS (
-        UPDATE runs r SET job_published_at = now(), updated_at = now()
-          FROM due WHERE r.run_id = due.run_id
-        RETURNING r.*
-    )
-    INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
-    SELECT run_id, 'session_turn', status, attempts, p_actor,
-           'no earlier run of its session is active'
-      FROM upd;
-    GET DIAGNOSTICS released = ROW_COUNT;
-    RETURN released;
-END
-$$;
-
 CREATE FUNCTION public.rfc3339(p_at timestamp with time zone) RETURNS text
     LANGUAGE sql IMMUTABLE
     AS $$
@@ -489,7 +460,7 @@ BEGIN
         END IF;
         PERFORM outbox_frame(NEW, v_generation, v_seq, 'done', v_done);
         IF NEW.session_id IS NOT NULL THEN
-            PERFORM release_session_turn(NEW.tenant, NEW.session_id, 'session');
+            PERFORM start_session_turn(NEW.tenant, NEW.session_id, 'session');
         END IF;
     ELSIF NEW.status = 'queued' AND OLD.status = 'running' AND NEW.close_seq IS NOT NULL
           AND NEW.error IS NOT NULL THEN
@@ -521,6 +492,35 @@ CREATE FUNCTION public.session_blocked(p_tenant text, p_session text, p_before b
            AND (p_before IS NULL OR e.submit_seq < p_before)
            AND run_active(e.status)
            AND (e.cancel_deadline IS NULL OR e.cancel_deadline > now()))
+$$;
+
+CREATE FUNCTION public.start_session_turn(p_tenant text, p_session text, p_actor text) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+    released integer;
+BEGIN
+    WITH due AS (
+        SELECT run_id FROM runs
+         WHERE tenant = p_tenant AND session_id = p_session
+           AND status = 'queued' AND job_published_at IS NULL
+           AND NOT session_blocked(tenant, session_id, submit_seq)
+         ORDER BY submit_seq
+           FOR UPDATE SKIP LOCKED
+    ), upd AS (
+        UPDATE runs r SET job_published_at = now(), updated_at = now()
+          FROM due WHERE r.run_id = due.run_id
+        RETURNING r.*
+    )
+    INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
+    SELECT run_id, 'session_turn', status, attempts, p_actor,
+           'no earlier run of its session is active'
+      FROM upd;
+    GET DIAGNOSTICS released = ROW_COUNT;
+    RETURN released;
+END
 $$;
 
 CREATE FUNCTION public.submit_quota_check(p_tenant text) RETURNS boolean
@@ -1496,10 +1496,10 @@ REVOKE ALL ON FUNCTION public.outbox_frame(r public.runs, p_generation integer, 
 
 REVOKE ALL ON FUNCTION public.outbox_put(p_kind public.outbox_kind, p_tenant text, p_run_id uuid, p_msg_id text, p_body jsonb, p_trace_parent text, p_due_at timestamp with time zone) FROM PUBLIC;
 
-REVOKE ALL ON FUNCTION public.release_session_turn(p_tenant text, p_session text, p_actor text) FROM PUBLIC;
-GRANT ALL ON FUNCTION public.release_session_turn(p_tenant text, p_session text, p_actor text) TO runwire_recovery;
-
 REVOKE ALL ON FUNCTION public.run_messages() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.start_session_turn(p_tenant text, p_session text, p_actor text) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.start_session_turn(p_tenant text, p_session text, p_actor text) TO runwire_recovery;
 
 REVOKE ALL ON FUNCTION public.submit_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[]) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.submit_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[]) TO runwire_submitter;

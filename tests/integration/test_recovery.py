@@ -156,7 +156,7 @@ async def test_a_cancel_that_lands_while_an_attempt_ends_closes_the_run(
     if ending == "retry":
         ended = await stack.store.requeue(run_id, claimed.generation, error, "", 10, "test", 1)
     else:
-        ended = await stack.store.release(run_id, claimed.generation, "", "test", 1)
+        ended = await stack.store.hand_back(run_id, claimed.generation, "", "test", 1)
 
     assert ended.status == RunStatus.CANCELED
     assert ended.error is not None

@@ -145,7 +145,7 @@ WITH upd AS (
 )
 SELECT *, pg_current_xact_id()::text AS xact FROM upd;
 
--- name: release_run
+-- name: hand_back_run
 -- Shutdown: the attempt goes back to the queue and is not counted (or, when a cancel
 -- arrived meanwhile, the run is closed as canceled).
 WITH upd AS (

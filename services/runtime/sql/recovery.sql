@@ -52,10 +52,10 @@ WITH present AS MATERIALIZED (
 )
 SELECT *, pg_current_xact_id()::text AS xact FROM upd;
 
--- name: release_sessions
+-- name: start_session_turns
 -- Sessions whose next run may start although no run of theirs ended: a canceled run
 -- still running past its grace no longer holds its session. Their runs get their job.
-SELECT coalesce(sum(release_session_turn(s.tenant, s.session_id, $2)), 0)::integer AS released
+SELECT coalesce(sum(start_session_turn(s.tenant, s.session_id, $2)), 0)::integer AS started
   FROM (SELECT DISTINCT tenant, session_id FROM runs
          WHERE status = 'queued' AND job_published_at IS NULL
            AND NOT session_blocked(tenant, session_id, submit_seq)

@@ -8,7 +8,7 @@ WITH quota AS (
     SELECT submit_quota_check($2) AS ok
 ), ins AS (
     -- A run whose session is busy gets no job yet (job_published_at NULL): it gets one
-    -- when its turn comes (release_session_turn). clock_timestamp(), not now() (the transaction's
+    -- when its turn comes (start_session_turn). clock_timestamp(), not now() (the transaction's
     -- start, before a wait for the session's lock): runs of a session are created in
     -- the order they were accepted.
     INSERT INTO runs (run_id, tenant, request_id, session_id, multitask, runner, input,

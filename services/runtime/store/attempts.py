@@ -437,7 +437,7 @@ class ExecutorQueries(Queries):
             trace_parent_of_implied,
         )
 
-    async def release(
+    async def hand_back(
         self,
         run_id: str,
         generation: int,
@@ -448,7 +448,7 @@ class ExecutorQueries(Queries):
     ) -> Run:
         """Back to the queue, not counted (shutdown), or canceled if one was asked."""
         return await self._transition(
-            "release_run",
+            "hand_back_run",
             run_id,
             generation,
             partial_text,

@@ -40,11 +40,11 @@ class RecoveryQueries(Queries):
         )
         return [Run.from_record(r) for r in rows]
 
-    async def release_sessions(self, limit: int, actor: str) -> int:
+    async def start_session_turns(self, limit: int, actor: str) -> int:
         """Give their job to the waiting runs of sessions whose turn came without a run
         of theirs ending (a canceled run's grace passed); returns how many."""
-        rec = await self._fetchrow("release_sessions", limit, actor)
-        return int(rec["released"]) if rec else 0
+        rec = await self._fetchrow("start_session_turns", limit, actor)
+        return int(rec["started"]) if rec else 0
 
     async def workflow_sweep(self, limit: int) -> tuple[int, int, str | None]:
         """Time out node runs past their deadline and stop the runs of node runs whose

@@ -88,7 +88,7 @@ BEGIN
         END IF;
         PERFORM outbox_frame(NEW, v_generation, v_seq, 'done', v_done);
         IF NEW.session_id IS NOT NULL THEN
-            PERFORM release_session_turn(NEW.tenant, NEW.session_id, 'session');
+            PERFORM start_session_turn(NEW.tenant, NEW.session_id, 'session');
         END IF;
     ELSIF NEW.status = 'queued' AND OLD.status = 'running' AND NEW.close_seq IS NOT NULL
           AND NEW.error IS NOT NULL THEN

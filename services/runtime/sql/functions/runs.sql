@@ -41,10 +41,13 @@ RETURNS text LANGUAGE sql IMMUTABLE AS $$
     SELECT to_char(p_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
 $$;
 
+-- Its name until the schema had one meaning of "release" (a workflow's release):
+DROP FUNCTION IF EXISTS release_session_turn(text, text, text);
+
 -- The runs of a session whose turn has come (no earlier run of the session holds it)
 -- get their job; returns how many. Called when a run of the session ends, and by
 -- recovery when a canceled run's grace passes.
-CREATE OR REPLACE FUNCTION release_session_turn(p_tenant text, p_session text, p_actor text)
+CREATE OR REPLACE FUNCTION start_session_turn(p_tenant text, p_session text, p_actor text)
 RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path TO 'public', 'pg_temp'
 SET plan_cache_mode TO 'force_generic_plan' AS $$
 DECLARE
@@ -70,8 +73,8 @@ BEGIN
     RETURN released;
 END
 $$;
-REVOKE ALL ON FUNCTION release_session_turn(text, text, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION release_session_turn(text, text, text) TO runwire_recovery;
+REVOKE ALL ON FUNCTION start_session_turn(text, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION start_session_turn(text, text, text) TO runwire_recovery;
 
 -- A node run is a part of its workflow run: quotas count workflow runs, not their nodes.
 CREATE OR REPLACE FUNCTION submit_quota_check(p_tenant text)
