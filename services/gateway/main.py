@@ -19,4 +19,6 @@ def main() -> None:
         log_level=settings.log_level.lower(),
         timeout_graceful_shutdown=5,
         limit_concurrency=settings.gateway_max_connections,
+        ssl_certfile=settings.gateway_tls_cert,
+        ssl_keyfile=settings.gateway_tls_key,
     )

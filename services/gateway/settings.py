@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runwire.contracts.subjects import DEFAULT_PREFIX
@@ -39,6 +39,11 @@ class GatewaySettings(BaseSettings):
     """Address the gateway listens on."""
     gateway_port: int = Field(default=DEFAULT_PORT, ge=0, le=65_535)
     """Port the gateway listens on."""
+    gateway_tls_cert: Path | None = None
+    """The gateway's certificate (PEM, its chain after it): the gateway speaks HTTPS only,
+    with `gateway_tls_key`. Unset: plain HTTP, for behind a proxy that ends TLS."""
+    gateway_tls_key: Path | None = None
+    """The private key of `gateway_tls_cert` (PEM)."""
     gateway_keys_file: Path = Path(".runwire") / "api-keys.json"
     """The API keys it accepts: a JSON file of their hashes and tenants (`runwire tenant
     add` writes it); read again when it changes."""
@@ -55,3 +60,15 @@ class GatewaySettings(BaseSettings):
     """Connections the process takes at once (503 past it)."""
     log_level: str = "INFO"
     """`DEBUG`, `INFO`, `WARNING` or `ERROR`."""
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> "GatewaySettings":
+        if (self.gateway_tls_cert is None) != (self.gateway_tls_key is None):
+            raise ValueError(
+                "RUNWIRE_GATEWAY_TLS_CERT and RUNWIRE_GATEWAY_TLS_KEY go together: set both "
+                "for HTTPS, or neither"
+            )
+        for path in (self.gateway_tls_cert, self.gateway_tls_key):
+            if path is not None and not path.is_file():
+                raise ValueError(f"the gateway's TLS file {path} does not exist")
+        return self

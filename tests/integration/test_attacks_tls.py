@@ -1,13 +1,19 @@
 """NATS over TLS: with `RUNWIRE_NATS_TLS_CA` every service and client connects with TLS
 and checks the server's certificate against that authority; a client that does not
 trust it (or speaks plain NATS) gets nowhere, so nobody on the path reads or forges
-commands, frames or credentials."""
+commands, frames or credentials. The gateway, given its certificate, speaks HTTPS only."""
 
 import datetime as dt
 import ipaddress
+import os
+import ssl
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import nats
 import pytest
 from cryptography import x509
@@ -17,8 +23,11 @@ from cryptography.x509.oid import NameOID
 
 from runwire import ClientError
 from runwire.client import Client
+from runwire.client.settings import EXIT_CONFIG
 from runwire.contracts.errors import ErrorCode
 from runwire.infra.embedded import EmbeddedNats
+from runwire.infra.processes import find_free_port
+from runwire.testing.waiting import eventually
 from tests.services import InProcessStack, collect
 
 pytestmark = [pytest.mark.integration, pytest.mark.security]
@@ -117,3 +126,69 @@ async def test_services_and_clients_speak_tls_and_nothing_else_gets_in(
         with pytest.raises((nats.errors.Error, OSError, TimeoutError)):
             await nats.connect(server.url, allow_reconnect=False, connect_timeout=2)
     assert transcript.text == "over tls"
+
+
+def _gateway(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "runwire.gateway"], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+
+
+async def test_the_gateway_speaks_https_only_with_its_certificate(
+    tmp_path: Path, infra: Any, prefix: str
+) -> None:
+    ca_path, ca, ca_key = _authority(tmp_path, "runwire-test-ca")
+    other_ca, _, _ = _authority(tmp_path, "someone-else")
+    cert, key = _server_certificate(tmp_path, ca, ca_key)
+    port = find_free_port()
+    env = {
+        **os.environ,
+        "RUNWIRE_NATS_URL": infra.nats_url,
+        "RUNWIRE_PREFIX": prefix,
+        "RUNWIRE_GATEWAY_PORT": str(port),
+        "RUNWIRE_GATEWAY_KEYS_FILE": str(tmp_path / "api-keys.json"),
+        "RUNWIRE_GATEWAY_TLS_CERT": str(cert),
+        "RUNWIRE_GATEWAY_TLS_KEY": str(key),
+    }
+    proc = _gateway(env, tmp_path / "gateway.log")
+    try:
+        async with httpx.AsyncClient(
+            verify=ssl.create_default_context(cafile=ca_path), timeout=2
+        ) as http:
+
+            async def healthy() -> bool:
+                assert proc.poll() is None, (tmp_path / "gateway.log").read_text()
+                try:
+                    reply = await http.get(f"https://127.0.0.1:{port}/healthz")
+                except httpx.TransportError:
+                    return False
+                return reply.json() == {"ok": True}
+
+            await eventually(healthy, timeout=30)
+        # Plain HTTP, or a client that does not trust the gateway's authority: nothing.
+        async with httpx.AsyncClient(timeout=2) as http:
+            with pytest.raises(httpx.TransportError):
+                await http.get(f"http://127.0.0.1:{port}/healthz")
+        async with httpx.AsyncClient(
+            verify=ssl.create_default_context(cafile=other_ca), timeout=2
+        ) as http:
+            with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+                await http.get(f"https://127.0.0.1:{port}/healthz")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_a_gateway_given_a_certificate_without_its_key_does_not_start(
+    tmp_path: Path, prefix: str
+) -> None:
+    _, ca, ca_key = _authority(tmp_path, "runwire-test-ca")
+    cert, _ = _server_certificate(tmp_path, ca, ca_key)
+    env = {**os.environ, "RUNWIRE_PREFIX": prefix, "RUNWIRE_GATEWAY_TLS_CERT": str(cert)}
+    env.pop("RUNWIRE_GATEWAY_TLS_KEY", None)
+    proc = _gateway(env, tmp_path / "gateway.log")
+    assert proc.wait(30) == EXIT_CONFIG
+    said = (tmp_path / "gateway.log").read_text()
+    assert "RUNWIRE_GATEWAY_TLS_CERT and RUNWIRE_GATEWAY_TLS_KEY go together" in said
+    assert "Traceback" not in said
