@@ -66,6 +66,27 @@ def nats_server_binary() -> Path:
 
 
 @dataclass(frozen=True)
+class RouteTls:
+    """The certificate a server routes with, its key, and the cluster's authority."""
+
+    cert: Path
+    key: Path
+    ca: Path
+
+    def config(self) -> str:
+        """The `tls` block of a `cluster` section: both sides show and check a certificate
+        signed by the authority."""
+        return (
+            "  tls {\n"
+            f"    cert_file: {json.dumps(str(self.cert.absolute()))}\n"
+            f"    key_file: {json.dumps(str(self.key.absolute()))}\n"
+            f"    ca_file: {json.dumps(str(self.ca.absolute()))}\n"
+            "    verify: true\n"
+            "  }\n"
+        )
+
+
+@dataclass(frozen=True)
 class ClusterNode:
     """Where one server of a JetStream cluster sits among the others."""
 
@@ -79,6 +100,9 @@ class ClusterNode:
     # What the servers of the cluster give each other to route (user `route`): a server
     # that does not know it is not let into the cluster.
     route_secret: str = ""
+    # Routes over TLS: this server's certificate and key, and the authority that signed
+    # every server's (each side checks the other's). None: plain routes on loopback.
+    route_tls: RouteTls | None = None
 
 
 class EmbeddedNats:
@@ -192,6 +216,7 @@ class EmbeddedNats:
             f"  name: {node.cluster}\n"
             f"  listen: 127.0.0.1:{node.route_port}\n"
             + authorization
+            + (node.route_tls.config() if node.route_tls is not None else "")
             # Its own address among the routes is ignored: one list serves every server.
             + f"  routes: [{routes}]\n"
             "}\n"
@@ -313,6 +338,7 @@ class EmbeddedNatsCluster:
         authorization: Path | None = None,
         name: str = "runwire",
         ping_interval_s: int = NATS_PING_INTERVAL_S,
+        route_tls: RouteTls | None = None,
     ) -> None:
         if size < 1:
             raise ValueError("a cluster has at least one server")
@@ -332,7 +358,13 @@ class EmbeddedNatsCluster:
                 clients[i],
                 authorization=authorization,
                 node=ClusterNode(
-                    name, f"n{i + 1}", routes[i], tuple(routes), monitors[i], route_secret
+                    name,
+                    f"n{i + 1}",
+                    routes[i],
+                    tuple(routes),
+                    monitors[i],
+                    route_secret,
+                    route_tls,
                 ),
                 ping_interval_s=ping_interval_s,
             )

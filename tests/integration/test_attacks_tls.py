@@ -3,8 +3,6 @@ and checks the server's certificate against that authority; a client that does n
 trust it (or speaks plain NATS) gets nowhere, so nobody on the path reads or forges
 commands, frames or credentials. The gateway, given its certificate, speaks HTTPS only."""
 
-import datetime as dt
-import ipaddress
 import os
 import ssl
 import subprocess
@@ -16,10 +14,6 @@ from typing import Any
 import httpx
 import nats
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from runwire import ClientError
 from runwire.client import Client
@@ -28,74 +22,18 @@ from runwire.contracts.errors import ErrorCode
 from runwire.infra.embedded import EmbeddedNats
 from runwire.infra.processes import find_free_port
 from runwire.testing.waiting import eventually
+from tests.certificates import authority, server_certificate
 from tests.services import InProcessStack, collect
 
 pytestmark = [pytest.mark.integration, pytest.mark.security]
 
 
-def _authority(
-    folder: Path, name: str
-) -> tuple[Path, x509.Certificate, ec.EllipticCurvePrivateKey]:
-    """A certificate authority of a test's own: (its certificate's file, it, its key)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    path = folder / f"{name}.pem"
-    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    return path, cert, key
-
-
-def _server_certificate(
-    folder: Path, ca: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey
-) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 and localhost, signed by `ca`: (its file, its key's)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "nats")]))
-        .issuer_name(ca.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
-            ),
-            critical=False,
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    cert_path, key_path = folder / "server.pem", folder / "server-key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_path, key_path
-
-
 @pytest.fixture
 async def tls_server(tmp_path: Path) -> AsyncIterator[tuple[EmbeddedNats, Path, Path]]:
     """A nats-server that speaks only TLS; (it, its authority's file, another's)."""
-    ca_path, ca, ca_key = _authority(tmp_path, "runwire-test-ca")
-    other_ca, _, _ = _authority(tmp_path, "someone-else")
-    server = EmbeddedNats(tmp_path / "nats", tls=_server_certificate(tmp_path, ca, ca_key))
+    ca_path, ca, ca_key = authority(tmp_path, "runwire-test-ca")
+    other_ca, _, _ = authority(tmp_path, "someone-else")
+    server = EmbeddedNats(tmp_path / "nats", tls=server_certificate(tmp_path, ca, ca_key))
     server.start()
     try:
         yield server, ca_path, other_ca
@@ -138,9 +76,9 @@ def _gateway(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
 async def test_the_gateway_speaks_https_only_with_its_certificate(
     tmp_path: Path, infra: Any, prefix: str
 ) -> None:
-    ca_path, ca, ca_key = _authority(tmp_path, "runwire-test-ca")
-    other_ca, _, _ = _authority(tmp_path, "someone-else")
-    cert, key = _server_certificate(tmp_path, ca, ca_key)
+    ca_path, ca, ca_key = authority(tmp_path, "runwire-test-ca")
+    other_ca, _, _ = authority(tmp_path, "someone-else")
+    cert, key = server_certificate(tmp_path, ca, ca_key)
     port = find_free_port()
     env = {
         **os.environ,
@@ -183,8 +121,8 @@ async def test_the_gateway_speaks_https_only_with_its_certificate(
 def test_a_gateway_given_a_certificate_without_its_key_does_not_start(
     tmp_path: Path, prefix: str
 ) -> None:
-    _, ca, ca_key = _authority(tmp_path, "runwire-test-ca")
-    cert, _ = _server_certificate(tmp_path, ca, ca_key)
+    _, ca, ca_key = authority(tmp_path, "runwire-test-ca")
+    cert, _ = server_certificate(tmp_path, ca, ca_key)
     env = {**os.environ, "RUNWIRE_PREFIX": prefix, "RUNWIRE_GATEWAY_TLS_CERT": str(cert)}
     env.pop("RUNWIRE_GATEWAY_TLS_KEY", None)
     proc = _gateway(env, tmp_path / "gateway.log")
