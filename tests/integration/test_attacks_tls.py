@@ -126,7 +126,10 @@ def test_a_gateway_given_a_certificate_without_its_key_does_not_start(
     env = {**os.environ, "RUNWIRE_PREFIX": prefix, "RUNWIRE_GATEWAY_TLS_CERT": str(cert)}
     env.pop("RUNWIRE_GATEWAY_TLS_KEY", None)
     proc = _gateway(env, tmp_path / "gateway.log")
-    assert proc.wait(30) == EXIT_CONFIG
+    try:
+        assert proc.wait(30) == EXIT_CONFIG
+    finally:
+        proc.kill()
     said = (tmp_path / "gateway.log").read_text()
     assert "RUNWIRE_GATEWAY_TLS_CERT and RUNWIRE_GATEWAY_TLS_KEY go together" in said
     assert "Traceback" not in said
