@@ -87,7 +87,7 @@ def test_named_queries_load() -> None:
 
 
 def test_a_large_reply_is_parsed_with_collections_paused_and_the_collector_left_as_found() -> None:
-    from runwire.client.sdk import _collections_paused
+    from runwire.client.connection import _collections_paused
 
     assert gc.isenabled()
     with _collections_paused(True):
@@ -108,7 +108,7 @@ def test_a_large_reply_is_parsed_with_collections_paused_and_the_collector_left_
 
 
 def test_a_large_replys_frames_are_not_left_to_the_next_young_collection() -> None:
-    from runwire.client.sdk import _collections_paused
+    from runwire.client.connection import _collections_paused
 
     thresholds = gc.get_threshold()
     gc.set_threshold(10_000_000, 1_000, 1_000)  # no collection of its own in this test
