@@ -30,6 +30,7 @@ from runwire.infra.auth import (
     Identities,
     add_tenant,
     finish_rotation,
+    is_tenant_user,
     read_env_file,
     remove_tenant,
     rotate_tenant,
@@ -374,7 +375,14 @@ async def _main(args: argparse.Namespace) -> int:
             print(policy.model_dump_json(indent=2, exclude={"v", "ok"}))
             return 0
         if args.command == "top":
-            await run_top(client.nc, tenant=tenant, prefix=settings.prefix, once=args.once)
+            await run_top(
+                client.nc,
+                tenant=tenant,
+                prefix=settings.prefix,
+                once=args.once,
+                # A tenant's identity may not read the jobs stream: its own runs' view.
+                tenant_only=settings.nats_user is not None and is_tenant_user(settings.nats_user),
+            )
             return 0
         if args.command == "cancel":
             run = await client.cancel(args.run_id)

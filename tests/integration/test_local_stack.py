@@ -266,6 +266,20 @@ async def test_a_clustered_stack_replicates_every_stream_and_runs_two_of_each_se
         code, out, err = await _cli(stack, "submit", "--tokens", "on", " three", "--watch")
         assert code == 0, err
         assert "on three" in out
+        ended = out.split()[1]
+        # `runwire top` as the default tenant and as the operator, while a run's job is in
+        # the jobs stream: both runs in its history, nothing refused, nothing timed out.
+        slow = ["--tokens", *(["x"] * 60), "--token-delay-ms", "500"]
+        code, out, err = await _cli(stack, "submit", *slow)
+        assert code == 0, err
+        running = out.split()[1]
+        for identity in ((), ("--env", str(stack.root / "operator.env"))):
+            code, out, err = await _cli(stack, *identity, "top", "--once")
+            assert code == 0, err
+            assert {ended, running} <= set(out.split()), out
+            assert not [line for line in out.splitlines() if line.startswith("!")], out
+        code, _, err = await _cli(stack, "cancel", running)
+        assert code == 0, err
         operator = stack.env("operator.env")
         client = await client_of(operator)
         try:
