@@ -1,8 +1,8 @@
 """The local runwire stack: nats-server, Postgres and the four services under supervisord.
 
 Run as `python -m runwire.infra.stack {up,down,logs,status,run}` from the repository root (the
-Makefile does). Everything lives in `.runwire/` there (or in `--root`): server data, logs,
-the supervisord configuration, the chosen
+Makefile does). Everything lives in `.runwire/` there (or in `--root`): server data, logs
+(the previous start's in `logs/previous/`), the supervisord configuration, the chosen
 ports (kept across restarts) and an `env` file with the URLs. `up` returns once every
 service answers its health request (`runwire.infra.readiness` waits), so a command sent
 right after it is served. supervisord (configured and queried by `runwire.infra.supervisor`)
@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -124,6 +125,11 @@ class Layout:
     @property
     def logs(self) -> Path:
         return self.root / "logs"
+
+    @property
+    def previous_logs(self) -> Path:
+        """The logs of the stack's previous start (`up` sets them aside here)."""
+        return self.logs / "previous"
 
     @property
     def conf(self) -> Path:
@@ -601,7 +607,8 @@ def up(layout: Layout, start_timeout: float = START_TIMEOUT, servers: int | None
     """Start the stack unless it runs (with `servers` nats-servers in a cluster when more
     than 1; None: as it runs, else one); return once every service answers its health
     request (or exit 1 after `start_timeout` seconds, naming those that did not; 2 as
-    soon as one refuses its configuration, saying why)."""
+    soon as one refuses its configuration, saying why). The logs of the previous start
+    are set aside in `logs/previous/`."""
     if _supervisord_pid(layout) is not None:
         running = _stored_servers(layout)
         if servers is not None and running != servers:
@@ -626,6 +633,7 @@ def up(layout: Layout, start_timeout: float = START_TIMEOUT, servers: int | None
         down(layout)
     for folder in (layout.root, layout.logs, layout.nats_dir):
         folder.mkdir(parents=True, exist_ok=True)
+    _set_aside_logs(layout)
     wanted = settings_port()
     if wanted and not port_is_free(wanted):
         _say(f"RUNWIRE_GATEWAY_PORT={wanted} is taken by another program; pick another port.")
@@ -745,6 +753,19 @@ def _failed(layout: Layout, not_up: NotUp) -> int:
     return not_up.code
 
 
+def _set_aside_logs(layout: Layout) -> None:
+    """Move the logs of the previous start to `logs/previous/` (in place of the start's
+    before), so that the logs of this start, which `make logs` follows, are its own."""
+    files = [path for path in layout.logs.iterdir() if path.is_file()]
+    if not files:
+        return
+    if layout.previous_logs.exists():
+        shutil.rmtree(layout.previous_logs)
+    layout.previous_logs.mkdir()
+    for path in files:
+        path.replace(layout.previous_logs / path.name)
+
+
 def _record_pids(layout: Layout) -> None:
     """Remember our pids so `down` can clean up even if supervisord itself died."""
     pids = layout.supervisor.program_pids()
@@ -824,11 +845,13 @@ def _signal(pid: int, sig: signal.Signals) -> None:
 
 
 def logs(layout: Layout) -> int:
-    """Follow every log of the stack (replaces this process with `tail -F`)."""
+    """Follow every log of the stack's last start (replaces this process with `tail -F`)."""
     files = sorted(str(path) for path in layout.logs.glob("*.log"))
     if not files:
         _say("No logs yet; start the stack with `make up`.")
         return 1
+    if layout.previous_logs.exists():
+        _say(f"(The logs of the start before are in {layout.previous_logs}.)")
     os.execvp("tail", ["tail", "-n", "20", "-F", *files])
 
 

@@ -310,7 +310,7 @@ async def test_up_stops_at_once_when_a_service_refuses_its_configuration(
 
 async def test_a_runner_installed_after_up_is_served_after_a_restart(tmp_path: Path) -> None:
     """`runwire runners` shows what each service loaded; a runner installed after `up`
-    is unknown until `make down && make up`."""
+    is unknown until `make down && make up`, which sets the first start's logs aside."""
     plugins = tmp_path / "plugins"
     plugins.mkdir()
     async with local_stack(tmp_path, PYTHONPATH=str(plugins)) as stack:
@@ -343,6 +343,15 @@ async def test_a_runner_installed_after_up_is_served_after_a_restart(tmp_path: P
         assert code == 0, err
         assert out.splitlines()[1:] == ["hi", out.splitlines()[0].replace("queued", "finished")]
 
+        # The first start's logs are set aside; `make logs` follows this start's only.
+        logs, previous = stack.root / "logs", stack.root / "logs" / "previous"
+        for folder in (logs, previous):
+            assert (folder / "executor.log").read_text().count('"executor starting"') == 1
+        followed = await _follow_logs(stack)
+        assert followed.count('"msg":"executor starting"') == 1, followed
+        assert f"(The logs of the start before are in {previous}.)" in followed
+        assert "previous/" not in followed.replace(f"in {previous}.", "")
+
 
 def _loaded(out: str) -> dict[str, list[str]]:
     """What `runwire runners` says each service loaded."""
@@ -350,6 +359,35 @@ def _loaded(out: str) -> dict[str, list[str]]:
         line.split()[0]: line.split("loaded: ")[1].split("  ")[0].split(", ")
         for line in out.splitlines()
     }
+
+
+async def _follow_logs(stack: LocalStack) -> str:
+    """What `make logs` shows at once (it follows the logs until stopped: stopped here)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "runwire.infra.stack",
+        "--root",
+        str(stack.root),
+        "logs",
+        cwd=ROOT,
+        env=stack.shell,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    assert proc.stdout is not None
+    shown = ""
+    try:
+        # The files in name order: supervisord's log comes last.
+        while "supervisord.log <==" not in shown or not shown.endswith("\n"):
+            chunk = await asyncio.wait_for(proc.stdout.read(65536), 20)
+            if not chunk:
+                break
+            shown += chunk.decode(errors="replace")
+    finally:
+        proc.kill()
+        await proc.wait()
+    return shown
 
 
 async def test_a_clustered_stack_replicates_every_stream_and_runs_two_of_each_service(
