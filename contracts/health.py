@@ -19,3 +19,7 @@ class HealthReply(Versioned):
     # The runners this replica serves: an executor's take jobs of these runners only;
     # a submitter's are the runners it accepts runs for. Empty for the other services.
     runners: list[str] = Field(default_factory=list)
+    # The runners this replica loaded from its own installation when it started (entry
+    # points, RUNWIRE_RUNNERS): an executor's, once it takes their jobs, are `runners`; a
+    # submitter also accepts runners only executors have. Empty for the other services.
+    loaded: list[str] = Field(default_factory=list)

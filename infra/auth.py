@@ -85,6 +85,11 @@ def tenant_user(tenant: str) -> str:
 ALTERNATE = ".next"
 
 
+def is_tenant_user(user: str) -> bool:
+    """Whether `user` is one of a tenant's NATS users (not a service's, the operator's)."""
+    return user.startswith("tenant-")
+
+
 def tenant_of_user(user: str) -> str:
     """The tenant a `tenant-...` user is one of."""
     return user.removeprefix("tenant-").removesuffix(ALTERNATE)
@@ -150,7 +155,7 @@ class Identities:
 
     @property
     def tenants(self) -> list[str]:
-        return sorted({tenant_of_user(n) for n in self.passwords if n.startswith("tenant-")})
+        return sorted({tenant_of_user(n) for n in self.passwords if is_tenant_user(n)})
 
     def user_of(self, tenant: str) -> str:
         """The NATS user the tenant's clients connect as now."""
@@ -403,7 +408,7 @@ def render(identities: Identities, subjects: Subjects) -> str:
             permissions = service_permissions(
                 name.removeprefix("svc-"), subjects, identities.tenants
             )
-        elif name.startswith("tenant-"):
+        elif is_tenant_user(name):
             permissions = tenant_permissions(tenant_of_user(name), subjects)
         elif name == OPERATOR:
             permissions = operator_permissions(subjects)

@@ -25,7 +25,7 @@ PACKAGES = {"services": "runwire", "contracts": "runwire.contracts", "infra": "r
 MAX_MODULE_LINES = 600
 # Modules still above the limit, each at most this long (split them; then remove them).
 LARGE_MODULES = {
-    "infra/stack.py": 1131,
+    "infra/stack.py": 955,
 }
 README_MAX_LINES = 250
 # Six or more lines (blank and comment lines aside) found in two places.

@@ -1,10 +1,11 @@
 """The local runwire stack: nats-server, Postgres and the four services under supervisord.
 
 Run as `python -m runwire.infra.stack {up,down,logs,status,run}` from the repository root (the
-Makefile does). Everything lives in `.runwire/` there (or in `--root`): server data, logs,
-the supervisord configuration, the chosen ports (kept across restarts) and an `env` file
-with the URLs. `up` returns once every service answers its health request, so a command
-sent right after it is served. supervisord (configured and queried by `runwire.infra.supervisor`)
+Makefile does). Everything lives in `.runwire/` there (or in `--root`): server data, logs
+(the previous start's in `logs/previous/`), the supervisord configuration, the chosen
+ports (kept across restarts) and an `env` file with the URLs. `up` returns once every
+service answers its health request (`runwire.infra.readiness` waits), so a command sent
+right after it is served. supervisord (configured and queried by `runwire.infra.supervisor`)
 restarts any process that dies; `down` stops all of them and checks that none is left.
 
 The gateway (runwire's HTTP API) runs beside them on `RUNWIRE_GATEWAY_URL`, accepting
@@ -29,17 +30,16 @@ import hashlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
-import nats.errors
 from pydantic import ValidationError
 
 from runwire.client.settings import rotated
@@ -66,30 +66,35 @@ from runwire.infra.auth import (
     write_private,
 )
 from runwire.infra.embedded import EmbeddedNats, EmbeddedNatsCluster
-from runwire.infra.health import Health, HealthProbe
 from runwire.infra.postgres import EmbeddedPostgres
 from runwire.infra.processes import find_free_port, port_is_free
+from runwire.infra.readiness import (
+    POLL_S,
+    PROGRESS_REPEAT,
+    NotUp,
+    gateway_unanswered,
+    tail,
+    unanswered,
+    wait,
+)
+from runwire.infra.readiness import say as _say
 from runwire.infra.supervisor import Program, Supervisor, environment, venv_tool
+from runwire.infra.topology import CLUSTER_REPLICAS, Topology, replicas
 from runwire.runtime.settings import CommonSettings
 from runwire.runtime.store import migrate
 
 SERVICES = ("submitter", "executor", "relay", "recovery")
 GATEWAY_HOST = "127.0.0.1"
-# Replicas of every service (and of the gateway) on a clustered stack.
-CLUSTER_REPLICAS = 2
 DATABASE = "runwire"
 START_TIMEOUT = 60.0
 MAX_PORT = 65535
 # `.runwire/env` names each service's metrics endpoint as this + the service, upper-cased.
 METRICS_URL = "RUNWIRE_METRICS_URL_"
 STOP_TIMEOUT = 60.0
-PROGRESS_EVERY = 2.0
-PROGRESS_REPEAT = 10.0
 DEMO_TOKENS = ("Hello", ",", " this", " is", " runwire", " streaming", " a", " run", ".")
 DEMO_TOKEN_DELAY_MS = 150
 # The kernel limits unix socket paths to 108 bytes.
 _MAX_SOCKET_PATH = 100
-_POLL = 0.2
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,11 @@ class Layout:
     @property
     def logs(self) -> Path:
         return self.root / "logs"
+
+    @property
+    def previous_logs(self) -> Path:
+        """The logs of the stack's previous start (`up` sets them aside here)."""
+        return self.logs / "previous"
 
     @property
     def conf(self) -> Path:
@@ -195,32 +205,6 @@ class Ports:
     # Per server of a cluster: client ports, then route ports, then monitoring ports.
     cluster: tuple[int, ...] = ()
     gateway_2: int = 0
-
-
-@dataclass(frozen=True)
-class Replica:
-    """One program of a service: its name under supervisord and the NATS URLs it uses
-    (on a cluster, a different server first for each replica)."""
-
-    program: str
-    service: str
-    nats_url: str
-
-
-def replicas(services: tuple[str, ...], servers: int, nats_urls: list[str]) -> list[Replica]:
-    """Every service's programs: one each on a single server; `CLUSTER_REPLICAS` each on
-    a cluster, spread over its servers in turn."""
-    if servers <= 1:
-        return [Replica(service, service, nats_urls[0]) for service in services]
-    chosen: list[Replica] = []
-    for service in services:
-        for i in range(CLUSTER_REPLICAS):
-            chosen.append(Replica(f"{service}-{i + 1}", service, rotated(nats_urls, len(chosen))))
-    return chosen
-
-
-def _say(message: str) -> None:
-    print(message, flush=True)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -351,46 +335,6 @@ def _metrics_url(host: str, port: int) -> str:
     return f"http://{host}:{port}/metrics"
 
 
-@dataclass(frozen=True)
-class Topology:
-    """What the stack runs: its nats-servers (one, or a cluster's), each service's
-    replicas, and the gateways' ports."""
-
-    nats: list[EmbeddedNats]
-    replicas: list[Replica]
-    gateway_ports: list[int]
-
-    @property
-    def clustered(self) -> bool:
-        return len(self.nats) > 1
-
-    @property
-    def nats_url(self) -> str:
-        """Every server's URL, separated by commas (what clients take)."""
-        return ",".join(node.url for node in self.nats)
-
-    @property
-    def programs(self) -> tuple[str, ...]:
-        """The service programs' names, in `SERVICES` order."""
-        return tuple(replica.program for replica in self.replicas)
-
-    def count(self, service: str) -> int:
-        """How many replicas of `service` run."""
-        return sum(replica.service == service for replica in self.replicas)
-
-    def gateways(self) -> dict[str, int]:
-        """supervisord's name of each gateway, and its port."""
-        if len(self.gateway_ports) == 1:
-            return {GATEWAY: self.gateway_ports[0]}
-        return {f"{GATEWAY}-{i + 1}": port for i, port in enumerate(self.gateway_ports)}
-
-    def nats_programs(self) -> dict[str, EmbeddedNats]:
-        """supervisord's name of each nats-server."""
-        if not self.clustered:
-            return {"nats": self.nats[0]}
-        return {f"nats-{node.name}": node for node in self.nats}
-
-
 def topology(layout: Layout, servers: int, ports: Ports) -> Topology:
     """The stack's shape for `servers` nats-servers (1: a single server) on `ports`."""
     if servers <= 1:
@@ -512,133 +456,11 @@ async def _ensure_database(admin_url: str, name: str) -> None:
         await conn.close()
 
 
-class _Progress:
-    """Says now and then what a wait is still waiting for."""
-
-    def __init__(self, what: str) -> None:
-        self.what = what
-        self.start = time.monotonic()
-        self._last_report = self.start
-        self._last_said = ""
-
-    @property
-    def elapsed(self) -> float:
-        return time.monotonic() - self.start
-
-    def tick(self, describe: Callable[[], str] | str) -> None:
-        """Say `describe` (or what it returns: it is called only when due) if it is time."""
-        now = time.monotonic()
-        if now - self._last_report < PROGRESS_EVERY:
-            return
-        said = describe if isinstance(describe, str) else describe()
-        # Say it when something changed, else only every so often, to stay readable.
-        if said != self._last_said or now - self._last_report >= PROGRESS_REPEAT:
-            _say(f"  ... waiting for {self.what} ({self.elapsed:.0f} s): {said}")
-            self._last_report, self._last_said = now, said
-
-
-def _wait(what: str, done: Callable[[], bool], describe: Callable[[], str], timeout: float) -> bool:
-    """Poll `done` until true or `timeout`, printing `describe()` now and then."""
-    progress = _Progress(what)
-    while not done():
-        if progress.elapsed > timeout:
-            return False
-        progress.tick(describe)
-        time.sleep(_POLL)
-    return True
-
-
-@dataclass(frozen=True)
-class _NotUp:
-    """Why the stack is not up: what went wrong and, per program, what was seen of it."""
-
-    what: str
-    problems: dict[str, str]
-    timed_out: bool
-
-
 def _operator(layout: Layout) -> tuple[str | None, str | None]:
     """The operator's identity, for the stack's own health requests."""
     if not layout.identities_file.exists():
         return None, None
     return OPERATOR, Identities.load(layout.identities_file).passwords.get(OPERATOR)
-
-
-async def _unanswered(
-    layout: Layout, shape: Topology, prefix: str, timeout: float
-) -> _NotUp | None:
-    """Ask every service for its health until each of its replicas has answered (None),
-    giving up at `timeout` or when supervisord stops restarting one of them."""
-    progress = _Progress("the services to answer")
-    seen = dict.fromkeys(SERVICES, "no answer")
-    probe: HealthProbe | None = None
-    try:
-        while True:
-            pending = [service for service in SERVICES if seen[service] != "answers"]
-            if probe is None:
-                # The NATS client retries a server that is down for minutes: look first.
-                if not any(await asyncio.to_thread(lambda: [n.ready() for n in shape.nats])):
-                    gone = f"NATS at {shape.nats_url} does not answer"
-                    seen.update(dict.fromkeys(pending, gone))
-                else:
-                    try:
-                        probe = await HealthProbe.connect(
-                            shape.nats_url, prefix, *_operator(layout)
-                        )
-                    except (TimeoutError, OSError, nats.errors.Error) as exc:
-                        seen.update(dict.fromkeys(pending, f"NATS refuses clients ({exc!r})"))
-            if probe is not None:
-                answers = await asyncio.gather(*(probe.ask_replicas(name) for name in pending))
-                for service, healths in zip(pending, answers, strict=True):
-                    seen[service] = _replicas_state(healths, shape.count(service))
-                    if seen[service] == "answers":
-                        _say(f"  {_counted(service, shape)} answers ({progress.elapsed:.1f} s)")
-            pending = [service for service in SERVICES if seen[service] != "answers"]
-            if not pending:
-                return None
-            states = await asyncio.to_thread(layout.supervisor.states)
-            report = {
-                name: f"{states.get(name, 'unknown')}, {seen[service]}"
-                for name, service in ((r.program, r.service) for r in shape.replicas)
-                if service in pending
-            }
-            fatal = [name for name in report if states.get(name) == "FATAL"]
-            if fatal:
-                return _NotUp(f"supervisord stopped restarting {', '.join(fatal)}", report, False)
-            if progress.elapsed > timeout:
-                what = f"{', '.join(pending)} did not answer a health request within {timeout:g} s"
-                return _NotUp(what, report, True)
-            progress.tick("; ".join(f"{name} {state}" for name, state in report.items()))
-            await asyncio.sleep(_POLL)
-    finally:
-        if probe is not None:
-            await probe.close()
-
-
-def _replicas_state(healths: list[Health], wanted: int) -> str:
-    """ "answers" once `wanted` replicas answer healthy; else what is seen of them."""
-    healthy = sum(health.ok for health in healths)
-    if healthy >= wanted:
-        return "answers"
-    if not healths:
-        return "no answer"
-    if wanted == 1:
-        return healths[0].state
-    others = sorted({health.state for health in healths if not health.ok})
-    return f"{healthy} of {wanted} replicas answer" + (f" ({'; '.join(others)})" if others else "")
-
-
-def _counted(service: str, shape: Topology) -> str:
-    count = shape.count(service)
-    return service if count == 1 else f"{service} ({count} replicas)"
-
-
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "    (no log yet)"
-    return "\n".join(f"    {line}" for line in text.splitlines()[-lines:])
 
 
 def _summary(layout: Layout, shape: Topology, env: dict[str, str]) -> None:
@@ -784,7 +606,9 @@ def _write_env(
 def up(layout: Layout, start_timeout: float = START_TIMEOUT, servers: int | None = None) -> int:
     """Start the stack unless it runs (with `servers` nats-servers in a cluster when more
     than 1; None: as it runs, else one); return once every service answers its health
-    request (or exit 1 after `start_timeout` seconds, naming those that did not)."""
+    request (or exit 1 after `start_timeout` seconds, naming those that did not; 2 as
+    soon as one refuses its configuration, saying why). The logs of the previous start
+    are set aside in `logs/previous/`."""
     if _supervisord_pid(layout) is not None:
         running = _stored_servers(layout)
         if servers is not None and running != servers:
@@ -809,6 +633,7 @@ def up(layout: Layout, start_timeout: float = START_TIMEOUT, servers: int | None
         down(layout)
     for folder in (layout.root, layout.logs, layout.nats_dir):
         folder.mkdir(parents=True, exist_ok=True)
+    _set_aside_logs(layout)
     wanted = settings_port()
     if wanted and not port_is_free(wanted):
         _say(f"RUNWIRE_GATEWAY_PORT={wanted} is taken by another program; pick another port.")
@@ -847,7 +672,7 @@ def up(layout: Layout, start_timeout: float = START_TIMEOUT, servers: int | None
         states = layout.supervisor.states()
         return ", ".join(f"{name} {states.get(name, '?')}" for name in checks)
 
-    servers_up = _wait(
+    servers_up = wait(
         f"{what} and Postgres",
         lambda: all(ready() for ready in set(checks.values())),
         server_states,
@@ -861,7 +686,7 @@ def up(layout: Layout, start_timeout: float = START_TIMEOUT, servers: int | None
             if not ready()
         }
         what = f"{', '.join(problems)} did not accept connections within {start_timeout:g} s"
-        return _failed(layout, _NotUp(what, problems, True))
+        return _failed(layout, NotUp(what, problems, True))
     asyncio.run(_ensure_database(pg.url(), DATABASE))
     # As the owner: the services connect as their own roles, which may not migrate.
     asyncio.run(_prepare_database(database_url))
@@ -897,11 +722,13 @@ def _wait_for_services(layout: Layout, shape: Topology, env: dict[str, str], tim
     """Wait until every service answers its health request, then say where things are."""
     _say("Waiting for every service to answer its health request ...")
     prefix = env.get("RUNWIRE_PREFIX", DEFAULT_PREFIX)
-    not_up = asyncio.run(_unanswered(layout, shape, prefix, timeout))
+    supervisor, logs = layout.supervisor, layout.logs
+    not_up = asyncio.run(unanswered(supervisor, logs, shape, prefix, _operator(layout), timeout))
     for name, port in shape.gateways().items():
         if not_up is not None:
             break
-        not_up = _gateway_unanswered(layout, name, f"http://{GATEWAY_HOST}:{port}", timeout)
+        url = f"http://{GATEWAY_HOST}:{port}"
+        not_up = gateway_unanswered(supervisor, logs, name, url, timeout)
     if not_up is not None:
         return _failed(layout, not_up)
     _record_pids(layout)
@@ -909,39 +736,34 @@ def _wait_for_services(layout: Layout, shape: Topology, env: dict[str, str], tim
     return 0
 
 
-def _gateway_unanswered(layout: Layout, name: str, url: str, timeout: float) -> _NotUp | None:
-    """Ask gateway program `name`'s /healthz until it answers (None), as `_unanswered`
-    does."""
-    progress = _Progress("the gateway to answer")
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/healthz", timeout=2) as response:
-                if response.status == 200:
-                    _say(f"  {name} answers at {url} ({progress.elapsed:.1f} s)")
-                    return None
-                seen = f"HTTP {response.status}"
-        except (OSError, ValueError) as exc:
-            seen = f"no answer ({exc.__class__.__name__})"
-        state = layout.supervisor.states().get(name, "unknown")
-        report = {name: f"{state}, {seen}"}
-        if state == "FATAL":
-            return _NotUp(f"supervisord stopped restarting {name}", report, False)
-        if progress.elapsed > timeout:
-            return _NotUp(f"{name} did not answer at {url} within {timeout:g} s", report, True)
-        progress.tick(f"{name} {state}, {seen}")
-        time.sleep(_POLL)
-
-
-def _failed(layout: Layout, not_up: _NotUp) -> int:
+def _failed(layout: Layout, not_up: NotUp) -> int:
+    """Say why the stack is not up; the exit status of `up`."""
     _record_pids(layout)
     _say(f"\nThe stack did not come up: {not_up.what}.")
     for name, problem in not_up.problems.items():
         log = layout.logs / f"{name}.log"
-        _say(f"  {name}: {problem}; last lines of {log}:\n{_tail(log)}")
+        _say(f"  {name}: {problem}; last lines of {log}:\n{tail(log)}")
+    if not_up.refused:
+        # Its settings are written into supervisord's configuration when the stack starts.
+        _say("\nFix that, then `make down` and `make up` (`make up` alone keeps what was started).")
+        return not_up.code
     _say("\nEverything started so far is still up: `make logs` to look, `make down` to stop.")
     if not_up.timed_out:
         _say("On a slow machine, wait longer: `make up START_TIMEOUT=120`.")
-    return 1
+    return not_up.code
+
+
+def _set_aside_logs(layout: Layout) -> None:
+    """Move the logs of the previous start to `logs/previous/` (in place of the start's
+    before), so that the logs of this start, which `make logs` follows, are its own."""
+    files = [path for path in layout.logs.iterdir() if path.is_file()]
+    if not files:
+        return
+    if layout.previous_logs.exists():
+        shutil.rmtree(layout.previous_logs)
+    layout.previous_logs.mkdir()
+    for path in files:
+        path.replace(layout.previous_logs / path.name)
 
 
 def _record_pids(layout: Layout) -> None:
@@ -997,7 +819,7 @@ def down(layout: Layout) -> int:
             waiting = ", ".join(_describe(pid) for pid in sorted(leftovers))
             _say(f"  ... still stopping ({time.monotonic() - start:.0f} s): {waiting}")
             last_report = time.monotonic()
-        time.sleep(_POLL)
+        time.sleep(POLL_S)
     for pid in leftovers:
         if _is_ours(pid, layout):
             _say(f"  killing leftover process {pid}")
@@ -1023,11 +845,13 @@ def _signal(pid: int, sig: signal.Signals) -> None:
 
 
 def logs(layout: Layout) -> int:
-    """Follow every log of the stack (replaces this process with `tail -F`)."""
+    """Follow every log of the stack's last start (replaces this process with `tail -F`)."""
     files = sorted(str(path) for path in layout.logs.glob("*.log"))
     if not files:
         _say("No logs yet; start the stack with `make up`.")
         return 1
+    if layout.previous_logs.exists():
+        _say(f"(The logs of the start before are in {layout.previous_logs}.)")
     os.execvp("tail", ["tail", "-n", "20", "-F", *files])
 
 

@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+# supervisord's own log, beside its programs' (`<program>.log`).
+SUPERVISORD_LOG = "supervisord.log"
+
 
 def venv_tool(name: str) -> Path:
     """A command installed next to the interpreter running us (the project venv).
@@ -63,7 +66,7 @@ serverurl=unix://{self.socket}
 supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
 
 [supervisord]
-logfile={logs / "supervisord.log"}
+logfile={logs / SUPERVISORD_LOG}
 logfile_maxbytes=10MB
 logfile_backups=2
 pidfile={pid_file}

@@ -104,17 +104,19 @@ async def local_stack(
     *,
     start_timeout: float = 60,
     slow_start_s: float = 0,
+    slow_modules: tuple[str, ...] = SERVICE_MODULES,
     cluster: int = 0,
     **settings: str,
 ) -> AsyncIterator[LocalStack]:
-    """`up` (`--cluster N` when given) with these `RUNWIRE_*` settings; `down` at the end,
-    whatever `up` did."""
+    """`up` (`--cluster N` when given) with these settings (`RUNWIRE_*`, or any variable
+    of the shell); `down` at the end, whatever `up` did. `slow_start_s` delays the
+    services of `slow_modules` (all by default)."""
     # A gateway port of its own: stacks of parallel tests must not find each other's.
     shell = clean_shell(RUNWIRE_GATEWAY_PORT=str(find_free_port()), **settings)
     if slow_start_s:
         hook = folder / "slow-start"
         hook.mkdir()
-        text = SLOW_START.format(delay=slow_start_s, modules=SERVICE_MODULES)
+        text = SLOW_START.format(delay=slow_start_s, modules=slow_modules)
         (hook / "sitecustomize.py").write_text(text)
         shell["PYTHONPATH"] = str(hook)
     options = ["--start-timeout", str(start_timeout)]

@@ -1,5 +1,5 @@
-"""The `runwire` command: submit runs, watch their frames, get and cancel them, `top`, and
-`health` (what a readiness probe runs).
+"""The `runwire` command: submit runs, watch their frames, get and cancel them, `top`,
+`runners` (what each service loaded) and `health` (what a readiness probe runs).
 
 It finds the stack from `--nats-url`, `RUNWIRE_NATS_URL`, or the `.runwire/env` file
 that `make up` writes.
@@ -30,6 +30,7 @@ from runwire.infra.auth import (
     Identities,
     add_tenant,
     finish_rotation,
+    is_tenant_user,
     read_env_file,
     remove_tenant,
     rotate_tenant,
@@ -130,6 +131,18 @@ def _parser() -> argparse.ArgumentParser:
 
     top = sub.add_parser("top", help="live view: queue, executors, throughput, recent runs")
     top.add_argument("--once", action="store_true", help="print one snapshot as text and exit")
+
+    runners = sub.add_parser(
+        "runners",
+        help="the runners each executor and submitter loaded, and those it serves or accepts",
+    )
+    runners.add_argument(
+        "--timeout",
+        type=float,
+        default=HEALTH_WAIT_S,
+        metavar="S",
+        help=f"how long to wait for the replicas' answers (default: {HEALTH_WAIT_S:g} s)",
+    )
 
     health = sub.add_parser(
         "health",
@@ -277,6 +290,33 @@ async def _health(client: Client, service: str, *, local: bool, wait: float) -> 
     return EXIT_FAILED
 
 
+# The services that load runners, and what each does with those of its health reply.
+RUNNER_SERVICES = {"executor": "serves", "submitter": "accepts"}
+
+
+async def _runners(client: Client, wait: float) -> int:
+    """Print, per replica of the executor and the submitter, the runners it loaded and
+    those it serves (takes jobs of) or accepts (runs of); 0 when each service answered."""
+    missing = []
+    for service, verb in RUNNER_SERVICES.items():
+        replies = await client.health(service, wait=wait)
+        if not replies:
+            missing.append(service)
+        for reply in sorted(replies, key=lambda r: r.instance):
+            print(
+                f"{service:<10} {reply.instance}  loaded: {', '.join(reply.loaded) or 'none'}"
+                f"  {verb}: {', '.join(reply.runners) or 'none yet'}",
+                flush=True,
+            )
+    for service in missing:
+        print(
+            f"runwire: no replica of {service} answered within {wait:g} s (is it running? "
+            f"one whose runner cannot be loaded stops at start, saying why in its log)",
+            file=sys.stderr,
+        )
+    return EXIT_FAILED if missing else 0
+
+
 async def _main(args: argparse.Namespace) -> int:
     settings = load_settings()
     url = args.nats_url or settings.nats_url
@@ -374,12 +414,21 @@ async def _main(args: argparse.Namespace) -> int:
             print(policy.model_dump_json(indent=2, exclude={"v", "ok"}))
             return 0
         if args.command == "top":
-            await run_top(client.nc, tenant=tenant, prefix=settings.prefix, once=args.once)
+            await run_top(
+                client.nc,
+                tenant=tenant,
+                prefix=settings.prefix,
+                once=args.once,
+                # A tenant's identity may not read the jobs stream: its own runs' view.
+                tenant_only=settings.nats_user is not None and is_tenant_user(settings.nats_user),
+            )
             return 0
         if args.command == "cancel":
             run = await client.cancel(args.run_id)
             print(f"run {run.run_id} {run.status}")
             return 0
+        if args.command == "runners":
+            return await _runners(client, args.timeout)
         if args.command == "health":
             wait = args.timeout
             if wait is None:

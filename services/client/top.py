@@ -1,17 +1,30 @@
 """`runwire top`: a live view of a stack, built from NATS alone (no Postgres).
 
-`TopCollector` gathers the figures: the jobs stream and its `executor` consumer for the
-queue and the attempts in flight, health requests for the executors that answer, and
-run events (the recent history from the events stream, then live) for throughput,
-recent runs, and recovering and failed runs. `render` turns a `Snapshot` into a rich
-table, so the view can be tested without a terminal.
+`TopCollector` gathers the figures: run events (the recent history from the events
+stream, then live) for throughput, recent runs, and recovering and failed runs; health
+requests for the executors that answer; and the queue and the attempts in flight, in one
+of two views:
+
+- the stack's (the operator, or a stack without identities): the jobs stream and the
+  executors' consumers, every tenant's jobs;
+- a tenant's (a `tenant-<name>` identity, which may not read the jobs stream): the
+  tenant's own runs that the events show queued or running.
+
+The events are read through a consumer a tenant may create: ephemeral, created with the
+filtered form of the API, unacknowledged, delivering into the connection's inbox
+(`_INBOX_<tenant>.`) and gone soon after `top` stops (the rules recovery holds tenants'
+consumers to). `render` turns a `Snapshot` into a rich table, so the view can be tested
+without a terminal.
 """
 
 import asyncio
 import contextlib
 import io
+import json
 import logging
+import re
 import time
+import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -21,7 +34,7 @@ import nats.js.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js import api
 from pydantic import ValidationError
 from rich.console import Console, Group
 from rich.live import Live
@@ -35,6 +48,8 @@ from runwire.contracts.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
+_SERVER_TIME = re.compile(r"([0-9-]+T[0-9:]+)(?:\.([0-9]+))?(Z|[+-][0-9:]+)")
+
 # The executors' durable consumers on the jobs stream: `executor-<runner>`, one per runner.
 EXECUTOR_CONSUMERS = "executor-"
 REFRESH_S = 1.0
@@ -45,6 +60,13 @@ RECENT_RUNS = 15
 FAILED_RUNS = 10
 TRACKED_RUNS = 1000  # runs remembered at most; the oldest are forgotten first
 TEXT_WIDTH = 110
+# How long a JetStream API request of `top` may take: an identity that may not make it
+# hears nothing at all, and the first screen must not wait for that.
+API_TIMEOUT_S = 2.0
+# The events consumer is removed by the server this long after `top` stops reading.
+EVENTS_INACTIVE_S = 10.0
+# The first screen waits at most this long for the history to arrive.
+HISTORY_WAIT_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -87,6 +109,8 @@ class Snapshot:
     recovering: list[RunInfo]
     failed: list[RunInfo]
     problems: list[str] = field(default_factory=list)
+    # The queue figures are the tenant's own runs', not the jobs stream's.
+    tenant_only: bool = False
 
 
 @dataclass
@@ -99,36 +123,82 @@ class _Run:
 
 
 class TopCollector:
-    """Collects `top`'s figures for one tenant under one prefix."""
+    """Collects `top`'s figures for one tenant under one prefix; `tenant_only`: the
+    tenant's view (see the module), else the stack's."""
 
-    def __init__(self, nc: NatsClient, *, tenant: str, prefix: str) -> None:
+    def __init__(
+        self, nc: NatsClient, *, tenant: str, prefix: str, tenant_only: bool = False
+    ) -> None:
         self.nc = nc
         self.tenant = tenant
+        self.tenant_only = tenant_only
         self.subjects = Subjects(prefix)
         self._runs: dict[str, _Run] = {}
         self._ended: deque[datetime] = deque()
         self._sub: Subscription | None = None
+        self._history_s = HISTORY_S
+        # The events stream's position of the last event received (where to go on from).
+        self._stream_seq: int | None = None
+        self._reconnects = 0
+        self._history_read = asyncio.Event()
+        self._events_problem: str | None = None
 
     async def start(self, history_s: float = HISTORY_S) -> "TopCollector":
-        """Follow run events: from `history_s` ago via the events stream, or live only
-        (core NATS) when the stream cannot be read."""
+        """Follow run events from `history_s` ago (through the events stream; live only,
+        said in every snapshot's problems, when that cannot be read)."""
+        self._history_s = history_s
+        await self._follow()
+        return self
+
+    async def history(self, timeout: float = HISTORY_WAIT_S) -> None:
+        """Wait until the events stored when `top` started have arrived (at most
+        `timeout`: what has not is shown as it comes)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._history_read.wait(), timeout)
+
+    async def _follow(self) -> None:
+        """A consumer of the tenant's run events delivering into a new inbox: from the
+        event after the last one received, else from `history_s` ago."""
+        await self.close()
+        self._reconnects = self.nc.stats["reconnects"]
         subject = self.subjects.events(self.tenant, "*")
+        inbox = self.nc.new_inbox()
+        self._sub = await self.nc.subscribe(inbox, cb=self._on_event)
+        config = api.ConsumerConfig(
+            name=f"top-{uuid.uuid4().hex}",
+            filter_subject=subject,
+            deliver_subject=inbox,
+            ack_policy=api.AckPolicy.NONE,
+            max_deliver=1,
+            inactive_threshold=EVENTS_INACTIVE_S,
+            mem_storage=True,
+            num_replicas=1,
+        )
+        if self._stream_seq is None:
+            config.deliver_policy = api.DeliverPolicy.BY_START_TIME
+            config.opt_start_time = datetime.now(UTC) - timedelta(seconds=self._history_s)
+        else:
+            config.deliver_policy = api.DeliverPolicy.BY_START_SEQUENCE
+            config.opt_start_seq = self._stream_seq + 1
         try:
-            self._sub = await self.nc.jetstream().subscribe(
-                subject,
-                stream=self.subjects.events_stream,
-                ordered_consumer=True,
-                cb=self._on_event,
-                config=ConsumerConfig(
-                    deliver_policy=DeliverPolicy.BY_START_TIME,
-                    opt_start_time=datetime.now(UTC) - timedelta(seconds=history_s),
-                ),
+            # The filtered form of the create API (a name and a filter): the only one the
+            # broker lets a tenant use.
+            info = await self.nc.jetstream(timeout=API_TIMEOUT_S).add_consumer(
+                self.subjects.events_stream, config
             )
         except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
-            log.info("events stream unavailable (%s); following live events only", exc)
+            self._events_problem = (
+                f"run history unavailable ({_why(exc)}): only events from now on are shown"
+            )
+            self._history_read.set()
+            # Core NATS: the events from now on, delivered to whoever may subscribe.
+            await self.close()
             self._sub = await self.nc.subscribe(subject, cb=self._on_event)
+        else:
+            self._events_problem = None
+            if not info.num_pending:
+                self._history_read.set()
         await self.nc.flush()
-        return self
 
     async def close(self) -> None:
         if self._sub is not None:
@@ -137,6 +207,12 @@ class TopCollector:
             self._sub = None
 
     async def _on_event(self, msg: Msg) -> None:
+        with contextlib.suppress(ValueError, TypeError, nats.errors.Error):
+            # Delivered by the consumer: where it is in the stream, and what is left.
+            metadata = msg.metadata
+            self._stream_seq = metadata.sequence.stream
+            if metadata.num_pending == 0:
+                self._history_read.set()
         try:
             event = RunEvent.model_validate_json(msg.data)
         except ValidationError:
@@ -164,15 +240,25 @@ class TopCollector:
 
     async def snapshot(self) -> Snapshot:
         """The figures now; what cannot be read is listed in `problems`."""
+        if self.nc.stats["reconnects"] != self._reconnects:
+            # The consumer may have gone with the server it was on: follow again, from
+            # the last event received.
+            await self._follow()
         now = datetime.now(UTC)
-        problems: list[str] = []
-        stored, oldest, in_flight = await self._jobs(now, problems)
+        problems = [self._events_problem] if self._events_problem else []
         executors = await self._executors()
-        queued = None if stored is None else max(0, stored - (in_flight or 0))
+        runs = [self._info(run_id, run, now) for run_id, run in reversed(self._runs.items())]
+        stored: int | None = None
+        queued: int | None
+        in_flight: int | None
+        if self.tenant_only:
+            queued, oldest, in_flight = self._own_queue(runs)
+        else:
+            stored, oldest, in_flight = await self._jobs(now, problems)
+            queued = None if stored is None else max(0, stored - (in_flight or 0))
 
         while self._ended and (now - self._ended[0]).total_seconds() > THROUGHPUT_WINDOW_S:
             self._ended.popleft()
-        runs = [self._info(run_id, run, now) for run_id, run in reversed(self._runs.items())]
         return Snapshot(
             at=now,
             prefix=self.subjects.prefix,
@@ -187,7 +273,15 @@ class TopCollector:
             recovering=[r for r in runs if r.status == RunStatus.RECOVERING],
             failed=[r for r in runs if r.status == RunStatus.FAILED][:FAILED_RUNS],
             problems=problems,
+            tenant_only=self.tenant_only,
         )
+
+    @staticmethod
+    def _own_queue(runs: list[RunInfo]) -> tuple[int, float | None, int]:
+        """The tenant's runs queued, the oldest one's age, and those running."""
+        queued = [r.age_s for r in runs if r.status == RunStatus.QUEUED]
+        running = sum(r.status == RunStatus.RUNNING for r in runs)
+        return len(queued), max(queued, default=None), running
 
     @staticmethod
     def _info(run_id: str, run: _Run, now: datetime) -> RunInfo:
@@ -205,31 +299,37 @@ class TopCollector:
     async def _jobs(
         self, now: datetime, problems: list[str]
     ) -> tuple[int | None, float | None, int | None]:
-        js = self.nc.jetstream()
+        """Jobs stored, the oldest one's age, and attempts in flight, from the jobs stream
+        and the executors' consumers."""
         stream = self.subjects.jobs_stream
         stored: int | None = None
         oldest: float | None = None
         in_flight: int | None = None
         try:
-            state = (await js.stream_info(stream)).state
-            stored = state.messages
-            if state.messages:
-                first = await js.get_msg(stream, seq=state.first_seq)
-                if first.time is not None:
-                    oldest = max(0.0, (now - first.time).total_seconds())
-        except nats.js.errors.NotFoundError:
-            # The oldest message may have been acked between the two calls.
-            pass
-        except (nats.errors.Error, nats.js.errors.Error) as exc:
-            problems.append(f"jobs stream {stream}: {exc}")
+            # The raw reply: its state has the oldest message's time (`first_ts`), which
+            # nats-py's StreamState drops (reading the message would take another request
+            # and another permission).
+            reply = await self.nc.request(
+                f"$JS.API.STREAM.INFO.{stream}", b"", timeout=API_TIMEOUT_S
+            )
+            body = json.loads(reply.data)
+            if "error" in body:
+                raise ValueError(body["error"].get("description") or body["error"])
+            state = body["state"]
+            stored = int(state["messages"])
+            if stored:
+                oldest = max(0.0, (now - _server_time(state["first_ts"])).total_seconds())
+        except (nats.errors.Error, nats.js.errors.Error, ValueError, KeyError) as exc:
+            problems.append(f"jobs stream {stream}: {_why(exc)}")
         try:
+            js = self.nc.jetstream(timeout=API_TIMEOUT_S)
             in_flight = sum(
                 info.num_ack_pending or 0
                 for info in await js.consumers_info(stream)
                 if (info.name or "").startswith(EXECUTOR_CONSUMERS)
             )
         except (nats.errors.Error, nats.js.errors.Error) as exc:
-            problems.append(f"the executors' consumers: {exc}")
+            problems.append(f"the executors' consumers: {_why(exc)}")
         return stored, oldest, in_flight
 
     async def _executors(self) -> list[ExecutorInfo]:
@@ -257,6 +357,23 @@ class TopCollector:
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
         return sorted(found.values(), key=lambda e: e.instance)
+
+
+def _why(exc: Exception) -> str:
+    """An exception in words; a timeout of the JetStream API is what a refusal looks like."""
+    if isinstance(exc, (nats.errors.TimeoutError, TimeoutError)):
+        return f"no answer within {API_TIMEOUT_S:g} s (may this identity read it?)"
+    return str(exc) or type(exc).__name__
+
+
+def _server_time(text: str) -> datetime:
+    """A time as nats-server writes it (RFC 3339, to the nanosecond, `Z`)."""
+    found = _SERVER_TIME.fullmatch(text)
+    if found is None:
+        raise ValueError(f"not a time: {text!r}")
+    whole, fraction, zone = found.groups()
+    micros = (fraction or "").ljust(6, "0")[:6]
+    return datetime.fromisoformat(f"{whole}.{micros}{'+00:00' if zone == 'Z' else zone}")
 
 
 def _seconds(value: float | None) -> str:
@@ -310,7 +427,15 @@ def render(snap: Snapshot) -> Group:
         title_justify="left",
         expand=True,
     )
-    for name in ("queued", "oldest job", "in flight", "ended/s (10s)", "executors"):
+    if snap.tenant_only:
+        # A tenant reads no jobs stream: its own runs, as their events show them.
+        summary.caption = (
+            f"queued, in flight: the tenant's runs seen since {HISTORY_S:g} s before top started"
+        )
+        columns = ("queued", "oldest queued", "in flight", "ended/s (10s)", "executors")
+    else:
+        columns = ("queued", "oldest job", "in flight", "ended/s (10s)", "executors")
+    for name in columns:
         summary.add_column(name, no_wrap=True)
     summary.add_row(
         _count(snap.queued),
@@ -351,14 +476,21 @@ def render_text(snap: Snapshot, width: int = TEXT_WIDTH) -> str:
 
 
 async def run_top(
-    nc: NatsClient, *, tenant: str, prefix: str, once: bool, refresh_s: float = REFRESH_S
+    nc: NatsClient,
+    *,
+    tenant: str,
+    prefix: str,
+    once: bool,
+    tenant_only: bool = False,
+    refresh_s: float = REFRESH_S,
 ) -> None:
-    """Show the live view until interrupted, or print one snapshot with `once`."""
-    collector = await TopCollector(nc, tenant=tenant, prefix=prefix).start()
+    """Show the live view until interrupted, or print one snapshot with `once`; the
+    first screen as soon as the history has arrived."""
+    collector = TopCollector(nc, tenant=tenant, prefix=prefix, tenant_only=tenant_only)
+    await collector.start()
     try:
+        await collector.history()
         if once:
-            # Let the replayed history arrive before the one and only snapshot.
-            await asyncio.sleep(HEALTH_WINDOW_S)
             print(render_text(await collector.snapshot()), end="", flush=True)
             return
         with Live(render(await collector.snapshot()), auto_refresh=False) as live:

@@ -419,6 +419,9 @@ class ExecutorService(Service[ExecutorSettings]):
         executor = getattr(self, "executor", None)
         return sorted(self.runners) if executor is not None and executor.ready else []
 
+    def loaded_runners(self) -> list[str]:
+        return sorted(self.runners)
+
     def opened(self) -> None:
         self.executor = Executor(
             self.settings,

@@ -142,6 +142,10 @@ class Service(Generic[S]):
         """The runners this replica serves or accepts, for its health reply."""
         return []
 
+    def loaded_runners(self) -> list[str]:
+        """The runners this replica loaded at start, for its health reply."""
+        return []
+
     def opened(self) -> None:
         """Make the service's parts; the store and the broker are connected."""
 

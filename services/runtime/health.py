@@ -59,6 +59,7 @@ def serve_health(service: Service[Any]) -> None:
             uptime_s=round(time.monotonic() - service.started, 3),
             dependencies=deps,
             runners=service.runner_names(),
+            loaded=service.loaded_runners(),
         )
 
     service.faststream.replies[title] = (HealthReply,)

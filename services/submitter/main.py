@@ -132,6 +132,9 @@ class SubmitterService(Service[SubmitterSettings]):
     def runner_names(self) -> list[str]:
         return self.catalog.names() if self.catalog is not None else sorted(self.runners)
 
+    def loaded_runners(self) -> list[str]:
+        return sorted(self.runners)
+
     async def work(self, stop: asyncio.Event) -> None:
         assert self.catalog is not None
         await self.catalog.keep_fresh(stop)

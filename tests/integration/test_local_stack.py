@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -237,8 +238,10 @@ def _first_python_block(page: Path) -> str:
 
 
 async def test_up_names_the_service_that_never_answers_and_its_log(tmp_path: Path) -> None:
-    # The executor refuses this setting at start, so supervisord keeps restarting it.
-    async with local_stack(tmp_path, start_timeout=20, RUNWIRE_HEARTBEAT_MS="100000") as stack:
+    # The executor starts too late to answer in time; the others answer.
+    async with local_stack(
+        tmp_path, start_timeout=20, slow_start_s=120, slow_modules=("runwire.executor",)
+    ) as stack:
         assert stack.returncode == 1, stack.output
         log = stack.root / "logs" / "executor.log"
         lines = stack.output.splitlines()
@@ -247,11 +250,144 @@ async def test_up_names_the_service_that_never_answers_and_its_log(tmp_path: Pat
             "The stack did not come up: executor did not answer a health request within 20 s."
         )
         detail = next(line for line in lines if line.startswith("  executor: "))
-        assert detail.endswith(f"no answer; last lines of {log}:")
-        assert "heartbeat_ms must be at most half" in stack.output  # the log's tail
+        assert detail == f"  executor: RUNNING, no answer; last lines of {log}:"
         answered = {line.split()[0] for line in lines if " answers (" in line}
         assert answered == {"submitter", "relay", "recovery"}
         assert "make up START_TIMEOUT=120" in stack.output
+
+
+BROKEN_RUNNER = """\
+# A user's runner whose package lacks a dependency.
+raise ImportError("echo needs the package 'frobnicate', which is not installed")
+"""
+
+ECHO_RUNNER = """\
+import runwire
+
+
+async def echo(ctx: runwire.AttemptContext) -> dict[str, str]:
+    await ctx.message(str(ctx.input["text"]))
+    return {}
+"""
+
+
+async def test_up_stops_at_once_when_a_service_refuses_its_configuration(
+    tmp_path: Path,
+) -> None:
+    """A runner that cannot be loaded (a bad RUNWIRE_RUNNERS entry, a module raising
+    ImportError) stops its service at start; `up` says why as soon as it exits, with
+    exit status 2, instead of waiting for an answer that never comes."""
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "broken_runner.py").write_text(BROKEN_RUNNER)
+    began = time.monotonic()
+    async with local_stack(
+        tmp_path,
+        start_timeout=120,
+        PYTHONPATH=str(plugins),
+        RUNWIRE_RUNNERS="echo=broken_runner:echo",
+    ) as stack:
+        took = time.monotonic() - began
+        assert stack.returncode == 2, stack.output
+        lines = stack.output.splitlines()
+        headline = next(line for line in lines if line.startswith("The stack did not come up"))
+        assert headline == (
+            "The stack did not come up: executor, submitter refused their configuration "
+            "(exit status 2)."
+        )
+        for service in ("executor", "submitter"):
+            detail = next(line for line in lines if line.startswith(f"  {service}: "))
+            assert detail.startswith(
+                f"  {service}: {service} cannot start: RUNWIRE_RUNNERS runner echo = "
+                "'broken_runner:echo': cannot load 'broken_runner:echo': echo needs the "
+                "package 'frobnicate', which is not installed; last lines of "
+            ), detail
+        assert "`make down` and `make up`" in stack.output
+        assert "START_TIMEOUT" not in stack.output
+        # Long before the start timeout, or supervisord's giving up on the restarts.
+        assert took < 45, stack.output
+
+
+async def test_a_runner_installed_after_up_is_served_after_a_restart(tmp_path: Path) -> None:
+    """`runwire runners` shows what each service loaded; a runner installed after `up`
+    is unknown until `make down && make up`, which sets the first start's logs aside."""
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    async with local_stack(tmp_path, PYTHONPATH=str(plugins)) as stack:
+        assert stack.returncode == 0, stack.output
+        code, out, err = await _cli(stack, "runners")
+        assert code == 0, err
+        before = _loaded(out)
+        assert set(before) == {"executor", "submitter"}, out
+        assert "scripted" in before["executor"]
+        assert "scripted" in before["submitter"]
+        # Installed now: not known to the running services.
+        (plugins / "echo_runner.py").write_text(ECHO_RUNNER)
+        echo = ("submit", "--runner", "echo", "--input", '{"text": "hi"}', "--watch")
+        code, _, err = await _cli(stack, *echo)
+        assert (code, "INVALID_REQUEST" in err) == (1, True), err
+        code, out, err = await _cli(stack, "runners")
+        assert (code, _loaded(out)) == (0, before), err
+
+        code, output = await stack_command(stack.folder, "down", stack.shell)
+        assert code == 0, output
+        shell = {**stack.shell, "RUNWIRE_RUNNERS": "echo=echo_runner:echo"}
+        code, output = await stack_command(stack.folder, "up", shell)
+        assert code == 0, output
+        code, out, err = await _cli(stack, "runners")
+        assert code == 0, err
+        after = _loaded(out)
+        assert after == {name: sorted([*runners, "echo"]) for name, runners in before.items()}
+        assert "serves: " + ", ".join(after["executor"]) in out
+        code, out, err = await _cli(stack, *echo)
+        assert code == 0, err
+        assert out.splitlines()[1:] == ["hi", out.splitlines()[0].replace("queued", "finished")]
+
+        # The first start's logs are set aside; `make logs` follows this start's only.
+        logs, previous = stack.root / "logs", stack.root / "logs" / "previous"
+        for folder in (logs, previous):
+            assert (folder / "executor.log").read_text().count('"executor starting"') == 1
+        followed = await _follow_logs(stack)
+        assert followed.count('"msg":"executor starting"') == 1, followed
+        assert f"(The logs of the start before are in {previous}.)" in followed
+        assert "previous/" not in followed.replace(f"in {previous}.", "")
+
+
+def _loaded(out: str) -> dict[str, list[str]]:
+    """What `runwire runners` says each service loaded."""
+    return {
+        line.split()[0]: line.split("loaded: ")[1].split("  ")[0].split(", ")
+        for line in out.splitlines()
+    }
+
+
+async def _follow_logs(stack: LocalStack) -> str:
+    """What `make logs` shows at once (it follows the logs until stopped: stopped here)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "runwire.infra.stack",
+        "--root",
+        str(stack.root),
+        "logs",
+        cwd=ROOT,
+        env=stack.shell,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    assert proc.stdout is not None
+    shown = ""
+    try:
+        # The files in name order: supervisord's log comes last.
+        while "supervisord.log <==" not in shown or not shown.endswith("\n"):
+            chunk = await asyncio.wait_for(proc.stdout.read(65536), 20)
+            if not chunk:
+                break
+            shown += chunk.decode(errors="replace")
+    finally:
+        proc.kill()
+        await proc.wait()
+    return shown
 
 
 async def test_a_clustered_stack_replicates_every_stream_and_runs_two_of_each_service(
@@ -266,6 +402,20 @@ async def test_a_clustered_stack_replicates_every_stream_and_runs_two_of_each_se
         code, out, err = await _cli(stack, "submit", "--tokens", "on", " three", "--watch")
         assert code == 0, err
         assert "on three" in out
+        ended = out.split()[1]
+        # `runwire top` as the default tenant and as the operator, while a run's job is in
+        # the jobs stream: both runs in its history, nothing refused, nothing timed out.
+        slow = ["--tokens", *(["x"] * 60), "--token-delay-ms", "500"]
+        code, out, err = await _cli(stack, "submit", *slow)
+        assert code == 0, err
+        running = out.split()[1]
+        for identity in ((), ("--env", str(stack.root / "operator.env"))):
+            code, out, err = await _cli(stack, *identity, "top", "--once")
+            assert code == 0, err
+            assert {ended, running} <= set(out.split()), out
+            assert not [line for line in out.splitlines() if line.startswith("!")], out
+        code, _, err = await _cli(stack, "cancel", running)
+        assert code == 0, err
         operator = stack.env("operator.env")
         client = await client_of(operator)
         try:
