@@ -24,13 +24,13 @@ MAX_MODULE_LINES = 600
 # Modules still above the limit, each at most this long (split them; then remove them).
 LARGE_MODULES = {
     "infra/stack.py": 1131,
-    "services/client/sdk.py": 786,
+    "services/client/sdk.py": 755,
     "services/executor/attempt.py": 605,
 }
 README_MAX_LINES = 250
 # Six or more lines (blank and comment lines aside) found in two places.
 REPEAT_LINES = 6
-MAX_REPEATED_BLOCKS = 30
+MAX_REPEATED_BLOCKS = 29
 # Generated files are measured by their generators, not here.
 GENERATED = ("contracts/schema/",)
 # Lines too plain to count as repeated code: brackets, `else:`, `pass` and the like.

@@ -51,8 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--env",
         metavar="FILE",
-        help="settings file to use instead of the nearest .runwire/env (a tenant's, from "
-        "`runwire tenant add`, or .runwire/operator.env for admin commands)",
+        help="settings file to use instead of the nearest .runwire/env, winning over the "
+        "shell's RUNWIRE_* variables (a tenant's, from `runwire tenant add`, or "
+        ".runwire/operator.env for admin commands)",
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -286,13 +287,16 @@ async def _main(args: argparse.Namespace) -> int:
     # service's own inbox (`_SVC_INBOX_<service>`), no tenant's.
     probing = args.command == "health" and settings.nats_user == service_user(args.service)
     try:
+        # No URL unless --nats-url: the client finds it as `settings` did, and can then
+        # say where it looked when nothing answers there.
         client = await Client.connect(
-            url,
+            args.nats_url,
             tenant=tenant,
             prefix=settings.prefix,
             user=settings.nats_user,
             password=password,
             inbox=service_inbox(args.service) if probing else None,
+            tls_ca=settings.nats_tls_ca,
         )
     except (OSError, TimeoutError) as exc:
         print(

@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import re
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
@@ -26,7 +25,14 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from opentelemetry import propagate
 from pydantic import BaseModel, ValidationError
 
-from runwire.client.settings import load_settings, server_urls, tls_context
+from runwire.client.refusals import Refusals
+from runwire.client.settings import (
+    UP_HINT,
+    load_settings,
+    server_urls,
+    tls_context,
+    unreachable_hint,
+)
 from runwire.contracts.commands import (
     AbortSessionCommand,
     CancelCommand,
@@ -100,46 +106,6 @@ LAST_FRAME_TIMEOUT_S = 1
 
 # The status of a direct get that found no message.
 NOT_FOUND = "404"
-# How the broker says no (nats-server's -ERR line): the operation and its subject.
-_VIOLATION = re.compile(r"permissions violation for (publish|subscription) to \"?([^\"']+)", re.I)
-
-
-class _Refusals:
-    """The broker's refusals on one connection, as they arrive (asynchronously: a publish
-    it refuses is dropped, and the connection hears why a moment later)."""
-
-    def __init__(self) -> None:
-        self._waiting: dict[str, list[asyncio.Future[str]]] = {}
-        # Set when the broker refused the connection's credentials.
-        self.credentials_refused = asyncio.Event()
-
-    async def on_error(self, exc: Exception) -> None:
-        if "authorization violation" in str(exc).lower():
-            self.credentials_refused.set()
-            return
-        found = _VIOLATION.search(str(exc))
-        if found is None:
-            # nats-py prints a traceback for every failed attempt by default; one line.
-            log.debug("NATS connection error: %s", exc)
-            return
-        subject = found.group(2).strip()
-        for future in self._waiting.pop(subject, []):
-            if not future.done():
-                action = "publish" if found.group(1).lower() == "publish" else "subscribe"
-                future.set_result(f"the broker does not let this identity {action} to {subject}")
-
-    def watch(self, subject: str) -> "asyncio.Future[str]":
-        """A future set when the broker refuses an operation on `subject`."""
-        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._waiting.setdefault(subject, []).append(future)
-        return future
-
-    def forget(self, subject: str, future: "asyncio.Future[str]") -> None:
-        waiting = self._waiting.get(subject, [])
-        if future in waiting:
-            waiting.remove(future)
-        if not waiting:
-            self._waiting.pop(subject, None)
 
 
 def _unauthorized(message: str) -> "ClientError":
@@ -233,7 +199,7 @@ class Client:
     """A connection to runwire for one tenant."""
 
     def __init__(
-        self, nc: NatsClient, *, tenant: str, prefix: str, refusals: _Refusals | None = None
+        self, nc: NatsClient, *, tenant: str, prefix: str, refusals: Refusals | None = None
     ) -> None:
         self.nc = nc
         self.tenant = tenant
@@ -265,16 +231,19 @@ class Client:
         way the CLI finds it: `RUNWIRE_NATS_URL`, `RUNWIRE_TENANT`, `RUNWIRE_PREFIX`,
         `RUNWIRE_NATS_USER` and `RUNWIRE_NATS_PASSWORD` (on a broker that enforces
         identities: the tenant's, which `runwire tenant add` writes), then the nearest
-        `.runwire/env` (which `make up` writes), then the defaults. Refused credentials
+        `.runwire/env` (which `make up` writes), then the defaults; a settings file named
+        by `RUNWIRE_ENV_FILE` wins over the variables. Refused credentials
         raise ClientError(UNAUTHORIZED). Replies arrive under the tenant's inbox prefix
         (`_INBOX_<tenant>`), or `inbox`: an identity that is not a tenant's (a service's,
         asking its own health) hears replies only in its own. `tls_ca` (or
         `RUNWIRE_NATS_TLS_CA`): the authority of the servers' certificates, for a TLS
         connection.
         """
+        hint = UP_HINT
         if url is None or tenant is None or prefix is None:
             found = load_settings()
-            url = found.nats_url if url is None else url
+            if url is None:
+                url, hint = found.nats_url, unreachable_hint(found)
             tenant = found.tenant if tenant is None else tenant
             prefix = found.prefix if prefix is None else prefix
             if user is None and found.nats_user is not None:
@@ -282,7 +251,7 @@ class Client:
                 if password is None and found.nats_password is not None:
                     password = found.nats_password.get_secret_value()
             tls_ca = found.nats_tls_ca if tls_ca is None else tls_ca
-        refusals = _Refusals()
+        refusals = Refusals()
         connecting = asyncio.ensure_future(
             nats.connect(
                 server_urls(url),
@@ -315,7 +284,7 @@ class Client:
             raise ClientError(
                 ErrorBody(
                     code=ErrorCode.UNAVAILABLE,
-                    message=f"cannot reach NATS at {url} (is the stack up? `make up`)",
+                    message=f"cannot reach NATS at {url} ({hint})",
                     retryable=True,
                 )
             ) from exc

@@ -3,8 +3,11 @@ and checks the server's certificate against that authority; a client that does n
 trust it (or speaks plain NATS) gets nowhere, so nobody on the path reads or forges
 commands, frames or credentials."""
 
+import asyncio
 import datetime as dt
 import ipaddress
+import os
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -19,6 +22,7 @@ from runwire import ClientError
 from runwire.client import Client
 from runwire.contracts.errors import ErrorCode
 from runwire.infra.embedded import EmbeddedNats
+from tests.local_stack import ROOT
 from tests.services import InProcessStack, collect
 
 pytestmark = [pytest.mark.integration, pytest.mark.security]
@@ -116,4 +120,27 @@ async def test_services_and_clients_speak_tls_and_nothing_else_gets_in(
             assert refused.value.code == ErrorCode.UNAVAILABLE
         with pytest.raises((nats.errors.Error, OSError, TimeoutError)):
             await nats.connect(server.url, allow_reconnect=False, connect_timeout=2)
+        # The CLI too, given the authority as a setting.
+        settings = {
+            "RUNWIRE_NATS_URL": server.url,
+            "RUNWIRE_PREFIX": prefix,
+            "RUNWIRE_NATS_TLS_CA": str(ca),
+            "PYTHONPATH": str(ROOT),
+        }
+        cli = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "runwire.client.cli",
+            "get",
+            reply.run.run_id,
+            env={
+                **{k: v for k, v in os.environ.items() if not k.startswith("RUNWIRE_")},
+                **settings,
+            },
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(cli.communicate(), 60)
     assert transcript.text == "over tls"
+    assert cli.returncode == 0, err.decode()
+    assert '"status": "finished"' in out.decode()
