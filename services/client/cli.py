@@ -21,6 +21,7 @@ from runwire.client.top import run_top
 from runwire.contracts.frames import Frame, FrameType
 from runwire.contracts.health import HealthReply
 from runwire.contracts.replies import RunSummary
+from runwire.contracts.status import RunStatus
 from runwire.contracts.subjects import DEFAULT_INBOX, DEFAULT_PREFIX, service_inbox
 from runwire.contracts.workflows import NodeRunData
 from runwire.infra.auth import (
@@ -52,8 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--env",
         metavar="FILE",
-        help="settings file to use instead of the nearest .runwire/env (a tenant's, from "
-        "`runwire tenant add`, or .runwire/operator.env for admin commands)",
+        help="settings file to use instead of the nearest .runwire/env, winning over the "
+        "shell's RUNWIRE_* variables (a tenant's, from `runwire tenant add`, or "
+        ".runwire/operator.env for admin commands)",
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -85,7 +87,9 @@ def _parser() -> argparse.ArgumentParser:
     get.add_argument("run_id")
     get.add_argument("--nodes", action="store_true", help="a workflow run's nodes, as a tree")
     get.add_argument(
-        "--watch", action="store_true", help="with --nodes: print the tree at each node change"
+        "--watch",
+        action="store_true",
+        help="with --nodes: print the tree again each time it changes, until the run ends",
     )
 
     cancel = sub.add_parser("cancel", help="cancel a run")
@@ -203,16 +207,20 @@ def _node_tree(run: RunSummary) -> str:
 
 
 async def _watch_nodes(client: Client, run_id: str) -> int:
-    """Print the node tree now and after every `node` frame, until the run ends."""
-    print(_node_tree(await client.get(run_id)), flush=True)
-    status = "unknown"
-    async for frame in client.stream(run_id):
-        if frame.type == FrameType.NODE:
-            print(_node_tree(await client.get(run_id)), flush=True)
-        elif frame.type == FrameType.DONE:
-            status = str(frame.data.get("status"))
-    print(_node_tree(await client.get(run_id)), flush=True)
-    return 0 if status == "finished" else EXIT_FAILED
+    """Print the node tree, then again each time it changes, until the run ends (a run
+    that has ended: once)."""
+    run = await client.get(run_id)
+    shown = _node_tree(run)
+    print(shown, flush=True)
+    if not run.status.terminal:
+        async for frame in client.stream(run_id, run.last_seq):
+            if frame.type not in (FrameType.NODE, FrameType.DONE):
+                continue
+            run = await client.get(run_id)
+            if (tree := _node_tree(run)) != shown:
+                shown = tree
+                print(shown, flush=True)
+    return 0 if run.status == RunStatus.FINISHED else EXIT_FAILED
 
 
 async def _watch(client: Client, run_id: str, after: int, frames: bool) -> int:
@@ -326,13 +334,16 @@ async def _main(args: argparse.Namespace) -> int:
     # service's own inbox (`_SVC_INBOX_<service>`), no tenant's.
     probing = args.command == "health" and settings.nats_user == service_user(args.service)
     try:
+        # No URL unless --nats-url: the client finds it as `settings` did, and can then
+        # say where it looked when nothing answers there.
         client = await Client.connect(
-            url,
+            args.nats_url,
             tenant=tenant,
             prefix=settings.prefix,
             user=settings.nats_user,
             password=password,
             inbox=service_inbox(args.service) if probing else None,
+            tls_ca=settings.nats_tls_ca,
         )
     except (OSError, TimeoutError) as exc:
         print(

@@ -25,7 +25,13 @@ from runwire.client.connection import (
     unauthorized,
 )
 from runwire.client.follow import Following
-from runwire.client.settings import load_settings, server_urls, tls_context
+from runwire.client.settings import (
+    UP_HINT,
+    load_settings,
+    server_urls,
+    tls_context,
+    unreachable_hint,
+)
 from runwire.contracts.commands import (
     AbortSessionCommand,
     CancelCommand,
@@ -90,16 +96,19 @@ class Client(Following):
         way the CLI finds it: `RUNWIRE_NATS_URL`, `RUNWIRE_TENANT`, `RUNWIRE_PREFIX`,
         `RUNWIRE_NATS_USER` and `RUNWIRE_NATS_PASSWORD` (on a broker that enforces
         identities: the tenant's, which `runwire tenant add` writes), then the nearest
-        `.runwire/env` (which `make up` writes), then the defaults. Refused credentials
+        `.runwire/env` (which `make up` writes), then the defaults; a settings file named
+        by `RUNWIRE_ENV_FILE` wins over the variables. Refused credentials
         raise ClientError(UNAUTHORIZED). Replies arrive under the tenant's inbox prefix
         (`_INBOX_<tenant>`), or `inbox`: an identity that is not a tenant's (a service's,
         asking its own health) hears replies only in its own. `tls_ca` (or
         `RUNWIRE_NATS_TLS_CA`): the authority of the servers' certificates, for a TLS
         connection.
         """
+        hint = UP_HINT
         if url is None or tenant is None or prefix is None:
             found = load_settings()
-            url = found.nats_url if url is None else url
+            if url is None:
+                url, hint = found.nats_url, unreachable_hint(found)
             tenant = found.tenant if tenant is None else tenant
             prefix = found.prefix if prefix is None else prefix
             if user is None and found.nats_user is not None:
@@ -140,7 +149,7 @@ class Client(Following):
             raise ClientError(
                 ErrorBody(
                     code=ErrorCode.UNAVAILABLE,
-                    message=f"cannot reach NATS at {url} (is the stack up? `make up`)",
+                    message=f"cannot reach NATS at {url} ({hint})",
                     retryable=True,
                 )
             ) from exc

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from pydantic import SecretStr, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, DotEnvSettingsSource, SettingsConfigDict
 
 from runwire.contracts.subjects import DEFAULT_PREFIX, DEFAULT_TENANT
 
@@ -17,6 +17,11 @@ EXIT_CONFIG = 2
 ENV_FILE = Path(".runwire") / "env"
 # Names the settings file to read instead of the nearest `.runwire/env` (`runwire --env`).
 ENV_FILE_VARIABLE = "RUNWIRE_ENV_FILE"
+URL_VARIABLE = "RUNWIRE_NATS_URL"
+# Where a local stack's NATS would be if nothing said otherwise.
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+# What to check when a NATS URL that was given does not answer.
+UP_HINT = "is the stack up? `make up`"
 
 
 def from_env(cls: type[AnySettings]) -> AnySettings:
@@ -62,13 +67,13 @@ def rotated(urls: list[str], first: int) -> str:
 
 
 class ClientSettings(BaseSettings):
-    """Client connection settings; environment variables win over `.runwire/env`."""
+    """Client connection settings (see `load_settings` for where they come from)."""
 
     model_config = SettingsConfigDict(
         env_prefix="RUNWIRE_", extra="ignore", use_attribute_docstrings=True
     )
 
-    nats_url: str = "nats://127.0.0.1:4222"
+    nats_url: str = DEFAULT_NATS_URL
     """NATS server, or the servers of a cluster separated by commas."""
     prefix: str = DEFAULT_PREFIX
     """Subject prefix of the stack."""
@@ -95,12 +100,42 @@ def tls_context(ca: Path | None) -> ssl.SSLContext | None:
 
 
 def load_settings() -> ClientSettings:
+    """The client's settings. A file named by `RUNWIRE_ENV_FILE` (`runwire --env FILE`)
+    wins over the process's `RUNWIRE_*` variables, which only fill in what it leaves
+    out: a shell that sourced one identity's settings acts as another with `--env`.
+    Without one, the variables win over the nearest `.runwire/env`."""
+    named = _named_env_file()
+    if named is not None:
+        return ClientSettings(**DotEnvSettingsSource(ClientSettings, env_file=named)())
+    return ClientSettings(_env_file=find_env_file())
+
+
+def _named_env_file() -> Path | None:
     given = os.environ.get(ENV_FILE_VARIABLE)
-    if given:
-        if not Path(given).is_file():
-            raise FileNotFoundError(f"no settings file {given}")
-        return ClientSettings(_env_file=given)
-    env_file = find_env_file()
-    if env_file is None:
-        return ClientSettings()
-    return ClientSettings(_env_file=env_file)
+    if not given:
+        return None
+    if not Path(given).is_file():
+        raise FileNotFoundError(f"no settings file {given}")
+    return Path(given)
+
+
+def unreachable_hint(settings: ClientSettings) -> str:
+    """What to check when the NATS URL of `settings` (from `load_settings`) does not
+    answer: for the default URL, every place that was looked in for another."""
+    if "nats_url" in settings.model_fields_set:
+        return UP_HINT
+    named = _named_env_file()
+    nearest = None if named is not None else find_env_file()
+    if named is not None:
+        looked = f"neither in {named} ({ENV_FILE_VARIABLE}) nor in the environment"
+    elif nearest is not None:
+        looked = f"neither in the environment nor in {nearest}"
+    else:
+        looked = (
+            f"not in the environment, and there is no {ENV_FILE} in {Path.cwd()} or a "
+            "folder above it"
+        )
+    return (
+        f"the default URL: {URL_VARIABLE} is {looked}; set {URL_VARIABLE}, or "
+        f"{ENV_FILE_VARIABLE} to a settings file, or work in the folder where `make up` ran"
+    )

@@ -3,6 +3,7 @@ and checks the server's certificate against that authority; a client that does n
 trust it (or speaks plain NATS) gets nowhere, so nobody on the path reads or forges
 commands, frames or credentials. The gateway, given its certificate, speaks HTTPS only."""
 
+import asyncio
 import os
 import ssl
 import subprocess
@@ -23,6 +24,7 @@ from runwire.infra.embedded import EmbeddedNats
 from runwire.infra.processes import find_free_port
 from runwire.testing.waiting import eventually
 from tests.certificates import authority, server_certificate
+from tests.local_stack import ROOT
 from tests.services import InProcessStack, collect
 
 pytestmark = [pytest.mark.integration, pytest.mark.security]
@@ -63,7 +65,30 @@ async def test_services_and_clients_speak_tls_and_nothing_else_gets_in(
             assert refused.value.code == ErrorCode.UNAVAILABLE
         with pytest.raises((nats.errors.Error, OSError, TimeoutError)):
             await nats.connect(server.url, allow_reconnect=False, connect_timeout=2)
+        # The CLI too, given the authority as a setting.
+        settings = {
+            "RUNWIRE_NATS_URL": server.url,
+            "RUNWIRE_PREFIX": prefix,
+            "RUNWIRE_NATS_TLS_CA": str(ca),
+            "PYTHONPATH": str(ROOT),
+        }
+        cli = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "runwire.client.cli",
+            "get",
+            reply.run.run_id,
+            env={
+                **{k: v for k, v in os.environ.items() if not k.startswith("RUNWIRE_")},
+                **settings,
+            },
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(cli.communicate(), 60)
     assert transcript.text == "over tls"
+    assert cli.returncode == 0, err.decode()
+    assert '"status": "finished"' in out.decode()
 
 
 def _gateway(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:

@@ -1,8 +1,10 @@
 """The `runwire` command against running services, as a user types it."""
 
 import asyncio
+import itertools
 import json
 import os
+import re
 import socket
 import sys
 from pathlib import Path
@@ -13,6 +15,8 @@ from nats.aio.msg import Msg
 from runwire.contracts.health import HealthReply
 from runwire.contracts.status import RunStatus
 from runwire.contracts.subjects import Subjects
+from runwire.infra.auth import OPERATOR, tenant_user, write_env_file
+from tests.secured import Broker
 from tests.services import InProcessStack
 
 pytestmark = pytest.mark.integration
@@ -218,6 +222,91 @@ async def test_release_submit_and_the_node_tree_of_a_workflow(
     code, _, err = await _runwire("release", "loop", "1", "cyclic.json", cwd=stack_dir, env=env)
     assert code == 2
     assert "cycle" in err
+
+
+async def test_watching_a_workflow_runs_nodes_prints_each_tree_once(
+    stack: InProcessStack, stack_dir: Path
+) -> None:
+    env = _clean_env()
+    definition = {
+        "nodes": [
+            {"id": "greet", "runner": "scripted", "input": {"tokens": ["hi"]}},
+            {
+                "id": "sign",
+                "runner": "scripted",
+                "input": {"tokens": ["a", "b", "c"], "token_delay_ms": 200},
+            },
+        ],
+        "edges": [{"from": "greet", "to": "sign"}],
+    }
+    await stack.client.release("greeting", 1, definition)
+    reply = await stack.client.submit_workflow("greeting", {})
+    run_id = reply.run.run_id
+
+    # While it runs: a tree each time it changes, never the same one twice in a row.
+    code, out, err = await _runwire("get", run_id, "--nodes", "--watch", cwd=stack_dir, env=env)
+    assert code == 0, err
+    trees = [tree for tree in re.split(r"^(?=run )", out, flags=re.MULTILINE) if tree]
+    assert all(before != after for before, after in itertools.pairwise(trees)), out
+    last = trees[-1].strip().split("\n")
+    assert last[0] == f"run {run_id} finished (release greeting v1)"
+    assert [line.split()[:2] for line in last[1:]] == [
+        ["greet", "completed"],
+        ["sign", "completed"],
+    ]
+
+    # Once it has ended: its tree, once.
+    code, out, err = await _runwire("get", run_id, "--nodes", "--watch", cwd=stack_dir, env=env)
+    assert code == 0, err
+    assert out == trees[-1]
+
+
+async def test_a_settings_file_named_with_env_wins_over_the_shells_identity(
+    broker: Broker, secured: InProcessStack, tmp_path: Path
+) -> None:
+    where = {"RUNWIRE_NATS_URL": broker.server.url, "RUNWIRE_PREFIX": broker.subjects.prefix}
+    passwords = broker.identities.passwords
+    write_env_file(
+        tmp_path / "operator.env",
+        {**where, "RUNWIRE_NATS_USER": OPERATOR, "RUNWIRE_NATS_PASSWORD": passwords[OPERATOR]},
+    )
+    acme = tenant_user("acme")
+    write_env_file(
+        tmp_path / "acme.env",
+        {
+            **where,
+            "RUNWIRE_TENANT": "acme",
+            "RUNWIRE_NATS_USER": acme,
+            "RUNWIRE_NATS_PASSWORD": passwords[acme],
+        },
+    )
+    # A shell that sourced the default tenant's settings (`set -a; . .runwire/env`).
+    default = tenant_user("default")
+    shell = {
+        **_clean_env(),
+        **where,
+        "RUNWIRE_TENANT": "default",
+        "RUNWIRE_NATS_USER": default,
+        "RUNWIRE_NATS_PASSWORD": passwords[default],
+    }
+
+    code, _, err = await _runwire("budget", "--tokens", "5", cwd=tmp_path, env=shell)
+    assert (code, "UNAUTHORIZED" in err) == (1, True), err
+    code, out, err = await _runwire(
+        "--env", "operator.env", "budget", "--tokens", "5", cwd=tmp_path, env=shell
+    )
+    assert code == 0, err
+    assert (json.loads(out)["tenant"], json.loads(out)["tokens"]) == ("default", 5)
+    code, out, err = await _runwire(
+        "--env", "acme.env", "submit", "--tokens", "mine", "--watch", cwd=tmp_path, env=shell
+    )
+    assert code == 0, err
+    assert out.splitlines()[1] == "mine"
+    code, out, err = await _runwire(
+        "--env", "acme.env", "get", out.split()[1], cwd=tmp_path, env=shell
+    )
+    assert code == 0, err
+    assert json.loads(out)["tenant"] == "acme"
 
 
 async def test_health_answers_for_every_replica_and_for_this_host(

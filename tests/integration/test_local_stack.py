@@ -88,20 +88,6 @@ async def test_a_run_submitted_right_after_up_finishes(tmp_path: Path) -> None:
         run_id = queued.split()[1]
         assert (queued, text, ended) == (f"run {run_id} queued", "hi", f"run {run_id} finished")
 
-        # The SDK page's example, verbatim, from the same folder: no URL, no port.
-        example = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-c",
-            _first_python_block(ROOT / "docs" / "python-sdk.md"),
-            cwd=tmp_path,
-            env=stack.shell,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await asyncio.wait_for(example.communicate(), 60)
-        assert example.returncode == 0, err.decode()
-        assert out.decode().strip() == "'Hello world' finished"
-
 
 async def _cli(stack: LocalStack, *args: str) -> tuple[int, str, str]:
     """`runwire ARGS` as typed in the folder `make up` ran in."""
@@ -228,13 +214,6 @@ async def test_the_gateway_serves_each_tenant_by_its_api_key(tmp_path: Path) -> 
         assert key not in keys  # only its hash
         assert key not in logs
         assert acme["RUNWIRE_API_KEY"] not in logs
-
-
-def _first_python_block(page: Path) -> str:
-    """The first Python block of a page of the docs."""
-    body = page.read_text()
-    start = body.index("```python\n") + len("```python\n")
-    return body[start : body.index("```", start)]
 
 
 async def test_up_names_the_service_that_never_answers_and_its_log(tmp_path: Path) -> None:

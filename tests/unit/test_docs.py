@@ -8,6 +8,7 @@ import pytest
 from pydantic_settings import BaseSettings
 
 from runwire.infra import docs
+from tests import doc_examples
 
 pytestmark = pytest.mark.unit
 
@@ -91,3 +92,28 @@ def test_a_settings_table_shows_variables_defaults_and_meanings() -> None:
         "after it ended (seconds, or ISO 8601: `PT24H`, `P1D`). |"
     ) in table
     assert "RUNWIRE_NATS_URL" not in table  # inherited: on the page once, under every service
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_example_says_how_it_runs(page: Path) -> None:
+    unmarked = [
+        block.where
+        for block in doc_examples.blocks(page)
+        if block.language in doc_examples.RUNNABLE_LANGUAGES and block.kind is None
+    ]
+    assert unmarked == [], "give each a <!-- runs: ... -->, file: or not run: marker"
+    # A marker stands right before the block it is about, or it is about nothing.
+    marked = {block.line - 1 for block in doc_examples.blocks(page) if block.kind}
+    assert [line for line, _ in doc_examples.markers(page) if line not in marked] == []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_an_example_named_after_a_file_is_that_file(page: Path) -> None:
+    for block in doc_examples.blocks(page):
+        if block.what == doc_examples.SHELL:
+            assert (block.kind, block.language) == ("runs", "sh"), block.where
+        elif block.file is not None:
+            assert block.file.is_file(), f"{block.where}: no file {block.what}"
+            assert block.text == block.file.read_text(), f"{block.where} is not {block.what}"
+            if block.runs:
+                assert block.file.suffix == ".py", f"{block.where}: runs only Python files"
