@@ -18,6 +18,7 @@ from typing import Any
 from runwire.client.sdk import HEALTH_WAIT_S, PROBE_WAIT_S, Client, ClientError, Transcript
 from runwire.client.settings import ENV_FILE_VARIABLE, find_env_file, load_settings
 from runwire.client.top import run_top
+from runwire.contracts.errors import ErrorCode
 from runwire.contracts.frames import Frame, FrameType
 from runwire.contracts.health import HealthReply
 from runwire.contracts.replies import RunSummary
@@ -44,6 +45,8 @@ EXIT_USAGE = 2
 DEFAULT_KEY_GRACE_S = 3600.0
 # How long `tenant remove` tries to reach the stack to end the tenant's runs.
 END_TENANT_CONNECT_S = 5.0
+# ... and how long it waits before asking again when refused (the server was reloading).
+END_TENANT_RETRY_S = 0.2
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -504,19 +507,27 @@ async def _end_tenant(root: Path, tenant: str) -> str:
     operator = read_env_file(root / OPERATOR_ENV_FILE)
     if "RUNWIRE_NATS_URL" not in operator:
         return f"its runs were left as they are (no operator settings in {root})"
-    try:
-        client = await Client.connect(
-            operator["RUNWIRE_NATS_URL"],
-            tenant=tenant,
-            prefix=operator.get("RUNWIRE_PREFIX", DEFAULT_PREFIX),
-            user=operator.get("RUNWIRE_NATS_USER"),
-            password=operator.get("RUNWIRE_NATS_PASSWORD"),
-            connect_timeout=END_TENANT_CONNECT_S,
-            # The removed tenant's inbox is nobody's now: replies come to NATS's default.
-            inbox=DEFAULT_INBOX,
-        )
-    except ClientError as exc:
-        return f"its runs were left as they are ({exc.message})"
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + END_TENANT_CONNECT_S
+    while True:
+        try:
+            client = await Client.connect(
+                operator["RUNWIRE_NATS_URL"],
+                tenant=tenant,
+                prefix=operator.get("RUNWIRE_PREFIX", DEFAULT_PREFIX),
+                user=operator.get("RUNWIRE_NATS_USER"),
+                password=operator.get("RUNWIRE_NATS_PASSWORD"),
+                connect_timeout=max(deadline - loop.time(), 0.1),
+                # The removed tenant's inbox is nobody's now: replies come to NATS's default.
+                inbox=DEFAULT_INBOX,
+            )
+            break
+        except ClientError as exc:
+            # The server was told to read its configuration a moment ago, and while it
+            # does, it may refuse an identity it keeps: ask again until the deadline.
+            if exc.code != ErrorCode.UNAUTHORIZED or loop.time() >= deadline:
+                return f"its runs were left as they are ({exc.message})"
+            await asyncio.sleep(END_TENANT_RETRY_S)
     async with client:
         try:
             canceled = await client.end_tenant()
