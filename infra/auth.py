@@ -43,6 +43,16 @@ from urllib.parse import urlsplit, urlunsplit
 
 import bcrypt
 
+from runwire.contracts.identities import (
+    ALTERNATE,
+    GATEWAY,
+    OPERATOR,
+    SERVICES,
+    is_tenant_user,
+    service_user,
+    tenant_of_user,
+    tenant_user,
+)
 from runwire.contracts.subjects import (
     COMMANDS,
     DEFAULT_INBOX,
@@ -56,43 +66,14 @@ from runwire.contracts.subjects import (
 from runwire.gateway.keys import add_key, expire_tenant_keys, new_key, remove_tenant_keys
 from runwire.infra.embedded import ROUTE_USER, reload_server
 
-SERVICES = ("submitter", "executor", "relay", "recovery")
 # Commands only an operator may send, whatever the tenant.
 ADMIN_COMMANDS = ("set_budget", "set_policy", "resolve_effect", "end_tenant")
-OPERATOR = "operator"
-# The gateway: a client of the others, acting for each tenant a key names.
-GATEWAY = "gateway"
 # The routes of a deployment's three servers (infra/deploy: the headless Service's names
 # in Kubernetes, network aliases in compose.yaml).
 DEPLOY_ROUTES = ("nats-0.nats:6222", "nats-1.nats:6222", "nats-2.nats:6222")
 # The cost of the bcrypt hashes the server's configuration holds (nats-server checks one
 # at each connection: about 60 ms of its CPU at 10).
 BCRYPT_ROUNDS = 10
-
-
-def service_user(service: str) -> str:
-    return f"svc-{service}"
-
-
-def tenant_user(tenant: str) -> str:
-    return f"tenant-{tenant}"
-
-
-# A tenant has one NATS user, or two while its credentials rotate: `tenant-<name>` and
-# `tenant-<name>.next`, in turn the current one (nats-server holds one password per user,
-# and on a reload closes the connections whose user's password changed: so a rotation
-# adds a user and never changes one). No tenant's name has a dot.
-ALTERNATE = ".next"
-
-
-def is_tenant_user(user: str) -> bool:
-    """Whether `user` is one of a tenant's NATS users (not a service's, the operator's)."""
-    return user.startswith("tenant-")
-
-
-def tenant_of_user(user: str) -> str:
-    """The tenant a `tenant-...` user is one of."""
-    return user.removeprefix("tenant-").removesuffix(ALTERNATE)
 
 
 # The identities every stack has: the services', the gateway's, the operator's.

@@ -28,6 +28,9 @@ LARGE_MODULES = {
     "infra/stack.py": 955,
 }
 README_MAX_LINES = 250
+# What `pip install runwire` gives (the client and the contract) imports nothing else of
+# ours: the services, the gateway and the stack's tools come with runwire[server].
+CLIENT_SIDE = ("runwire.client", "runwire.contracts")
 # Six or more lines (blank and comment lines aside) found in two places.
 REPEAT_LINES = 6
 MAX_REPEATED_BLOCKS = 15
@@ -184,6 +187,21 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def client_side_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Imports from the client side (CLIENT_SIDE) of anything else of ours."""
+
+    def ours(name: str) -> bool:
+        return any(name == side or name.startswith(side + ".") for side in CLIENT_SIDE)
+
+    return sorted(
+        f"{name} imports {target}"
+        for name, targets in graph.items()
+        if ours(name)
+        for target in targets
+        if not ours(target)
+    )
+
+
 def main() -> int:
     failures = []
     sizes = module_sizes()
@@ -213,6 +231,9 @@ def main() -> int:
     for group in groups:
         print(f"  circle: {' ↔ '.join(group)}")
         failures.append(f"import circle: {', '.join(group)}")
+    crossing = client_side_imports(graph)
+    print(f"client side ({', '.join(CLIENT_SIDE)}): {len(crossing)} imports of the server's")
+    failures += [f"the client side is not the server's: {line}" for line in crossing]
     readme = len((ROOT / "README.md").read_text().splitlines())
     print(f"README.md: {readme} lines, at most {README_MAX_LINES}")
     if readme > README_MAX_LINES:

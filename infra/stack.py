@@ -43,6 +43,7 @@ import asyncpg
 from pydantic import ValidationError
 
 from runwire.client.settings import rotated
+from runwire.contracts.identities import GATEWAY, OPERATOR, service_user
 from runwire.contracts.subjects import DEFAULT_PREFIX, DEFAULT_TENANT, Subjects
 from runwire.gateway.keys import add_key, new_key
 from runwire.gateway.settings import DEFAULT_PORT as DEFAULT_GATEWAY_PORT
@@ -50,17 +51,14 @@ from runwire.infra.auth import (
     API_KEYS_FILE,
     AUTH_FILE,
     ENV_FILE,
-    GATEWAY,
     IDENTITIES_FILE,
     NATS_PID_FILE,
-    OPERATOR,
     OPERATOR_ENV_FILE,
     Identities,
     database_url_as,
     read_env_file,
     render,
     service_role,
-    service_user,
     tenant_settings,
     write_env_file,
     write_private,

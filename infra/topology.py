@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from runwire.client.settings import rotated
-from runwire.infra.auth import GATEWAY
+from runwire.contracts.identities import GATEWAY
 from runwire.infra.embedded import EmbeddedNats
 
 # Replicas of every service (and of the gateway) on a clustered stack.

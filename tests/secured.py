@@ -7,8 +7,9 @@ import nats
 from nats.aio.client import Client as NatsClient
 
 from runwire.client import Client
+from runwire.contracts.identities import tenant_user
 from runwire.contracts.subjects import Subjects
-from runwire.infra.auth import AUTH_FILE, Identities, render, tenant_user
+from runwire.infra.auth import AUTH_FILE, Identities, render
 from runwire.infra.embedded import EmbeddedNats
 
 TENANTS = ("default", "acme", "globex")

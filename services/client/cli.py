@@ -11,42 +11,25 @@ import json
 import os
 import socket
 import sys
-from datetime import timedelta
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
 from runwire.client.sdk import HEALTH_WAIT_S, PROBE_WAIT_S, Client, ClientError, Transcript
-from runwire.client.settings import ENV_FILE_VARIABLE, find_env_file, load_settings
+from runwire.client.settings import ENV_FILE_VARIABLE, load_settings
 from runwire.client.top import run_top
-from runwire.contracts.errors import ErrorCode
 from runwire.contracts.frames import Frame, FrameType
 from runwire.contracts.health import HealthReply
+from runwire.contracts.identities import SERVICES, is_tenant_user, service_user
 from runwire.contracts.replies import RunSummary
 from runwire.contracts.status import RunStatus
-from runwire.contracts.subjects import DEFAULT_INBOX, DEFAULT_PREFIX, service_inbox
+from runwire.contracts.subjects import service_inbox
 from runwire.contracts.workflows import NodeRunData
-from runwire.infra.auth import (
-    IDENTITIES_FILE,
-    OPERATOR_ENV_FILE,
-    SERVICES,
-    Identities,
-    add_tenant,
-    finish_rotation,
-    is_tenant_user,
-    read_env_file,
-    remove_tenant,
-    rotate_tenant,
-    service_user,
-)
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
-# How long a rotated tenant's previous API keys are still accepted, by default.
-DEFAULT_KEY_GRACE_S = 3600.0
-# How long `tenant remove` tries to reach the stack to end the tenant's runs.
-END_TENANT_CONNECT_S = 5.0
-# ... and how long it waits before asking again when refused (the server was reloading).
-END_TENANT_RETRY_S = 0.2
+# Commands that other parts of runwire add to this one (the stack's `tenant`).
+COMMANDS_GROUP = "runwire.commands"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -116,26 +99,6 @@ def _parser() -> argparse.ArgumentParser:
         "(until a policy is set: none); an operator's command (--env .runwire/operator.env)",
     )
 
-    tenant = sub.add_parser(
-        "tenant", help="add or remove a tenant of the local stack (its identity on NATS)"
-    )
-    tenant.add_argument(
-        "action",
-        choices=("add", "remove", "list", "rotate", "finish-rotation"),
-        help="rotate: a new password and API key, the previous ones still accepted (the "
-        "key for --grace) until finish-rotation",
-    )
-    tenant.add_argument("name", nargs="?", help="the tenant (all but list)")
-    tenant.add_argument(
-        "--grace",
-        type=float,
-        default=DEFAULT_KEY_GRACE_S,
-        help="rotate: seconds the previous API keys are still accepted (default: an hour)",
-    )
-    tenant.add_argument(
-        "--root", type=Path, help="the stack's folder (default: the nearest .runwire/)"
-    )
-
     top = sub.add_parser("top", help="live view: queue, executors, throughput, recent runs")
     top.add_argument("--once", action="store_true", help="print one snapshot as text and exit")
 
@@ -173,6 +136,9 @@ def _parser() -> argparse.ArgumentParser:
             "replica says it is ok)"
         ),
     )
+    # Each adds its subcommand, with a `handler` that runs it (see `main`).
+    for command in sorted(entry_points(group=COMMANDS_GROUP), key=lambda ep: ep.name):
+        command.load()(sub)
     return parser
 
 
@@ -451,98 +417,14 @@ async def _main(args: argparse.Namespace) -> int:
     return EXIT_USAGE
 
 
-def _tenant(args: argparse.Namespace) -> int:
-    """`runwire tenant add|remove|list`: no connection needed, only the stack's folder."""
-    found = find_env_file()
-    root = args.root or (found.parent if found is not None else None)
-    if root is None:
-        print("runwire: no local stack found (no .runwire/ here; `make up`)", file=sys.stderr)
-        return EXIT_FAILED
-    if args.action == "list":
-        for name in Identities.load(root / IDENTITIES_FILE).tenants:
-            print(name)
-        return 0
-    if not args.name:
-        print(f"runwire: tenant {args.action} needs the tenant's name", file=sys.stderr)
-        return EXIT_USAGE
-    if args.action == "add":
-        env_file, told = add_tenant(root, args.name)
-        print(f"tenant {args.name}: its client settings (NATS identity, API key) are in {env_file}")
-        print(f"  runwire --env {env_file} submit --tokens hi --watch")
-    elif args.action == "rotate":
-        try:
-            env_file, told = rotate_tenant(root, args.name, timedelta(seconds=args.grace))
-        except KeyError:
-            print(f"runwire: no tenant {args.name!r}", file=sys.stderr)
-            return EXIT_FAILED
-        except ValueError as exc:
-            print(f"runwire: {exc} (`runwire tenant finish-rotation {args.name}`)", file=sys.stderr)
-            return EXIT_FAILED
-        print(f"tenant {args.name}: a new NATS identity and API key are in {env_file}")
-        print(
-            f"  the previous password is accepted until `runwire tenant finish-rotation "
-            f"{args.name}`, the previous API keys for {args.grace:g} s (or until then)"
-        )
-    elif args.action == "finish-rotation":
-        had, told = finish_rotation(root, args.name)
-        if not had:
-            print(f"runwire: tenant {args.name!r} has no rotation under way", file=sys.stderr)
-            return EXIT_FAILED
-        print(f"tenant {args.name}: its previous password and API keys are refused now")
-    else:
-        had, told = remove_tenant(root, args.name)
-        if not had:
-            print(f"runwire: no tenant {args.name!r}", file=sys.stderr)
-            return EXIT_FAILED
-        print(f"tenant {args.name} removed; its connections are closed")
-        print(f"  {asyncio.run(_end_tenant(root, args.name))}")
-    if not told:
-        print("(nats-server is not running: it takes the change when it starts)")
-    return 0
-
-
-async def _end_tenant(root: Path, tenant: str) -> str:
-    """Cancel a removed tenant's active and queued runs, as the stack's operator; what
-    was done, in a line."""
-    operator = read_env_file(root / OPERATOR_ENV_FILE)
-    if "RUNWIRE_NATS_URL" not in operator:
-        return f"its runs were left as they are (no operator settings in {root})"
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + END_TENANT_CONNECT_S
-    while True:
-        try:
-            client = await Client.connect(
-                operator["RUNWIRE_NATS_URL"],
-                tenant=tenant,
-                prefix=operator.get("RUNWIRE_PREFIX", DEFAULT_PREFIX),
-                user=operator.get("RUNWIRE_NATS_USER"),
-                password=operator.get("RUNWIRE_NATS_PASSWORD"),
-                connect_timeout=max(deadline - loop.time(), 0.1),
-                # The removed tenant's inbox is nobody's now: replies come to NATS's default.
-                inbox=DEFAULT_INBOX,
-            )
-            break
-        except ClientError as exc:
-            # The server was told to read its configuration a moment ago, and while it
-            # does, it may refuse an identity it keeps: ask again until the deadline.
-            if exc.code != ErrorCode.UNAUTHORIZED or loop.time() >= deadline:
-                return f"its runs were left as they are ({exc.message})"
-            await asyncio.sleep(END_TENANT_RETRY_S)
-    async with client:
-        try:
-            canceled = await client.end_tenant()
-        except ClientError as exc:
-            return f"its runs were left as they are ({exc.message})"
-    return f"{len(canceled)} of its active or queued runs canceled"
-
-
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `runwire` command."""
     args = _parser().parse_args(argv)
     if args.env is not None:
         os.environ[ENV_FILE_VARIABLE] = str(args.env)
     try:
-        code = _tenant(args) if args.command == "tenant" else asyncio.run(_main(args))
+        handler = getattr(args, "handler", None)
+        code = handler(args) if handler is not None else asyncio.run(_main(args))
     except ClientError as exc:
         print(f"runwire: {exc.code}: {exc.message}", file=sys.stderr)
         code = EXIT_FAILED

@@ -30,7 +30,8 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from runwire.infra.auth import SERVICES, service_role
+from runwire.contracts.identities import SERVICES
+from runwire.infra.auth import service_role
 from runwire.infra.embedded import EmbeddedNats, EmbeddedNatsCluster
 from runwire.infra.postgres import EmbeddedPostgres
 from runwire.runtime.store import migrate

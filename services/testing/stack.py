@@ -21,16 +21,10 @@ import nats.errors
 from runwire.client import Client, ClientError, Transcript
 from runwire.contracts.errors import ErrorCode
 from runwire.contracts.frames import Frame
+from runwire.contracts.identities import OPERATOR, service_user, tenant_user
 from runwire.contracts.replies import PolicyReply
 from runwire.executor.main import serve as serve_executor
-from runwire.infra.auth import (
-    OPERATOR,
-    Identities,
-    database_url_as,
-    service_role,
-    service_user,
-    tenant_user,
-)
+from runwire.infra.auth import Identities, database_url_as, service_role
 from runwire.recovery.main import serve as serve_recovery
 from runwire.relay.main import serve as serve_relay
 from runwire.runtime.settings import (

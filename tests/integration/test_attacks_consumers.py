@@ -14,8 +14,8 @@ from nats.aio.client import Client as NatsClient
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from runwire.contracts.frames import FrameType, Transcript
+from runwire.contracts.identities import OPERATOR, tenant_user
 from runwire.contracts.subjects import inbox_prefix
-from runwire.infra.auth import OPERATOR, tenant_user
 from tests.secured import Broker
 from tests.services import InProcessStack, collect, eventually
 

@@ -14,9 +14,9 @@ import pytest
 from runwire.client import Client
 from runwire.contracts.errors import ErrorCode
 from runwire.contracts.frames import Frame, FrameType, RawFrame
+from runwire.contracts.identities import OPERATOR
 from runwire.contracts.status import RunStatus
 from runwire.contracts.subjects import Subjects
-from runwire.infra.auth import OPERATOR
 from runwire.relay.segments import SegmentBuffer, SegmentWriter
 from runwire.runtime.broker import Broker
 from runwire.runtime.logs import JsonFormatter

@@ -15,9 +15,9 @@ import pytest
 from nats.aio.msg import Msg
 
 from runwire.contracts.frames import FrameType
+from runwire.contracts.identities import OPERATOR, tenant_user
 from runwire.contracts.status import RunStatus
 from runwire.contracts.subjects import inbox_prefix
-from runwire.infra.auth import OPERATOR, tenant_user
 from runwire.runtime.metrics import COMMANDS_REFUSED
 from tests.secured import Broker
 from tests.services import InProcessStack, collect, eventually

@@ -16,9 +16,9 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from runwire import ClientError
 from runwire.client import Client
 from runwire.contracts.errors import ErrorCode
+from runwire.contracts.identities import service_user, tenant_user
 from runwire.contracts.status import RunStatus
 from runwire.contracts.subjects import inbox_prefix, service_inbox
-from runwire.infra.auth import service_user, tenant_user
 from tests.secured import Broker
 from tests.services import InProcessStack, collect, eventually
 

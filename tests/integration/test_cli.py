@@ -13,9 +13,10 @@ import pytest
 from nats.aio.msg import Msg
 
 from runwire.contracts.health import HealthReply
+from runwire.contracts.identities import OPERATOR, tenant_user
 from runwire.contracts.status import RunStatus
 from runwire.contracts.subjects import Subjects
-from runwire.infra.auth import OPERATOR, tenant_user, write_env_file
+from runwire.infra.auth import write_env_file
 from tests.secured import Broker
 from tests.services import InProcessStack
 

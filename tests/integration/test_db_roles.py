@@ -9,8 +9,9 @@ from typing import Any
 import asyncpg
 import pytest
 
+from runwire.contracts.identities import SERVICES
 from runwire.contracts.status import RunStatus
-from runwire.infra.auth import SERVICES, database_url_as, service_role
+from runwire.infra.auth import database_url_as, service_role
 from runwire.runtime.migrate import main as migrate_main
 from runwire.runtime.store import Store
 from tests.effect_server import EffectServer

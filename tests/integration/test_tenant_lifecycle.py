@@ -9,24 +9,23 @@ import pytest
 
 from runwire import ClientError
 from runwire.client import Client
-from runwire.client.cli import _end_tenant
 from runwire.contracts.errors import ErrorCode
+from runwire.contracts.identities import OPERATOR, tenant_user
 from runwire.contracts.status import RunStatus
 from runwire.gateway.keys import ApiKeys
 from runwire.infra.auth import (
     API_KEYS_FILE,
     ENV_FILE,
     IDENTITIES_FILE,
-    OPERATOR,
     OPERATOR_ENV_FILE,
     add_tenant,
     finish_rotation,
     read_env_file,
     remove_tenant,
     rotate_tenant,
-    tenant_user,
     write_env_file,
 )
+from runwire.infra.tenants import end_tenant
 from tests.secured import Broker
 from tests.services import InProcessStack, collect, eventually
 
@@ -136,7 +135,7 @@ async def test_a_removed_tenants_runs_end_and_only_an_operator_may_end_them(
         assert refused.value.code == ErrorCode.UNAUTHORIZED
 
         had, _ = remove_tenant(root, "acme")
-        said = await _end_tenant(root, "acme")
+        said = await end_tenant(root, "acme")
         assert had
         assert said == "2 of its active or queued runs canceled"
         _, transcript = await collect(globex, theirs)

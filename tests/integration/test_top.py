@@ -11,8 +11,8 @@ import pytest
 
 from runwire.client import Client
 from runwire.client.top import TopCollector, render_text
+from runwire.contracts.identities import OPERATOR, tenant_user
 from runwire.contracts.status import RunStatus
-from runwire.infra.auth import OPERATOR, tenant_user
 from runwire.testing.waiting import eventually
 from tests.secured import Broker
 from tests.services import InProcessStack, collect

@@ -6,8 +6,9 @@ from pathlib import Path
 import bcrypt
 import pytest
 
+from runwire.contracts.identities import tenant_user
 from runwire.contracts.subjects import Subjects
-from runwire.infra.auth import Identities, render, tenant_user
+from runwire.infra.auth import Identities, render
 
 pytestmark = pytest.mark.unit
 

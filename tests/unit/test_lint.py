@@ -30,6 +30,24 @@ def test_our_modules_import_each_other_without_circles() -> None:
     assert lint.circles(graph) == []
 
 
+def test_the_client_side_imports_nothing_of_the_servers() -> None:
+    graph = {
+        "runwire.client.cli": {"runwire.client.sdk", "runwire.contracts.identities"},
+        "runwire.client.sdk": {"runwire.contracts"},
+        "runwire.contracts": set(),
+        "runwire.infra.tenants": {"runwire.client.sdk", "runwire.infra.auth"},
+    }
+    assert lint.client_side_imports(graph) == []  # the server's tools may use the client
+    graph["runwire.client.cli"].add("runwire.infra.auth")
+    graph["runwire.contracts"].add("runwire.gateway.keys")
+    assert lint.client_side_imports(graph) == [
+        "runwire.client.cli imports runwire.infra.auth",
+        "runwire.contracts imports runwire.gateway.keys",
+    ]
+    # And ours do not: a plain `pip install runwire` has what its client needs.
+    assert lint.client_side_imports(lint.import_graph()) == []
+
+
 def test_a_block_repeated_in_two_files_counts_once_whatever_its_length(tmp_path: Path) -> None:
     shared = [f"value_{i} = compute({i})" for i in range(9)]
     (tmp_path / "a.py").write_text("\n".join(["import os", "", *shared, "print(1)"]))
