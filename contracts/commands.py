@@ -168,6 +168,15 @@ class EndTenantCommand(Command):
     tenant's: what `runwire tenant remove` sends once the tenant's identity is revoked)."""
 
 
+class ForgetTenantCommand(Command):
+    """Delete what runwire keeps of a removed tenant: its runs (with their frames,
+    attempts, events, effects and budget reservations), workflow releases, budget, spend
+    and policy, so that a tenant given its name later inherits nothing. While a run of the
+    tenant is still active (or has just ended, its last frames not stored yet), nothing
+    is deleted and the reply says how many are (cancel them with `end_tenant` first). An
+    operator's command, as `end_tenant`."""
+
+
 class JoinCommand(Command):
     """Join a run's frames: every frame with `seq > after`, then live."""
 
@@ -183,6 +192,7 @@ BODIES: dict[str, type[Command]] = {
     "get": GetCommand,
     "abort_session": AbortSessionCommand,
     "end_tenant": EndTenantCommand,
+    "forget_tenant": ForgetTenantCommand,
     "resolve_effect": ResolveEffectCommand,
     "set_budget": SetBudgetCommand,
     "get_budget": GetBudgetCommand,

@@ -82,6 +82,17 @@ class EndTenantReply(Versioned):
     canceled: list[str]
 
 
+class ForgetTenantReply(Versioned):
+    """What `forget_tenant` deleted; nothing while `active` runs of the tenant remain
+    (active, or just ended with their last frames not stored yet)."""
+
+    ok: Literal[True] = True
+    forgotten: bool
+    active: int = Field(ge=0)
+    runs: int = Field(ge=0)
+    releases: int = Field(ge=0)
+
+
 class LiveCursor(WireModel):
     """Where to continue after a join's replay: deliver by start sequence."""
 

@@ -21,6 +21,7 @@ COMMANDS = (
     "get",
     "abort_session",
     "end_tenant",
+    "forget_tenant",
     "resolve_effect",
     "set_budget",
     "get_budget",

@@ -67,7 +67,7 @@ from runwire.gateway.keys import add_key, expire_tenant_keys, new_key, remove_te
 from runwire.infra.embedded import ROUTE_USER, reload_server
 
 # Commands only an operator may send, whatever the tenant.
-ADMIN_COMMANDS = ("set_budget", "set_policy", "resolve_effect", "end_tenant")
+ADMIN_COMMANDS = ("set_budget", "set_policy", "resolve_effect", "end_tenant", "forget_tenant")
 # The routes of a deployment's three servers (infra/deploy: the headless Service's names
 # in Kubernetes, network aliases in compose.yaml).
 DEPLOY_ROUTES = ("nats-0.nats:6222", "nats-1.nats:6222", "nats-2.nats:6222")
@@ -357,8 +357,16 @@ def gateway_permissions(tenants: list[str], subjects: Subjects) -> dict[str, Any
 
 def operator_permissions(subjects: Subjects) -> dict[str, Any]:
     """Every tenant's commands, health, and reading what the queue and streams hold
-    (`runwire top`); no stream management, jobs, raw frames or control subjects."""
+    (`runwire top`); purging a removed tenant's frames, events and threads and deleting
+    its consumers (`runwire tenant remove`); no other stream management, no jobs, raw
+    frames or control subjects."""
     p = subjects.prefix
+    tenants_streams = (subjects.run_frames_stream, subjects.events_stream)
+    forget = [
+        *(f"$JS.API.STREAM.PURGE.{stream}" for stream in tenants_streams),
+        f"$JS.API.STREAM.PURGE.KV_{subjects.threads_bucket}",
+        *(f"$JS.API.CONSUMER.DELETE.{stream}.*" for stream in tenants_streams),
+    ]
     return {
         "publish": {
             "allow": [
@@ -372,6 +380,7 @@ def operator_permissions(subjects: Subjects) -> dict[str, Any]:
                 f"$JS.API.CONSUMER.CREATE.{subjects.run_frames_stream}.*.{p}.*.runs.>",
                 f"$JS.API.CONSUMER.CREATE.{subjects.events_stream}.*.{p}.*.events.>",
                 f"$JS.API.DIRECT.GET.{subjects.run_frames_stream}.{p}.*.runs.>",
+                *forget,
             ]
         },
         "subscribe": {"allow": [">"]},

@@ -17,6 +17,7 @@ from typing import Any
 import nats
 import nats.errors
 import nats.js.errors
+from nats.aio.client import Client as NatsClient
 from pydantic import ValidationError
 
 from runwire.client.connection import (
@@ -36,6 +37,7 @@ from runwire.contracts.commands import (
     AbortSessionCommand,
     CancelCommand,
     EndTenantCommand,
+    ForgetTenantCommand,
     GetBudgetCommand,
     GetCommand,
     GetPolicyCommand,
@@ -52,6 +54,7 @@ from runwire.contracts.replies import (
     AbortSessionReply,
     BudgetReply,
     EndTenantReply,
+    ForgetTenantReply,
     PolicyReply,
     ReleaseReply,
     RunReply,
@@ -70,8 +73,31 @@ HEALTH_WAIT_S = 0.5
 # A probe (`runwire health SERVICE --local`) waits this long at most, and returns as soon
 # as its replica says it is ok.
 PROBE_WAIT_S = 5.0
+# How long a client whose credentials were refused waits before asking once more.
+CREDENTIALS_RETRY_S = 0.5
 # Runs submitted by this client that it remembers as fresh (see `Following.stream`).
 FRESH_RUNS = 10_000
+
+
+async def _dial(
+    urls: list[str], options: dict[str, Any], refusals: Refusals, timeout: float
+) -> NatsClient | None:
+    """A connection, or None when the server refused its credentials. TimeoutError when
+    neither came within `timeout` seconds."""
+    connecting = asyncio.ensure_future(nats.connect(urls, error_cb=refusals.on_error, **options))
+    refused = asyncio.ensure_future(refusals.credentials_refused.wait())
+    try:
+        await asyncio.wait(
+            [connecting, refused], timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+        if connecting.done():
+            return connecting.result()
+        connecting.cancel()
+        if refused.done():
+            return None
+        raise TimeoutError(f"no connection within {timeout}s")
+    finally:
+        refused.cancel()
 
 
 class Client(Following):
@@ -116,35 +142,26 @@ class Client(Following):
                 if password is None and found.nats_password is not None:
                     password = found.nats_password.get_secret_value()
             tls_ca = found.nats_tls_ca if tls_ca is None else tls_ca
-        refusals = Refusals()
-        connecting = asyncio.ensure_future(
-            nats.connect(
-                server_urls(url),
-                dont_randomize=True,
-                name="runwire-client",
-                max_reconnect_attempts=-1,
-                error_cb=refusals.on_error,
-                inbox_prefix=inbox or inbox_prefix(tenant),
-                user=user,
-                password=password,
-                tls=tls_context(tls_ca),
-            )
-        )
-        refused = asyncio.ensure_future(refusals.credentials_refused.wait())
+        options: dict[str, Any] = {
+            "dont_randomize": True,
+            "name": "runwire-client",
+            "max_reconnect_attempts": -1,
+            "inbox_prefix": inbox or inbox_prefix(tenant),
+            "user": user,
+            "password": password,
+            "tls": tls_context(tls_ca),
+        }
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + connect_timeout
         try:
-            await asyncio.wait(
-                [connecting, refused], timeout=connect_timeout, return_when=asyncio.FIRST_COMPLETED
-            )
-            if not connecting.done():
-                connecting.cancel()
-                if refused.done():
-                    raise unauthorized(
-                        f"NATS at {url} refused the identity {user or '(none)'}: give the "
-                        "tenant's settings (RUNWIRE_NATS_USER, RUNWIRE_NATS_PASSWORD; "
-                        "`runwire tenant add` writes them)"
-                    )
-                raise TimeoutError(f"no connection within {connect_timeout}s")
-            nc = connecting.result()
+            refusals = Refusals()
+            nc = await _dial(server_urls(url), options, refusals, connect_timeout)
+            if nc is None and deadline - loop.time() > CREDENTIALS_RETRY_S:
+                # A server reading its configuration again (a tenant added or removed) may
+                # refuse for a moment an identity it keeps: asked once more, it answers.
+                await asyncio.sleep(CREDENTIALS_RETRY_S)
+                refusals = Refusals()
+                nc = await _dial(server_urls(url), options, refusals, deadline - loop.time())
         except (TimeoutError, OSError, nats.errors.Error) as exc:
             raise ClientError(
                 ErrorBody(
@@ -153,8 +170,12 @@ class Client(Following):
                     retryable=True,
                 )
             ) from exc
-        finally:
-            refused.cancel()
+        if nc is None:
+            raise unauthorized(
+                f"NATS at {url} refused the identity {user or '(none)'}: give the "
+                "tenant's settings (RUNWIRE_NATS_USER, RUNWIRE_NATS_PASSWORD; "
+                "`runwire tenant add` writes them)"
+            )
         return cls(
             nc, tenant=tenant, prefix=prefix, refusals=refusals if user is not None else None
         )
@@ -300,3 +321,12 @@ class Client(Following):
             "end_tenant", EndTenantCommand(), EndTenantReply
         )
         return reply.canceled
+
+    async def forget_tenant(self) -> ForgetTenantReply:
+        """Delete what runwire keeps of this client's tenant (removed: see `runwire tenant
+        remove`), unless a run of it is still active: then nothing, and the reply says how
+        many are (an operator's command)."""
+        reply: ForgetTenantReply = await self._request(
+            "forget_tenant", ForgetTenantCommand(), ForgetTenantReply
+        )
+        return reply

@@ -309,6 +309,35 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION public.forget_tenant(p_tenant text) RETURNS TABLE(o_active bigint, o_runs bigint, o_releases bigint)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    v_active bigint;
+    v_runs bigint;
+    v_releases bigint;
+BEGIN
+    SELECT count(*) INTO v_active FROM runs r
+     WHERE r.tenant = p_tenant
+       AND (run_active(r.status)
+            OR (NOT r.frames_closed AND r.ended_at > now() - interval '30 seconds'));
+    IF v_active > 0 THEN
+        RETURN QUERY SELECT v_active, 0::bigint, 0::bigint;
+        RETURN;
+    END IF;
+    DELETE FROM outbox o WHERE o.tenant = p_tenant;
+    WITH gone AS (DELETE FROM runs r WHERE r.tenant = p_tenant RETURNING 1)
+    SELECT count(*) INTO v_runs FROM gone;
+    WITH gone AS (DELETE FROM releases x WHERE x.tenant = p_tenant RETURNING 1)
+    SELECT count(*) INTO v_releases FROM gone;
+    DELETE FROM tenant_budgets b WHERE b.tenant = p_tenant;
+    DELETE FROM tenant_spend s WHERE s.tenant = p_tenant;
+    DELETE FROM tenant_policies p WHERE p.tenant = p_tenant;
+    RETURN QUERY SELECT 0::bigint, v_runs, v_releases;
+END
+$$;
+
 CREATE FUNCTION public.frame_token(p_secret text, p_generation integer) RETURNS text
     LANGUAGE sql IMMUTABLE
     AS $$
@@ -1482,6 +1511,9 @@ GRANT ALL ON FUNCTION public.finish_runs(p_runs uuid[], p_generations integer[],
 
 REVOKE ALL ON FUNCTION public.finish_runs_told(p_runs uuid[], p_generations integer[], p_results text[], p_texts text[], p_actor text, p_close_seqs integer[], p_trace_parents text[]) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.finish_runs_told(p_runs uuid[], p_generations integer[], p_results text[], p_texts text[], p_actor text, p_close_seqs integer[], p_trace_parents text[]) TO runwire_executor;
+
+REVOKE ALL ON FUNCTION public.forget_tenant(p_tenant text) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.forget_tenant(p_tenant text) TO runwire_submitter;
 
 REVOKE ALL ON FUNCTION public.insert_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[]) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.insert_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[]) TO runwire_submitter;

@@ -19,6 +19,7 @@ from runwire.contracts.commands import (
     AbortSessionCommand,
     CancelCommand,
     EndTenantCommand,
+    ForgetTenantCommand,
     GetBudgetCommand,
     GetCommand,
     GetPolicyCommand,
@@ -35,6 +36,7 @@ from runwire.contracts.replies import (
     AbortSessionReply,
     BudgetReply,
     EndTenantReply,
+    ForgetTenantReply,
     FrameChannel,
     PolicyReply,
     ReleaseReply,
@@ -448,6 +450,12 @@ class Submitter:
         await self.outbox.dispatch(*runs)
         await self._notify_canceled(runs)
         return AbortSessionReply(canceled=[run.run_id for run in runs])
+
+    async def forget_tenant(self, tenant: str, cmd: ForgetTenantCommand) -> ForgetTenantReply:
+        active, runs, releases = await self.store.forget_tenant(tenant)
+        if active == 0:
+            log.info("tenant forgotten", extra=fields(tenant=tenant, runs=runs, releases=releases))
+        return ForgetTenantReply(forgotten=active == 0, active=active, runs=runs, releases=releases)
 
     async def end_tenant(self, tenant: str, cmd: EndTenantCommand) -> EndTenantReply:
         runs = await self.store.cancel_tenant(

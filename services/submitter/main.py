@@ -8,6 +8,7 @@ from runwire.contracts.commands import (
     AbortSessionCommand,
     CancelCommand,
     EndTenantCommand,
+    ForgetTenantCommand,
     GetBudgetCommand,
     GetCommand,
     GetPolicyCommand,
@@ -21,6 +22,7 @@ from runwire.contracts.replies import (
     AbortSessionReply,
     BudgetReply,
     EndTenantReply,
+    ForgetTenantReply,
     PolicyReply,
     ReleaseReply,
     RunReply,
@@ -118,6 +120,12 @@ class SubmitterService(Service[SubmitterSettings]):
         async def end_tenant(body: EndTenantCommand) -> EndTenantReply:
             """An operator's: cancel every active and queued run of the tenant."""
             return await self.submitter.end_tenant(tenant(), body)
+
+        @command("forget_tenant", max_bytes=settings.max_input_bytes)
+        async def forget_tenant(body: ForgetTenantCommand) -> ForgetTenantReply:
+            """An operator's: delete what is kept of a removed tenant once no run of it is
+            active (its runs, releases, budget and policy)."""
+            return await self.submitter.forget_tenant(tenant(), body)
 
         serve_health(self)
         publications.jobs(self)

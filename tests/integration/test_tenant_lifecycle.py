@@ -3,15 +3,18 @@ API keys keep working until the rotation is finished (the keys at most for the g
 given), then the server closes the connections made with the previous password. A
 removed tenant's runs end, and only an operator may end them."""
 
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from functools import partial
 
+import asyncpg
 import pytest
 
 from runwire import ClientError
 from runwire.client import Client
 from runwire.contracts.errors import ErrorCode
-from runwire.contracts.identities import OPERATOR, tenant_user
-from runwire.contracts.status import RunStatus
+from runwire.contracts.identities import GATEWAY, OPERATOR, service_user, tenant_user
+from runwire.contracts.subjects import GATEWAY_INBOX
 from runwire.gateway.keys import ApiKeys
 from runwire.infra.auth import (
     API_KEYS_FILE,
@@ -106,8 +109,65 @@ async def test_a_tenants_credentials_rotate_without_a_moment_refused(
             await client.close()
 
 
-async def test_a_removed_tenants_runs_end_and_only_an_operator_may_end_them(
-    broker: Broker, secured: InProcessStack
+GREETING = {"nodes": [{"id": "greet", "runner": "scripted", "input": {"tokens": ["hi"]}}]}
+OTHER_GREETING = {"nodes": [{"id": "greet", "runner": "scripted", "input": {"tokens": ["yo"]}}]}
+
+
+async def _as_operator(broker: Broker, tenant: str) -> Client:
+    return await Client.connect(
+        broker.server.url,
+        tenant=tenant,
+        prefix=broker.subjects.prefix,
+        user=OPERATOR,
+        password=broker.identities.passwords[OPERATOR],
+        inbox="_INBOX",
+    )
+
+
+async def _kept_of(broker: Broker, tenant: str) -> dict[str, int]:
+    """How many messages of `tenant` each stream it writes to holds."""
+    s = broker.subjects
+    nc, _ = await broker.connect(OPERATOR)
+    try:
+        js = nc.jetstream()
+        kept = {}
+        for stream, subject in (
+            (s.run_frames_stream, f"{s.prefix}.{tenant}.runs.>"),
+            (s.events_stream, f"{s.prefix}.{tenant}.events.>"),
+            (f"KV_{s.threads_bucket}", f"$KV.{s.threads_bucket}.{tenant}.>"),
+        ):
+            info = await js.stream_info(stream, subjects_filter=subject)
+            kept[stream] = sum((info.state.subjects or {}).values())
+        return kept
+    finally:
+        await nc.close()
+
+
+async def _refusal(request: Callable[[], Awaitable[object]]) -> ErrorCode:
+    """The code a request is refused with. A tenant just added may find its first
+    requests unanswered (UNAVAILABLE, retryable) while the server gives the services the
+    right to answer into its inbox: such a request is asked again."""
+    for _ in range(10):
+        with pytest.raises(ClientError) as refused:
+            await request()
+        if refused.value.code != ErrorCode.UNAVAILABLE:
+            break
+    return refused.value.code
+
+
+async def _consumers_of(broker: Broker, tenant: str) -> int:
+    """How many consumers read `tenant`'s runs' frames."""
+    nc, _ = await broker.connect(OPERATOR)
+    try:
+        infos = await nc.jetstream().consumers_info(broker.subjects.run_frames_stream)
+    finally:
+        await nc.close()
+    own = f"{broker.subjects.prefix}.{tenant}."
+    return sum(1 for info in infos if (info.config.filter_subject or "").startswith(own))
+
+
+async def test_a_removed_tenant_is_ended_and_forgotten_and_its_name_inherits_nothing(
+    broker: Broker, secured: InProcessStack, db_url: str
 ) -> None:
     root = broker.folder
     prefix = broker.subjects.prefix
@@ -124,39 +184,90 @@ async def test_a_removed_tenants_runs_end_and_only_an_operator_may_end_them(
     broker.identities.save(root / IDENTITIES_FILE)
     acme = await broker.tenant("acme")
     globex = await broker.tenant("globex")
+    operator = await _as_operator(broker, "acme")
     slow = {"tokens": ["t "] * 200, "token_delay_ms": 50}
+    following = None
     try:
+        # What acme leaves behind: runs of a session (one running, one queued behind it),
+        # an ended run, a workflow release, a budget and a policy, a LangGraph thread (as
+        # the gateway keeps it), and a consumer following its run.
+        done = (await acme.submit({"tokens": ["old"]})).run.run_id
+        await collect(acme, done)
         running = (await acme.submit(slow, session_id="s")).run.run_id
-        waiting = (await acme.submit(slow, session_id="s", multitask="enqueue")).run.run_id
+        await acme.submit(slow, session_id="s", multitask="enqueue")
+        assert (await acme.release("greeting", 1, GREETING)).created
+        await operator.set_budget(tokens=1000, max_active_runs=5)
+        await operator.set_policy(effects=["noop"])
+        gateway, _ = await broker.connect(service_user(GATEWAY), inbox=GATEWAY_INBOX)
+        threads = await gateway.jetstream().create_key_value(bucket=broker.subjects.threads_bucket)
+        await threads.put("acme.thread-1", b'{"last_run": "x"}')
+        await threads.put("globex.thread-1", b'{"last_run": "y"}')
+        await gateway.close()
+        following = acme.stream(running)
+        await anext(following)
+        await eventually(lambda: _consumers_of(broker, "acme"), timeout=20)
         theirs = (await globex.submit({"tokens": ["not ", "theirs"]})).run.run_id
-        # A tenant may not end itself (nor anyone): an operator's command.
-        with pytest.raises(ClientError) as refused:
-            await acme.end_tenant()
-        assert refused.value.code == ErrorCode.UNAUTHORIZED
+        # A tenant may neither end nor forget itself (nor anyone): an operator's commands.
+        for admin in (acme.end_tenant, acme.forget_tenant):
+            with pytest.raises(ClientError) as refused:
+                await admin()
+            assert refused.value.code == ErrorCode.UNAUTHORIZED
+        # While its runs are active, forgetting it deletes nothing.
+        not_yet = await operator.forget_tenant()
+        assert (not_yet.forgotten, not_yet.active, not_yet.runs) == (False, 2, 0)
 
         had, _ = remove_tenant(root, "acme")
         said = await end_tenant(root, "acme")
         assert had
-        assert said == "2 of its active or queued runs canceled"
+        assert said[0] == "2 of its active or queued runs canceled"
+        assert said[1] == (
+            "forgotten: 3 runs (with their frames, events and effects), 1 workflow "
+            "releases, its budget and policy"
+        )
+        assert said[2].startswith("its frames, events and threads purged from the streams;")
+        assert await _consumers_of(broker, "acme") == 0
         _, transcript = await collect(globex, theirs)
     finally:
+        if following is not None:
+            await following.aclose()
         await acme.close()
         await globex.close()
-    operator = await Client.connect(
+    assert transcript.text == "not theirs"  # another tenant's runs go on
+    assert await _kept_of(broker, "acme") == dict.fromkeys(
+        (
+            broker.subjects.run_frames_stream,
+            broker.subjects.events_stream,
+            f"KV_{broker.subjects.threads_bucket}",
+        ),
+        0,
+    )
+    assert sum((await _kept_of(broker, "globex")).values()) > 0
+
+    # The name given again: the new acme sees nothing of the old one.
+    add_tenant(root, "acme")
+    new = read_env_file(root / "tenants" / "acme.env")
+    again = await Client.connect(
         broker.server.url,
         tenant="acme",
         prefix=prefix,
-        user=OPERATOR,
-        password=broker.identities.passwords[OPERATOR],
-        inbox="_INBOX",
+        user=new["RUNWIRE_NATS_USER"],
+        password=new["RUNWIRE_NATS_PASSWORD"],
     )
     try:
-
-        async def ended() -> bool:
-            runs = [await operator.get(run_id) for run_id in (running, waiting)]
-            return all(run.status == RunStatus.CANCELED for run in runs)
-
-        await eventually(ended, timeout=20)
+        for run_id in (done, running):
+            assert await _refusal(partial(again.get, run_id)) == ErrorCode.NOT_FOUND
+        budget = await again.budget()
+        assert (budget.tokens, budget.used, budget.max_active_runs) == (None, 0, None)
+        assert (await again.policy()).version == 0
+        # Its release id is free: another definition under it is a new release.
+        assert (await again.release("greeting", 1, OTHER_GREETING)).created
     finally:
+        await again.close()
         await operator.close()
-    assert transcript.text == "not theirs"  # another tenant's runs go on
+    db = await asyncpg.connect(db_url)
+    try:
+        for table in ("runs", "releases", "tenant_budgets", "tenant_policies", "outbox"):
+            kept = await db.fetchval(f"SELECT count(*) FROM {table} WHERE tenant = 'acme'")
+            assert kept == (1 if table == "releases" else 0), table  # the new release
+    finally:
+        await db.close()

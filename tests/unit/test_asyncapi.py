@@ -13,6 +13,7 @@ from runwire.asyncapi import HTML_PATH, JSON_PATH, render, services, validate
 from runwire.contracts import (
     AbortSessionReply,
     EndTenantReply,
+    ForgetTenantReply,
     Frame,
     JoinReply,
     RunReply,
@@ -40,6 +41,7 @@ REPLIES: dict[str, type[BaseModel]] = {
     "get": RunReply,
     "abort_session": AbortSessionReply,
     "end_tenant": EndTenantReply,
+    "forget_tenant": ForgetTenantReply,
     "resolve_effect": RunReply,
     "set_budget": BudgetReply,
     "get_budget": BudgetReply,

@@ -101,6 +101,10 @@ WITH upd AS (
 )
 SELECT *, pg_current_xact_id()::text AS xact FROM upd ORDER BY submit_seq;
 
+-- name: forget_tenant
+-- What forget_tenant deleted of a removed tenant: (active, runs, releases).
+SELECT o_active AS active, o_runs AS runs, o_releases AS releases FROM forget_tenant($1);
+
 -- name: cancel_tenant
 -- request_cancel for every queued, running or recovering run of a tenant at once (an
 -- operator's end_tenant, once the tenant's identity is revoked), oldest first.

@@ -292,6 +292,12 @@ class SubmitterQueries(Queries):
         )
         return [Run.from_record(r) for r in rows]
 
+    async def forget_tenant(self, tenant: str) -> tuple[int, int, int]:
+        """Delete what is kept of `tenant` unless a run of it is active: (active runs,
+        runs deleted, releases deleted)."""
+        rows = await self._fetch("forget_tenant", tenant)
+        return rows[0]["active"], rows[0]["runs"], rows[0]["releases"]
+
     async def fail_queued(self, run_id: str, error: ErrorBody, actor: str) -> Run | None:
         return await self._run_or_none(
             "fail_queued", uuid.UUID(run_id), error.model_dump(mode="json"), actor

@@ -288,3 +288,40 @@ REVOKE ALL ON FUNCTION finish_runs_told(uuid[], integer[], text[], text[], text,
     text[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION finish_runs_told(uuid[], integer[], text[], text[], text,
     integer[], text[]) TO runwire_executor;
+
+-- A removed tenant forgotten (an operator's forget_tenant, after its end_tenant): its
+-- runs, with all that hangs off them (frames, events, attempts' effects and reservations,
+-- node runs), its outbox, releases, budget, spend and policy, so that a tenant given its
+-- name later inherits nothing. Nothing is deleted while a run of it is still active, or
+-- ended but its last frames not stored by the relay yet (they would reach the stream after
+-- its purge), unless that was long ago (a relay's lost write is not waited for).
+CREATE OR REPLACE FUNCTION forget_tenant(p_tenant text)
+RETURNS TABLE(o_active bigint, o_runs bigint, o_releases bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path TO 'public', 'pg_temp'
+AS $$
+DECLARE
+    v_active bigint;
+    v_runs bigint;
+    v_releases bigint;
+BEGIN
+    SELECT count(*) INTO v_active FROM runs r
+     WHERE r.tenant = p_tenant
+       AND (run_active(r.status)
+            OR (NOT r.frames_closed AND r.ended_at > now() - interval '30 seconds'));
+    IF v_active > 0 THEN
+        RETURN QUERY SELECT v_active, 0::bigint, 0::bigint;
+        RETURN;
+    END IF;
+    DELETE FROM outbox o WHERE o.tenant = p_tenant;
+    WITH gone AS (DELETE FROM runs r WHERE r.tenant = p_tenant RETURNING 1)
+    SELECT count(*) INTO v_runs FROM gone;
+    WITH gone AS (DELETE FROM releases x WHERE x.tenant = p_tenant RETURNING 1)
+    SELECT count(*) INTO v_releases FROM gone;
+    DELETE FROM tenant_budgets b WHERE b.tenant = p_tenant;
+    DELETE FROM tenant_spend s WHERE s.tenant = p_tenant;
+    DELETE FROM tenant_policies p WHERE p.tenant = p_tenant;
+    RETURN QUERY SELECT 0::bigint, v_runs, v_releases;
+END
+$$;
+REVOKE ALL ON FUNCTION forget_tenant(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION forget_tenant(text) TO runwire_submitter;
