@@ -1,12 +1,14 @@
 """The local runwire stack: nats-server, Postgres and the four services under supervisord.
 
 Run as `python -m runwire.infra.stack {up,down,logs,status,run}` from the repository root (the
-Makefile does). Everything lives in `.runwire/` there (or in `--root`): server data, logs
-(the previous start's in `logs/previous/`), the supervisord configuration, the chosen
-ports (kept across restarts) and an `env` file with the URLs. `up` returns once every
+Makefile does). Everything lives in `.runwire/` there (or in `--root`; `runwire.infra.layout`
+names each file): server data, logs (the previous start's in `logs/previous/`), the
+supervisord configuration, the chosen ports (kept across restarts, `runwire.infra.ports`)
+and an `env` file with the URLs (`runwire.infra.settings_files`). `up` returns once every
 service answers its health request (`runwire.infra.readiness` waits), so a command sent
-right after it is served. supervisord (configured and queried by `runwire.infra.supervisor`)
-restarts any process that dies; `down` stops all of them and checks that none is left.
+right after it is served. supervisord (configured and queried by `runwire.infra.supervisor`,
+running what `runwire.infra.programs` lists) restarts any process that dies; `down` stops
+all of them and checks that none is left (`runwire.infra.pids` knows which are ours).
 
 The gateway (runwire's HTTP API) runs beside them on `RUNWIRE_GATEWAY_URL`, accepting
 the API keys whose hashes are in `api-keys.json` (the default tenant's key is
@@ -26,8 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hashlib
-import json
 import os
 import shlex
 import shutil
@@ -36,36 +36,37 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
-from pydantic import ValidationError
 
-from runwire.client.settings import rotated
-from runwire.contracts.identities import GATEWAY, OPERATOR, service_user
-from runwire.contracts.subjects import DEFAULT_PREFIX, DEFAULT_TENANT, Subjects
-from runwire.gateway.keys import add_key, new_key
-from runwire.gateway.settings import DEFAULT_PORT as DEFAULT_GATEWAY_PORT
-from runwire.infra.auth import (
-    API_KEYS_FILE,
-    AUTH_FILE,
-    ENV_FILE,
-    IDENTITIES_FILE,
-    NATS_PID_FILE,
-    OPERATOR_ENV_FILE,
-    Identities,
-    database_url_as,
-    read_env_file,
-    render,
-    service_role,
-    tenant_settings,
-    write_env_file,
-    write_private,
-)
+from runwire.contracts.identities import SERVICES
+from runwire.contracts.subjects import DEFAULT_PREFIX
+from runwire.infra.auth import service_role
 from runwire.infra.embedded import EmbeddedNats, EmbeddedNatsCluster
+from runwire.infra.layout import Layout
+from runwire.infra.pids import (
+    describe,
+    is_ours,
+    known_pids,
+    pid_alive,
+    record_pids,
+    send_signal,
+    supervisord_pid,
+)
+from runwire.infra.ports import (
+    GATEWAY_HOST,
+    Ports,
+    load_ports,
+    metrics_ports_free,
+    settings_port,
+    store_servers,
+    stored_ports,
+    stored_servers,
+)
 from runwire.infra.postgres import EmbeddedPostgres
-from runwire.infra.processes import find_free_port, port_is_free
+from runwire.infra.processes import port_is_free
+from runwire.infra.programs import stack_programs
 from runwire.infra.readiness import (
     POLL_S,
     PROGRESS_REPEAT,
@@ -76,261 +77,29 @@ from runwire.infra.readiness import (
     wait,
 )
 from runwire.infra.readiness import say as _say
-from runwire.infra.supervisor import Program, Supervisor, environment, venv_tool
+from runwire.infra.settings_files import (
+    METRICS_URL,
+    operator_identity,
+    read_env,
+    shell_settings,
+    stack_identities,
+    write_env,
+)
+from runwire.infra.supervisor import venv_tool
 from runwire.infra.topology import CLUSTER_REPLICAS, Topology, replicas
-from runwire.runtime.settings import CommonSettings
 from runwire.runtime.store import migrate
 
-SERVICES = ("submitter", "executor", "relay", "recovery")
-GATEWAY_HOST = "127.0.0.1"
 DATABASE = "runwire"
 START_TIMEOUT = 60.0
-MAX_PORT = 65535
-# `.runwire/env` names each service's metrics endpoint as this + the service, upper-cased.
-METRICS_URL = "RUNWIRE_METRICS_URL_"
 STOP_TIMEOUT = 60.0
 DEMO_TOKENS = ("Hello", ",", " this", " is", " runwire", " streaming", " a", " run", ".")
 DEMO_TOKEN_DELAY_MS = 150
-# The kernel limits unix socket paths to 108 bytes.
-_MAX_SOCKET_PATH = 100
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where the stack keeps its files: `folder`, or `.runwire/` in the repository."""
-
-    repo: Path
-    # Another folder for everything the stack writes (a test's own stack, say).
-    folder: Path | None = None
-
-    @property
-    def root(self) -> Path:
-        return self.folder if self.folder is not None else self.repo / ".runwire"
-
-    @property
-    def nats_dir(self) -> Path:
-        return self.root / "nats"
-
-    @property
-    def pg_dir(self) -> Path:
-        return self.root / "pg"
-
-    @property
-    def nats_pid_file(self) -> Path:
-        # Named in the nats-server config that EmbeddedNats writes.
-        return self.root / NATS_PID_FILE
-
-    @property
-    def logs(self) -> Path:
-        return self.root / "logs"
-
-    @property
-    def previous_logs(self) -> Path:
-        """The logs of the stack's previous start (`up` sets them aside here)."""
-        return self.logs / "previous"
-
-    @property
-    def conf(self) -> Path:
-        return self.root / "supervisord.conf"
-
-    @property
-    def env_file(self) -> Path:
-        """The default tenant's client settings (and where the stack is)."""
-        return self.root / ENV_FILE
-
-    @property
-    def identities_file(self) -> Path:
-        """Every identity's secret (infra/auth.py); mode 0600, never committed."""
-        return self.root / IDENTITIES_FILE
-
-    @property
-    def auth_file(self) -> Path:
-        """The nats-server `authorization` block, included by its configuration."""
-        return self.root / AUTH_FILE
-
-    @property
-    def api_keys_file(self) -> Path:
-        """The hashes of the tenants' API keys, which the gateway accepts."""
-        return self.root / API_KEYS_FILE
-
-    @property
-    def operator_env_file(self) -> Path:
-        """The operator's client settings: admin commands, `runwire top`."""
-        return self.root / OPERATOR_ENV_FILE
-
-    def service_env_file(self, service: str) -> Path:
-        """What a service started by hand next to the stack needs (an extra executor)."""
-        return self.root / "services" / f"{service}.env"
-
-    @property
-    def shape_file(self) -> Path:
-        """How many nats-servers the stack was started with."""
-        return self.root / "shape.json"
-
-    @property
-    def ports_file(self) -> Path:
-        return self.root / "ports.json"
-
-    @property
-    def pids_file(self) -> Path:
-        return self.root / "pids.json"
-
-    @property
-    def supervisord_pid_file(self) -> Path:
-        return self.root / "supervisord.pid"
-
-    @property
-    def socket(self) -> Path:
-        local = self.root / "supervisor.sock"
-        if len(str(local)) <= _MAX_SOCKET_PATH:
-            return local
-        digest = hashlib.sha256(str(self.root).encode()).hexdigest()[:12]
-        return Path("/tmp") / f"runwire-{digest}.sock"
-
-    @property
-    def supervisor(self) -> Supervisor:
-        return Supervisor(conf=self.conf, socket=self.socket)
-
-
-@dataclass(frozen=True)
-class Ports:
-    """The loopback ports of the servers and of the gateway (and, on a clustered stack,
-    the cluster's servers' ports and the second gateway's)."""
-
-    nats: int
-    postgres: int
-    gateway: int
-    # Per server of a cluster: client ports, then route ports, then monitoring ports.
-    cluster: tuple[int, ...] = ()
-    gateway_2: int = 0
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie is dead for our purposes: it holds no port and no file.
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state != "Z"
-
-
-def _is_ours(pid: int, layout: Layout) -> bool:
-    """Tell whether `pid` is a process this stack started (never trust a recycled pid)."""
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return False
-    if str(layout.root) in argv:
-        return True
-    try:
-        cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
-    except OSError:
-        return False
-    return cwd == layout.repo or layout.repo in cwd.parents
-
-
-def _supervisord_pid(layout: Layout) -> int | None:
-    try:
-        pid = int(layout.supervisord_pid_file.read_text().strip())
-    except (OSError, ValueError):
-        return None
-    if _pid_alive(pid) and _is_ours(pid, layout):
-        return pid
-    return None
-
-
-def _load_ports(layout: Layout, servers: int, gateway_port: int = 0) -> Ports:
-    """Reuse the ports of the last start so URLs stay valid; pick new ones if taken (the
-    gateway's first choice is `gateway_port` when given, else its default port)."""
-    ports = _stored_ports(layout)
-    if ports is not None and not (port_is_free(ports.nats) and port_is_free(ports.postgres)):
-        _say(f"Ports {ports.nats}/{ports.postgres} are taken by another program; picking new ones.")
-        ports = None
-    if ports is None:
-        nats = find_free_port()
-        postgres = find_free_port()
-        while postgres == nats:
-            postgres = find_free_port()
-        ports = Ports(nats=nats, postgres=postgres, gateway=0)
-    cluster = ports.cluster
-    if servers > 1 and (
-        len(cluster) != 3 * servers or not all(port_is_free(port) for port in cluster)
-    ):
-        cluster = _free_ports(3 * servers, {ports.nats, ports.postgres})
-    gateway = gateway_port or ports.gateway
-    if not gateway or not port_is_free(gateway):
-        gateway = DEFAULT_GATEWAY_PORT if port_is_free(DEFAULT_GATEWAY_PORT) else 0
-        while gateway in (0, ports.nats, ports.postgres, *cluster):
-            gateway = find_free_port()
-    gateway_2 = ports.gateway_2
-    if servers > 1 and (not gateway_2 or not port_is_free(gateway_2) or gateway_2 == gateway):
-        (gateway_2,) = _free_ports(1, {ports.nats, ports.postgres, gateway, *cluster})
-    ports = Ports(ports.nats, ports.postgres, gateway, cluster, gateway_2)
-    layout.ports_file.write_text(
-        json.dumps(
-            {
-                "nats": ports.nats,
-                "postgres": ports.postgres,
-                "gateway": ports.gateway,
-                "cluster": list(ports.cluster),
-                "gateway_2": ports.gateway_2,
-            }
-        )
-    )
-    return ports
-
-
-def _stored_ports(layout: Layout) -> Ports | None:
-    """The ports of the last start, as recorded (a running stack listens on them)."""
-    try:
-        stored = json.loads(layout.ports_file.read_text())
-        return Ports(
-            nats=int(stored["nats"]),
-            postgres=int(stored["postgres"]),
-            gateway=int(stored.get("gateway", 0)),
-            cluster=tuple(int(port) for port in stored.get("cluster", ())),
-            gateway_2=int(stored.get("gateway_2", 0)),
-        )
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _free_ports(count: int, avoid: set[int]) -> tuple[int, ...]:
-    chosen: list[int] = []
-    while len(chosen) < count:
-        port = find_free_port()
-        if port not in avoid and port not in chosen:
-            chosen.append(port)
-    return tuple(chosen)
 
 
 def _cluster(layout: Layout, servers: int, ports: Ports) -> EmbeddedNatsCluster:
     return EmbeddedNatsCluster(
         layout.nats_dir, servers, ports=list(ports.cluster), authorization=layout.auth_file
     )
-
-
-def metrics_ports(first: int, programs: tuple[str, ...] = SERVICES) -> dict[str, int]:
-    """Each service program's `/metrics` port: `first`, `first` + 1, ... in `programs`
-    order (none when `first` is 0, as `RUNWIRE_METRICS_PORT` unset means)."""
-    if first == 0:
-        return {}
-    return {program: first + i for i, program in enumerate(programs)}
-
-
-def _metrics_url(host: str, port: int) -> str:
-    # An endpoint on every interface is reached on loopback from here.
-    if host in ("", "0.0.0.0", "::"):
-        host = "127.0.0.1"
-    elif ":" in host:
-        host = f"[{host}]"
-    return f"http://{host}:{port}/metrics"
 
 
 def topology(layout: Layout, servers: int, ports: Ports) -> Topology:
@@ -343,91 +112,6 @@ def topology(layout: Layout, servers: int, ports: Ports) -> Topology:
         gateways = [ports.gateway, ports.gateway_2]
     urls = [node.url for node in nodes]
     return Topology(nodes, replicas(SERVICES, servers, urls), gateways)
-
-
-def _programs(
-    layout: Layout,
-    shape: Topology,
-    pg: EmbeddedPostgres,
-    database_url: str,
-    settings: CommonSettings,
-    identities: Identities,
-) -> list[Program]:
-    """nats-server(s) and Postgres first, then every service replica and the gateways
-    wired to them."""
-    programs = [
-        Program(
-            name,
-            node.command(),
-            node.data_dir,
-            {"priority": "10", "stopsignal": "TERM", "stopwaitsecs": "15"},
-        )
-        for name, node in shape.nats_programs().items()
-    ]
-    pg_options = {"priority": "10", "stopsignal": "INT", "stopwaitsecs": "30"}
-    user = pg.run_as_user()
-    if user is not None:
-        pg_options["user"] = user
-    programs.append(Program("postgres", pg.command(), layout.pg_dir, pg_options))
-    wiring = {
-        "RUNWIRE_DATABASE_URL": database_url,
-        "RUNWIRE_PREFIX": settings.prefix,
-        "PYTHONUNBUFFERED": "1",
-        # Trace export settings of the shell that starts the stack.
-        **{k: v for k, v in os.environ.items() if k.startswith("OTEL_")},
-    }
-    if shape.clustered:
-        wiring["RUNWIRE_STREAM_REPLICAS"] = str(len(shape.nats))
-    ports = metrics_ports(settings.metrics_port, shape.programs)
-    for replica in shape.replicas:
-        # One port each: on the shell's one port, all but the first would crash-loop.
-        metrics = {"RUNWIRE_METRICS_PORT": str(ports.get(replica.program, 0))}
-        identity = _service_identity(identities, replica.service, database_url)
-        nats = {"RUNWIRE_NATS_URL": replica.nats_url}
-        programs.append(
-            Program(
-                replica.program,
-                [str(venv_tool("python")), "-m", f"runwire.{replica.service}"],
-                layout.repo,
-                {
-                    "priority": "100",
-                    "environment": environment({**wiring, **nats, **metrics, **identity}),
-                    # Services wait for NATS and Postgres themselves; a few quick exits
-                    # while the servers come up must not mark them FATAL.
-                    "startretries": "10",
-                    "stopsignal": "TERM",
-                    "stopwaitsecs": "20",
-                },
-            )
-        )
-    gateway = service_user(GATEWAY)
-    urls = [node.url for node in shape.nats]
-    for i, (name, port) in enumerate(shape.gateways().items()):
-        programs.append(
-            Program(
-                name,
-                [str(venv_tool("python")), "-m", "runwire.gateway"],
-                layout.repo,
-                {
-                    "priority": "100",
-                    "environment": environment(
-                        {
-                            **wiring,
-                            "RUNWIRE_NATS_URL": rotated(urls, i),
-                            "RUNWIRE_NATS_USER": gateway,
-                            "RUNWIRE_NATS_PASSWORD": identities.passwords[gateway],
-                            "RUNWIRE_GATEWAY_HOST": GATEWAY_HOST,
-                            "RUNWIRE_GATEWAY_PORT": str(port),
-                            "RUNWIRE_GATEWAY_KEYS_FILE": str(layout.api_keys_file),
-                        }
-                    ),
-                    "startretries": "10",
-                    "stopsignal": "TERM",
-                    "stopwaitsecs": "10",
-                },
-            )
-        )
-    return programs
 
 
 async def _prepare_database(database_url: str) -> None:
@@ -452,13 +136,6 @@ async def _ensure_database(admin_url: str, name: str) -> None:
                 await conn.execute(f'CREATE DATABASE "{name}"')
     finally:
         await conn.close()
-
-
-def _operator(layout: Layout) -> tuple[str | None, str | None]:
-    """The operator's identity, for the stack's own health requests."""
-    if not layout.identities_file.exists():
-        return None, None
-    return OPERATOR, Identities.load(layout.identities_file).passwords.get(OPERATOR)
 
 
 def _summary(layout: Layout, shape: Topology, env: dict[str, str]) -> None:
@@ -496,119 +173,14 @@ Follow logs: make logs    Status: make status    Stop everything: make down
     )
 
 
-def _read_env(layout: Layout) -> dict[str, str]:
-    return read_env_file(layout.env_file)
-
-
-def _shell_settings() -> CommonSettings | None:
-    """The settings every service reads from this shell's `RUNWIRE_*` variables."""
-    try:
-        return CommonSettings()
-    except ValidationError as exc:
-        _say(f"A RUNWIRE_* variable of this shell is invalid, so no service would start:\n{exc}")
-        return None
-
-
-def _metrics_ports_free(settings: CommonSettings, programs: tuple[str, ...]) -> bool:
-    """Tell whether every service's metrics port is usable; say why not if not."""
-    ports = metrics_ports(settings.metrics_port, programs)
-    if not ports:
-        return True
-    first, last = settings.metrics_port, max(ports.values())
-    if last > MAX_PORT:
-        _say(
-            f"RUNWIRE_METRICS_PORT={first} gives the services ports {first}-{last}; "
-            f"pick a port up to {MAX_PORT - len(ports) + 1}."
-        )
-        return False
-    taken = [f"{port} ({service})" for service, port in ports.items() if not port_is_free(port)]
-    if taken:
-        _say(
-            f"RUNWIRE_METRICS_PORT={first} gives the services ports {first}-{last}, but "
-            f"another program listens on {', '.join(taken)}; pick another port."
-        )
-        return False
-    return True
-
-
-def _service_identity(identities: Identities, service: str, database_url: str) -> dict[str, str]:
-    """A service's identities: on NATS, and in Postgres (its own role)."""
-    user = service_user(service)
-    return {
-        "RUNWIRE_NATS_USER": user,
-        "RUNWIRE_NATS_PASSWORD": identities.passwords[user],
-        "RUNWIRE_DATABASE_URL": database_url_as(database_url, service_role(service)),
-    }
-
-
-def _identities(layout: Layout, settings: CommonSettings) -> Identities:
-    """The stack's identities (made on its first start), with the `default` tenant's,
-    and the server's `authorization` block written from them."""
-    path = layout.identities_file
-    identities = Identities.load(path) if path.exists() else Identities.generate()
-    identities.add_tenant(DEFAULT_TENANT)
-    write_private(layout.auth_file, render(identities, Subjects(settings.prefix)))
-    identities.save(path)  # with the hashes render made
-    return identities
-
-
-def _write_env(
-    layout: Layout,
-    shape: Topology,
-    database_url: str,
-    settings: CommonSettings,
-    identities: Identities,
-) -> dict[str, str]:
-    """Write `.runwire/env` (where the stack is, and the default tenant's identity and
-    API key, for the CLI and for scripts), the operator's settings and each service's."""
-    where = {
-        "RUNWIRE_NATS_URL": shape.nats_url,
-        "RUNWIRE_DATABASE_URL": database_url,
-        "RUNWIRE_PREFIX": settings.prefix,
-    }
-    # The default tenant's API key: the one it had, else a new one (its hash is what the
-    # gateway keeps).
-    key = read_env_file(layout.env_file).get("RUNWIRE_API_KEY") or new_key()
-    add_key(layout.api_keys_file, DEFAULT_TENANT, key)
-    env = {
-        **where,
-        **tenant_settings(identities, DEFAULT_TENANT),
-        "RUNWIRE_GATEWAY_URL": f"http://{GATEWAY_HOST}:{shape.gateway_ports[0]}",
-        "RUNWIRE_API_KEY": key,
-    }
-    if shape.clustered:
-        env["RUNWIRE_GATEWAY_URLS"] = ",".join(
-            f"http://{GATEWAY_HOST}:{port}" for port in shape.gateway_ports
-        )
-    for program, port in metrics_ports(settings.metrics_port, shape.programs).items():
-        name = program.upper().replace("-", "_")
-        env[f"{METRICS_URL}{name}"] = _metrics_url(settings.metrics_host, port)
-    write_env_file(layout.env_file, env)
-    operator = {
-        "RUNWIRE_NATS_USER": OPERATOR,
-        "RUNWIRE_NATS_PASSWORD": identities.passwords[OPERATOR],
-    }
-    write_env_file(
-        layout.operator_env_file, {**where, "RUNWIRE_TENANT": DEFAULT_TENANT, **operator}
-    )
-    # A service started by hand beside a clustered stack declares its streams alike.
-    streams = {"RUNWIRE_STREAM_REPLICAS": str(len(shape.nats))} if shape.clustered else {}
-    for service in SERVICES:
-        write_env_file(
-            layout.service_env_file(service),
-            {**where, **streams, **_service_identity(identities, service, database_url)},
-        )
-    return env
-
-
 def up(layout: Layout, start_timeout: float = START_TIMEOUT, servers: int | None = None) -> int:
     """Start the stack unless it runs (with `servers` nats-servers in a cluster when more
     than 1; None: as it runs, else one); return once every service answers its health
     request (or exit 1 after `start_timeout` seconds, naming those that did not; 2 as
     soon as one refuses its configuration, saying why). The logs of the previous start
     are set aside in `logs/previous/`."""
-    if _supervisord_pid(layout) is not None:
-        running = _stored_servers(layout)
+    if supervisord_pid(layout) is not None:
+        running = stored_servers(layout)
         if servers is not None and running != servers:
             _say(
                 f"runwire stack is already running with {_servers(running)}, not "
@@ -616,17 +188,17 @@ def up(layout: Layout, start_timeout: float = START_TIMEOUT, servers: int | None
             )
             return 1
         _say("runwire stack is already running.")
-        ports = _stored_ports(layout)
+        ports = stored_ports(layout)
         if ports is None:
             _say(f"{layout.ports_file} is missing or unreadable: `make down`, then `make up`.")
             return 1
         shape = topology(layout, running, ports)
-        return _wait_for_services(layout, shape, _read_env(layout), start_timeout)
+        return _wait_for_services(layout, shape, read_env(layout), start_timeout)
     servers = servers or 1
-    settings = _shell_settings()
+    settings = shell_settings()
     if settings is None:
         return 1
-    if _known_pids(layout):
+    if known_pids(layout):
         # supervisord died but its programs did not; they would hold the ports and folders.
         down(layout)
     for folder in (layout.root, layout.logs, layout.nats_dir):
@@ -636,12 +208,12 @@ def up(layout: Layout, start_timeout: float = START_TIMEOUT, servers: int | None
     if wanted and not port_is_free(wanted):
         _say(f"RUNWIRE_GATEWAY_PORT={wanted} is taken by another program; pick another port.")
         return 1
-    ports = _load_ports(layout, servers, wanted)
+    ports = load_ports(layout, servers, wanted)
     shape = topology(layout, servers, ports)
-    if not _metrics_ports_free(settings, shape.programs):
+    if not metrics_ports_free(settings, shape.programs):
         return 1
-    _store_servers(layout, servers)
-    identities = _identities(layout, settings)
+    store_servers(layout, servers)
+    identities = stack_identities(layout, settings)
     pg = EmbeddedPostgres(layout.pg_dir, ports.postgres)
     if not (layout.pg_dir / "PG_VERSION").exists():
         _say(f"Creating the Postgres cluster in {layout.pg_dir} ...")
@@ -651,9 +223,9 @@ def up(layout: Layout, start_timeout: float = START_TIMEOUT, servers: int | None
         logs=layout.logs,
         pid_file=layout.supervisord_pid_file,
         directory=layout.repo,
-        programs=_programs(layout, shape, pg, database_url, settings, identities),
+        programs=stack_programs(layout, shape, pg, database_url, settings, identities),
     )
-    env = _write_env(layout, shape, database_url, settings, identities)
+    env = write_env(layout, shape, database_url, settings, identities)
 
     _say("Starting supervisord ...")
     started = layout.supervisor.start()
@@ -692,28 +264,8 @@ def up(layout: Layout, start_timeout: float = START_TIMEOUT, servers: int | None
     return _wait_for_services(layout, shape, env, start_timeout)
 
 
-def settings_port() -> int:
-    """The gateway's port that the shell asks for (`RUNWIRE_GATEWAY_PORT`), or 0."""
-    try:
-        return int(os.environ.get("RUNWIRE_GATEWAY_PORT", "0"))
-    except ValueError:
-        return 0
-
-
 def _servers(count: int) -> str:
     return "one nats-server" if count <= 1 else f"a cluster of {count} nats-servers"
-
-
-def _stored_servers(layout: Layout) -> int:
-    """How many nats-servers the running stack was started with."""
-    try:
-        return int(json.loads(layout.shape_file.read_text())["servers"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return 1
-
-
-def _store_servers(layout: Layout, servers: int) -> None:
-    layout.shape_file.write_text(json.dumps({"servers": servers}))
 
 
 def _wait_for_services(layout: Layout, shape: Topology, env: dict[str, str], timeout: float) -> int:
@@ -721,7 +273,8 @@ def _wait_for_services(layout: Layout, shape: Topology, env: dict[str, str], tim
     _say("Waiting for every service to answer its health request ...")
     prefix = env.get("RUNWIRE_PREFIX", DEFAULT_PREFIX)
     supervisor, logs = layout.supervisor, layout.logs
-    not_up = asyncio.run(unanswered(supervisor, logs, shape, prefix, _operator(layout), timeout))
+    operator = operator_identity(layout)
+    not_up = asyncio.run(unanswered(supervisor, logs, shape, prefix, operator, timeout))
     for name, port in shape.gateways().items():
         if not_up is not None:
             break
@@ -729,14 +282,14 @@ def _wait_for_services(layout: Layout, shape: Topology, env: dict[str, str], tim
         not_up = gateway_unanswered(supervisor, logs, name, url, timeout)
     if not_up is not None:
         return _failed(layout, not_up)
-    _record_pids(layout)
+    record_pids(layout)
     _summary(layout, shape, env)
     return 0
 
 
 def _failed(layout: Layout, not_up: NotUp) -> int:
     """Say why the stack is not up; the exit status of `up`."""
-    _record_pids(layout)
+    record_pids(layout)
     _say(f"\nThe stack did not come up: {not_up.what}.")
     for name, problem in not_up.problems.items():
         log = layout.logs / f"{name}.log"
@@ -764,82 +317,41 @@ def _set_aside_logs(layout: Layout) -> None:
         path.replace(layout.previous_logs / path.name)
 
 
-def _record_pids(layout: Layout) -> None:
-    """Remember our pids so `down` can clean up even if supervisord itself died."""
-    pids = layout.supervisor.program_pids()
-    supervisord = _supervisord_pid(layout)
-    if supervisord is not None:
-        pids["supervisord"] = supervisord
-    layout.pids_file.write_text(json.dumps(pids))
-
-
-def _known_pids(layout: Layout) -> set[int]:
-    pids: set[int] = set()
-    try:
-        recorded = json.loads(layout.pids_file.read_text())
-        pids.update(int(pid) for pid in recorded.values())
-    except (OSError, ValueError, AttributeError, TypeError):
-        pass  # nothing recorded: only what is alive now counts
-    # The servers' own pid files are missing or stale when they are not running.
-    postmaster = layout.pg_dir / "postmaster.pid"
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        pids.add(int(postmaster.read_text().split()[0]))
-    for pid_file in (layout.nats_pid_file, *layout.nats_dir.glob("n*/nats-server.pid")):
-        with contextlib.suppress(OSError, ValueError):
-            pids.add(int(pid_file.read_text().strip()))
-    return {pid for pid in pids if _pid_alive(pid) and _is_ours(pid, layout)}
-
-
 def down(layout: Layout) -> int:
     """Stop supervisord and every process of the stack; wait until all are gone."""
-    supervisord = _supervisord_pid(layout)
+    supervisord = supervisord_pid(layout)
     if supervisord is not None:
         leftovers = (
-            _known_pids(layout) | set(layout.supervisor.program_pids().values()) | {supervisord}
+            known_pids(layout) | set(layout.supervisor.program_pids().values()) | {supervisord}
         )
         _say("Stopping the runwire stack ...")
         layout.supervisor.ctl("shutdown")
     else:
-        leftovers = _known_pids(layout)
+        leftovers = known_pids(layout)
         if not leftovers:
             _say("runwire stack is not running.")
             return 0
         _say("supervisord is gone; stopping what it left behind ...")
         for pid in leftovers:
-            _signal(pid, signal.SIGTERM)
+            send_signal(pid, signal.SIGTERM)
     start = time.monotonic()
     last_report = start
     while time.monotonic() - start < STOP_TIMEOUT:
-        leftovers = {pid for pid in leftovers if _pid_alive(pid)}
+        leftovers = {pid for pid in leftovers if pid_alive(pid)}
         if not leftovers:
             break
         if time.monotonic() - last_report >= PROGRESS_REPEAT:
-            waiting = ", ".join(_describe(pid) for pid in sorted(leftovers))
+            waiting = ", ".join(describe(pid) for pid in sorted(leftovers))
             _say(f"  ... still stopping ({time.monotonic() - start:.0f} s): {waiting}")
             last_report = time.monotonic()
         time.sleep(POLL_S)
     for pid in leftovers:
-        if _is_ours(pid, layout):
+        if is_ours(pid, layout):
             _say(f"  killing leftover process {pid}")
-            _signal(pid, signal.SIGKILL)
+            send_signal(pid, signal.SIGKILL)
     layout.pids_file.unlink(missing_ok=True)
     _say("runwire stack is stopped.")
     return 0
-
-
-def _describe(pid: int) -> str:
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return str(pid)
-    words = [Path(argv[0].decode()).name] + [arg.decode() for arg in argv[1:3] if arg]
-    return f"{pid} ({' '.join(words)})"
-
-
-def _signal(pid: int, sig: signal.Signals) -> None:
-    # It may have exited on its own meanwhile.
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, sig)
 
 
 def logs(layout: Layout) -> int:
@@ -855,7 +367,7 @@ def logs(layout: Layout) -> int:
 
 def status(layout: Layout) -> int:
     """Print supervisord's view of every program."""
-    if _supervisord_pid(layout) is None:
+    if supervisord_pid(layout) is None:
         _say("runwire stack is not running.")
         return 0
     done = layout.supervisor.ctl("status")
@@ -881,7 +393,7 @@ def run(layout: Layout, start_timeout: float = START_TIMEOUT, servers: int | Non
     # queued for sigwait below instead of interrupting the wait for a clean shutdown.
     stop_signals = {signal.SIGINT, signal.SIGTERM}
     signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
-    env = {**os.environ, **_read_env(layout)}
+    env = {**os.environ, **read_env(layout)}
     try:
         demo_run = subprocess.run(demo, env=env, check=False, preexec_fn=_unblock(stop_signals))
     except OSError as exc:
