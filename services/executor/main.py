@@ -31,9 +31,10 @@ from runwire.contracts.frames import Job
 from runwire.contracts.status import RunStatus
 from runwire.executor.attempt import AbortReason, Attempt, Outcome, attempt_error
 from runwire.executor.ended_effects import EndedEffects
+from runwire.executor.isolation import IsolatedRunner, isolated
 from runwire.executor.outcome import Settler
 from runwire.executor.presence import Presence
-from runwire.runners.base import RunnerError, RunnerSpec, ToolSpec
+from runwire.runners.base import Runner, RunnerError, RunnerSpec, ToolSpec
 from runwire.runners.effects import EffectAdapter, load_effects
 from runwire.runners.outbound import OutboundGuard
 from runwire.runners.registry import RunnerConfigError, input_schema, load_runners
@@ -288,7 +289,13 @@ class Executor:
             await self._attempt(run, msg)
 
     async def _attempt(self, run: Run, msg: Msg) -> None:
-        runner = self.runners.get(run.runner, _unknown_runner)
+        runner: Runner = self.runners.get(run.runner, _unknown_runner)
+        if run.runner in self.runners and isolated(self.settings.isolated_runners, run.runner):
+            runner = IsolatedRunner(
+                run.runner,
+                runners=self.settings.runners,
+                tools=self.settings.tools,
+            )
         attempt = Attempt(
             run,
             runner,
@@ -412,6 +419,17 @@ class ExecutorService(Service[ExecutorSettings]):
             raise CannotStart(str(exc)) from exc
         if not self.runners:
             raise CannotStart("no runner is registered: this executor would take no job")
+        given_only = sorted(
+            name
+            for name in (self._given_runners or {})
+            if isolated(self.settings.isolated_runners, name)
+        )
+        if given_only:
+            raise CannotStart(
+                f"runners {', '.join(given_only)} are given in code and cannot run in a "
+                "process of their own (RUNWIRE_ISOLATED_RUNNERS): name them in "
+                "RUNWIRE_RUNNERS or as entry points"
+            )
 
     def runner_names(self) -> list[str]:
         # Only once it takes their jobs (and the submitters can know them): a health

@@ -166,6 +166,11 @@ class ExecutorSettings(CommonSettings):
     tools: str = ""
     """Tools that are not packaged, `name=package.module:object,...` (beside the
     entry-point group `runwire.tools`)."""
+    isolated_runners: str = ""
+    """Runners whose attempts each run in a process of their own, with none of the
+    executor's credentials: everything they do (frames, checkpoints, effects, budgets)
+    goes through the executor, for their run only (comma-separated names, or `*` for
+    all; see docs/security.md). Each must be an entry point or in `RUNWIRE_RUNNERS`."""
     max_in_flight: int = Field(default=DEFAULT_MAX_IN_FLIGHT, ge=1)
     """Attempts of each runner at once in this process, and `max_ack_pending` of the
     runner's shared consumer (the global cap), for runners that declare no
