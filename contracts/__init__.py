@@ -14,6 +14,8 @@ from runwire.contracts.commands import (
     Multitask,
     ReleaseCommand,
     ResolveEffectCommand,
+    ResumeCommand,
+    SignalCommand,
     SubmitCommand,
 )
 from runwire.contracts.errors import ErrorBody, ErrorCode, ErrorReply
@@ -35,6 +37,8 @@ from runwire.contracts.frames import (
     ToolResultData,
     Transcript,
     UsageData,
+    WaitData,
+    WaitKind,
     typed_data,
 )
 from runwire.contracts.replies import (
@@ -45,8 +49,10 @@ from runwire.contracts.replies import (
     JoinReply,
     LiveCursor,
     ReleaseReply,
+    ResumeReply,
     RunReply,
     RunSummary,
+    SignalReply,
     SubmitReply,
 )
 from runwire.contracts.scripted import ScriptedFailure, ScriptedInput
@@ -107,6 +113,8 @@ __all__ = [
     "ReleaseRef",
     "ReleaseReply",
     "ResolveEffectCommand",
+    "ResumeCommand",
+    "ResumeReply",
     "RetryPolicy",
     "RunData",
     "RunEvent",
@@ -116,6 +124,8 @@ __all__ = [
     "RunSummary",
     "ScriptedFailure",
     "ScriptedInput",
+    "SignalCommand",
+    "SignalReply",
     "StatusData",
     "Subjects",
     "SubmitCommand",
@@ -124,6 +134,8 @@ __all__ = [
     "ToolResultData",
     "Transcript",
     "UsageData",
+    "WaitData",
+    "WaitKind",
     "WorkflowDefinition",
     "WorkflowRef",
     "typed_data",

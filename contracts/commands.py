@@ -20,6 +20,8 @@ from runwire.contracts.workflows import (
 )
 
 MAX_ID_LENGTH = 200
+# A signal's name: what a runner's `ctx.wait_for_signal(name)` waits for.
+SIGNAL_NAME_PATTERN = r"^[A-Za-z0-9_.:-]{1,100}$"
 # The largest integer every JSON client holds exactly (2^53 - 1): the most a budget (tokens
 # or cost units) or a frame cursor may be. Integers are checked before they reach SQL.
 MAX_SAFE_INTEGER = 2**53 - 1
@@ -177,6 +179,30 @@ class ForgetTenantCommand(Command):
     operator's command, as `end_tenant`."""
 
 
+class ResumeCommand(Command):
+    """Answer the interrupt a waiting run waits for with `value` (any JSON): its next
+    attempt is queued at once, and the runner's `ctx.interrupt` returns the value.
+    `wait_id` (from the `wait` frame or `get`'s `waiting_for`) makes sure the answer is to
+    that question. `request_id`: the same twice is one answer (`duplicate`). NOT_WAITING
+    when the run does not wait for an interrupt (or not that one)."""
+
+    request_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
+    run_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
+    wait_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_LENGTH)
+    value: Any = None
+
+
+class SignalCommand(Command):
+    """Send the signal `name` with `payload` to a run: a wait of the run for that name
+    takes it (its next attempt is queued at once), now or, kept in the run's mailbox in
+    order, when the runner waits for it. `request_id`: the same twice is one signal."""
+
+    request_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
+    run_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
+    name: str = Field(pattern=SIGNAL_NAME_PATTERN)
+    payload: Any = None
+
+
 class JoinCommand(Command):
     """Join a run's frames: every frame with `seq > after`, then live."""
 
@@ -193,6 +219,8 @@ BODIES: dict[str, type[Command]] = {
     "abort_session": AbortSessionCommand,
     "end_tenant": EndTenantCommand,
     "forget_tenant": ForgetTenantCommand,
+    "resume": ResumeCommand,
+    "signal": SignalCommand,
     "resolve_effect": ResolveEffectCommand,
     "set_budget": SetBudgetCommand,
     "get_budget": GetBudgetCommand,

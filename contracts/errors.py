@@ -40,6 +40,12 @@ class ErrorCode(StrEnum):
     # A node ran past its deadline_ms (retries included): it timed out, once. Not
     # retryable.
     NODE_DEADLINE_EXCEEDED = "NODE_DEADLINE_EXCEEDED"
+    # A `resume` or `signal` names a run that does not wait (or not for that wait): it
+    # was not answered. Not retryable.
+    NOT_WAITING = "NOT_WAITING"
+    # A wait of the run ran past its timeout and the runner did not handle it. Not
+    # retryable.
+    WAIT_TIMEOUT = "WAIT_TIMEOUT"
     CANCELED = "CANCELED"
     SUPERSEDED = "SUPERSEDED"
     INTERRUPTED = "INTERRUPTED"

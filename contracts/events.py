@@ -22,6 +22,9 @@ class RunEventName(StrEnum):
     SESSION_TURN = "session_turn"  # the earlier runs of its session ended: its turn came
     RECOVERING = "recovering"  # its executor stopped renewing the lease; resumed elsewhere
     INTERRUPTED = "interrupted"  # closed after repeated recoveries without progress
+    WAITING = "waiting"  # its attempt ended to wait (an interrupt, a signal): no worker held
+    RESUMED = "resumed"  # its wait was answered, signaled or timed out: next attempt queued
+    SIGNALED = "signaled"  # a signal was sent to it (kept until a wait of it takes it)
     BUDGET_RESERVED = "budget_reserved"  # tokens (and cost units) reserved for a costly call
     BUDGET_SETTLED = "budget_settled"  # a reservation settled with what the call used
     BUDGET_RELEASED = "budget_released"  # a reservation nobody will settle was released

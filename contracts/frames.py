@@ -24,6 +24,7 @@ class FrameType(StrEnum):
     CHECKPOINT = "checkpoint"
     STATUS = "status"
     NODE = "node"
+    WAIT = "wait"
     ERROR = "error"
     DONE = "done"
 
@@ -36,6 +37,7 @@ URGENT_FRAME_TYPES = frozenset(
         FrameType.TOOL_RESULT,
         FrameType.EFFECT,
         FrameType.NODE,
+        FrameType.WAIT,
         FrameType.ERROR,
         FrameType.DONE,
     }
@@ -126,6 +128,23 @@ class StatusData(WireModel):
     status: str
 
 
+class WaitKind(StrEnum):
+    INTERRUPT = "interrupt"  # a question; `resume` answers it
+    SIGNAL = "signal"  # an event sent to the run by name (`signal`)
+
+
+class WaitData(WireModel):
+    """`wait`: the run waits, its attempt ended (no worker held), for the answer to
+    `payload` (`interrupt`) or for the signal `name` (`signal`), until `timeout_at` (none:
+    no deadline). `wait_id` names the wait within the run; `resume` may give it."""
+
+    wait_id: str
+    kind: WaitKind
+    payload: Any = None
+    name: str | None = None
+    timeout_at: AwareDatetime | None = None
+
+
 class DoneData(WireModel):
     """`done`: the run's terminal status, and its error code when it did not finish."""
 
@@ -144,6 +163,7 @@ FRAME_DATA: dict[FrameType, type[WireModel]] = {
     FrameType.CHECKPOINT: CheckpointData,
     FrameType.STATUS: StatusData,
     FrameType.NODE: NodeData,
+    FrameType.WAIT: WaitData,
     FrameType.ERROR: ErrorBody,
     FrameType.DONE: DoneData,
 }

@@ -6,7 +6,7 @@ from pydantic import AwareDatetime, Field
 
 from runwire.contracts.base import Versioned, WireModel
 from runwire.contracts.errors import ErrorBody
-from runwire.contracts.frames import EffectData, Frame
+from runwire.contracts.frames import EffectData, Frame, WaitData
 from runwire.contracts.status import RunStatus
 from runwire.contracts.workflows import NodeRunData, ReleaseRef
 
@@ -42,6 +42,8 @@ class RunSummary(WireModel):
     # A node run: its workflow run, and the node it runs.
     parent_run_id: str | None = None
     node_id: str | None = None
+    # A waiting run: what it waits for (the data of its `wait` frame).
+    waiting_for: WaitData | None = None
 
 
 class FrameChannel(WireModel):
@@ -91,6 +93,26 @@ class ForgetTenantReply(Versioned):
     active: int = Field(ge=0)
     runs: int = Field(ge=0)
     releases: int = Field(ge=0)
+
+
+class ResumeReply(Versioned):
+    """The run a `resume` answered (queued for its next attempt); `duplicate` when the
+    answer with this `request_id` was given before (nothing changed now)."""
+
+    ok: Literal[True] = True
+    run: RunSummary
+    duplicate: bool = False
+
+
+class SignalReply(Versioned):
+    """The run a `signal` was sent to. `delivered`: a wait of the run took it (its next
+    attempt is queued); otherwise it is kept until the run waits for it. `duplicate`: a
+    signal with this `request_id` was sent before (nothing changed now)."""
+
+    ok: Literal[True] = True
+    run: RunSummary
+    delivered: bool
+    duplicate: bool = False
 
 
 class LiveCursor(WireModel):

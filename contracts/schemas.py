@@ -17,8 +17,10 @@ from runwire.contracts.commands import (
     JoinCommand,
     ReleaseCommand,
     ResolveEffectCommand,
+    ResumeCommand,
     SetBudgetCommand,
     SetPolicyCommand,
+    SignalCommand,
     SubmitCommand,
 )
 from runwire.contracts.errors import ErrorReply
@@ -33,8 +35,10 @@ from runwire.contracts.replies import (
     JoinReply,
     PolicyReply,
     ReleaseReply,
+    ResumeReply,
     RunReply,
     RunSummary,
+    SignalReply,
     SubmitReply,
 )
 from runwire.contracts.scripted import ScriptedInput
@@ -50,6 +54,8 @@ EXPORTED: tuple[type[BaseModel], ...] = (
     AbortSessionCommand,
     EndTenantCommand,
     ForgetTenantCommand,
+    ResumeCommand,
+    SignalCommand,
     ResolveEffectCommand,
     SetBudgetCommand,
     GetBudgetCommand,
@@ -64,6 +70,8 @@ EXPORTED: tuple[type[BaseModel], ...] = (
     AbortSessionReply,
     EndTenantReply,
     ForgetTenantReply,
+    ResumeReply,
+    SignalReply,
     JoinReply,
     ErrorReply,
     RunSummary,

@@ -9,6 +9,9 @@ class RunStatus(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
     RECOVERING = "recovering"
+    # Its attempt ended to wait for an answer, a signal or a timer: no worker is held,
+    # and an answer (or the wait's timeout) queues its next attempt.
+    WAITING = "waiting"
     FINISHED = "finished"
     FAILED = "failed"
     CANCELED = "canceled"

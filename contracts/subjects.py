@@ -22,6 +22,8 @@ COMMANDS = (
     "abort_session",
     "end_tenant",
     "forget_tenant",
+    "resume",
+    "signal",
     "resolve_effect",
     "set_budget",
     "get_budget",

@@ -31,7 +31,7 @@ README_MAX_LINES = 250
 CLIENT_SIDE = ("runwire.client", "runwire.contracts")
 # Six or more lines (blank and comment lines aside) found in two places.
 REPEAT_LINES = 6
-MAX_REPEATED_BLOCKS = 15
+MAX_REPEATED_BLOCKS = 8
 # Generated files are measured by their generators, not here.
 GENERATED = ("contracts/schema/", "services/runtime/schema.sql")
 MIGRATION = re.compile(r"^services/runtime/migrations/(\d+)_\w+\.sql$")

@@ -4,7 +4,8 @@ The public names, importable from `runwire` itself:
 
 - the client: `Client`, `ClientError`, `Transcript`;
 - the runner API: `AttemptContext`, `RunnerError`, `runner` (declares a runner with its
-  input model), `Runner`.
+  input model), `Runner`, `WaitTimeout` (a wait of `ctx.interrupt` or
+  `ctx.wait_for_signal` without an answer in time).
 
 The contract models live in `runwire.contracts`, the test kit in `runwire.testing`. Names
 load on first use, so a client-only install never imports the services' dependencies.
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
         ToolError,
         ToolOutcome,
         ToolSpec,
+        WaitTimeout,
         runner,
         tool,
     )
@@ -42,6 +44,7 @@ _PUBLIC = {
     "ToolError": "runwire.runners.base",
     "ToolSpec": "runwire.runners.base",
     "tool": "runwire.runners.base",
+    "WaitTimeout": "runwire.runners.base",
 }
 
 __all__ = [
@@ -56,6 +59,7 @@ __all__ = [
     "ToolOutcome",
     "ToolSpec",
     "Transcript",
+    "WaitTimeout",
     "runner",
     "tool",
 ]

@@ -81,6 +81,22 @@ def _parser() -> argparse.ArgumentParser:
     cancel = sub.add_parser("cancel", help="cancel a run")
     cancel.add_argument("run_id")
 
+    resume = sub.add_parser("resume", help="answer the question a waiting run asks")
+    resume.add_argument("run_id")
+    resume.add_argument(
+        "--value", type=_json, default=None, help="the answer, as JSON (default: null)"
+    )
+    resume.add_argument("--wait-id", help="answer this wait only (from its wait frame)")
+    resume.add_argument("--request-id", help="the answer's idempotency key")
+
+    signal = sub.add_parser("signal", help="send a run a signal it waits (or will wait) for")
+    signal.add_argument("run_id")
+    signal.add_argument("name")
+    signal.add_argument(
+        "--payload", type=_json, default=None, help="what it carries, as JSON (default: null)"
+    )
+    signal.add_argument("--request-id", help="the signal's idempotency key")
+
     events = sub.add_parser("events", help="follow every run transition of the tenant, live")
     events.add_argument("--run", dest="run_id", default="*", help="only this run")
 
@@ -140,6 +156,13 @@ def _parser() -> argparse.ArgumentParser:
     for command in sorted(entry_points(group=COMMANDS_GROUP), key=lambda ep: ep.name):
         command.load()(sub)
     return parser
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
 
 
 def _submit_input(args: argparse.Namespace) -> dict[str, Any]:
@@ -406,6 +429,22 @@ async def _main(args: argparse.Namespace) -> int:
         if args.command == "cancel":
             run = await client.cancel(args.run_id)
             print(f"run {run.run_id} {run.status}")
+            return 0
+        if args.command == "resume":
+            resumed = await client.resume(
+                args.run_id, args.value, wait_id=args.wait_id, request_id=args.request_id
+            )
+            again = " (the same answer was given before)" if resumed.duplicate else ""
+            print(f"run {resumed.run.run_id} {resumed.run.status}{again}")
+            return 0
+        if args.command == "signal":
+            sent = await client.signal(
+                args.run_id, args.name, args.payload, request_id=args.request_id
+            )
+            what = "taken by its wait" if sent.delivered else "kept until it waits for it"
+            if sent.duplicate:
+                what = "sent before"
+            print(f"run {sent.run.run_id} {sent.run.status}: signal {args.name} {what}")
             return 0
         if args.command == "runners":
             return await _runners(client, args.timeout)

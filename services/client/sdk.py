@@ -33,34 +33,10 @@ from runwire.client.settings import (
     tls_context,
     unreachable_hint,
 )
-from runwire.contracts.commands import (
-    AbortSessionCommand,
-    CancelCommand,
-    EndTenantCommand,
-    ForgetTenantCommand,
-    GetBudgetCommand,
-    GetCommand,
-    GetPolicyCommand,
-    ReleaseCommand,
-    ResolveEffectCommand,
-    SetBudgetCommand,
-    SetPolicyCommand,
-    SubmitCommand,
-)
+from runwire.contracts import commands, replies
 from runwire.contracts.errors import ErrorBody, ErrorCode
 from runwire.contracts.frames import Transcript
 from runwire.contracts.health import HealthReply
-from runwire.contracts.replies import (
-    AbortSessionReply,
-    BudgetReply,
-    EndTenantReply,
-    ForgetTenantReply,
-    PolicyReply,
-    ReleaseReply,
-    RunReply,
-    RunSummary,
-    SubmitReply,
-)
 from runwire.contracts.subjects import inbox_prefix
 from runwire.contracts.workflows import WorkflowDefinition, WorkflowRef
 
@@ -214,14 +190,16 @@ class Client(Following):
 
     async def submit(
         self, input: dict[str, Any], *, request_id: str | None = None, **options: Any
-    ) -> SubmitReply:
+    ) -> replies.SubmitReply:
         """Submit a run; `options` are the optional fields of the submit command."""
-        cmd = SubmitCommand(request_id=request_id or str(uuid.uuid4()), input=input, **options)
+        cmd = commands.SubmitCommand(
+            request_id=request_id or str(uuid.uuid4()), input=input, **options
+        )
         return await self.submit_command(cmd)
 
-    async def submit_command(self, cmd: SubmitCommand) -> SubmitReply:
+    async def submit_command(self, cmd: commands.SubmitCommand) -> replies.SubmitReply:
         """Submit a run from a submit command already made (as the gateway does)."""
-        reply: SubmitReply = await self._request("submit", cmd, SubmitReply)
+        reply: replies.SubmitReply = await self._request("submit", cmd, replies.SubmitReply)
         if not reply.duplicate:
             self._fresh[reply.run.run_id] = reply.frames
             while len(self._fresh) > FRESH_RUNS:
@@ -236,10 +214,10 @@ class Client(Following):
         version: int | None = None,
         request_id: str | None = None,
         **options: Any,
-    ) -> SubmitReply:
+    ) -> replies.SubmitReply:
         """Submit a workflow run of release `release_id` (its highest version unless
         `version`) on `input`; `options` are the other optional fields of submit."""
-        cmd = SubmitCommand(
+        cmd = commands.SubmitCommand(
             request_id=request_id or str(uuid.uuid4()),
             workflow=WorkflowRef(release_id=release_id, version=version, input=input),
             **options,
@@ -248,21 +226,25 @@ class Client(Following):
 
     async def release(
         self, release_id: str, version: int, definition: WorkflowDefinition | dict[str, Any]
-    ) -> ReleaseReply:
+    ) -> replies.ReleaseReply:
         """Publish a workflow release (nodes and edges) under an id and a version, for
         good; the same again answers `created: false`, another definition is refused."""
         if not isinstance(definition, WorkflowDefinition):
             definition = WorkflowDefinition.model_validate(definition)
-        cmd = ReleaseCommand(release_id=release_id, version=version, definition=definition)
-        reply: ReleaseReply = await self._request("release", cmd, ReleaseReply)
+        cmd = commands.ReleaseCommand(release_id=release_id, version=version, definition=definition)
+        reply: replies.ReleaseReply = await self._request("release", cmd, replies.ReleaseReply)
         return reply
 
-    async def get(self, run_id: str) -> RunSummary:
-        reply: RunReply = await self._request("get", GetCommand(run_id=run_id), RunReply)
+    async def get(self, run_id: str) -> replies.RunSummary:
+        reply: replies.RunReply = await self._request(
+            "get", commands.GetCommand(run_id=run_id), replies.RunReply
+        )
         return reply.run
 
-    async def cancel(self, run_id: str) -> RunSummary:
-        reply: RunReply = await self._request("cancel", CancelCommand(run_id=run_id), RunReply)
+    async def cancel(self, run_id: str) -> replies.RunSummary:
+        reply: replies.RunReply = await self._request(
+            "cancel", commands.CancelCommand(run_id=run_id), replies.RunReply
+        )
         return reply.run
 
     async def resolve_effect(
@@ -272,61 +254,96 @@ class Client(Following):
         *,
         receipt: dict[str, Any] | None = None,
         error: str | None = None,
-    ) -> RunSummary:
+    ) -> replies.RunSummary:
         """Settle a side effect whose outcome is unknown (or that failed by its deadline)
         with the receipt of what happened, or why it did not (operators only)."""
-        cmd = ResolveEffectCommand(run_id=run_id, key=key, receipt=receipt, error=error)
-        reply: RunReply = await self._request("resolve_effect", cmd, RunReply)
+        cmd = commands.ResolveEffectCommand(run_id=run_id, key=key, receipt=receipt, error=error)
+        reply: replies.RunReply = await self._request("resolve_effect", cmd, replies.RunReply)
         return reply.run
 
-    async def set_budget(self, **limits: int | None) -> BudgetReply:
+    async def set_budget(self, **limits: int | None) -> replies.BudgetReply:
         """Set the tenant's limits: `tokens`, `cost` (units the tenant defines),
         `max_active_runs`, `max_runs_per_day` (a limit left out keeps its value; None
         removes it)."""
-        reply: BudgetReply = await self._request(
-            "set_budget", SetBudgetCommand(**limits), BudgetReply
+        reply: replies.BudgetReply = await self._request(
+            "set_budget", commands.SetBudgetCommand(**limits), replies.BudgetReply
         )
         return reply
 
-    async def budget(self) -> BudgetReply:
+    async def budget(self) -> replies.BudgetReply:
         """The tenant's budgets, what its runs used and what they hold reserved."""
-        reply: BudgetReply = await self._request("get_budget", GetBudgetCommand(), BudgetReply)
+        reply: replies.BudgetReply = await self._request(
+            "get_budget", commands.GetBudgetCommand(), replies.BudgetReply
+        )
         return reply
 
-    async def set_policy(self, *, effects: list[str] | None) -> PolicyReply:
+    async def set_policy(self, *, effects: list[str] | None) -> replies.PolicyReply:
         """Set the effect kinds the tenant's runs may perform (None: every kind); until
         it is set, they may perform none. An operator's command (a tenant's own identity
         may not). Runs submitted before hold a stale authorization: their next effect
         fails with AUTHORIZATION_STALE."""
-        reply: PolicyReply = await self._request(
-            "set_policy", SetPolicyCommand(effects=effects), PolicyReply
+        reply: replies.PolicyReply = await self._request(
+            "set_policy", commands.SetPolicyCommand(effects=effects), replies.PolicyReply
         )
         return reply
 
-    async def policy(self) -> PolicyReply:
+    async def policy(self) -> replies.PolicyReply:
         """The tenant's policy (version 0: never set, so no effect kind is allowed)."""
-        reply: PolicyReply = await self._request("get_policy", GetPolicyCommand(), PolicyReply)
+        reply: replies.PolicyReply = await self._request(
+            "get_policy", commands.GetPolicyCommand(), replies.PolicyReply
+        )
+        return reply
+
+    async def resume(
+        self,
+        run_id: str,
+        value: Any = None,
+        *,
+        wait_id: str | None = None,
+        request_id: str | None = None,
+    ) -> replies.ResumeReply:
+        """Answer the interrupt a waiting run waits for (`wait_id`: that one only); the
+        runner's `ctx.interrupt` returns `value`. The same `request_id` again is the
+        same answer (`duplicate`). ClientError(NOT_WAITING) when the run does not wait."""
+        cmd = commands.ResumeCommand(
+            request_id=request_id or str(uuid.uuid4()), run_id=run_id, wait_id=wait_id, value=value
+        )
+        reply: replies.ResumeReply = await self._request("resume", cmd, replies.ResumeReply)
+        return reply
+
+    async def signal(
+        self, run_id: str, name: str, payload: Any = None, *, request_id: str | None = None
+    ) -> replies.SignalReply:
+        """Send the run the signal `name`: a wait of it for that name takes it, now
+        (`delivered`) or when the runner waits for it. The same `request_id` again is the
+        same signal (`duplicate`)."""
+        cmd = commands.SignalCommand(
+            request_id=request_id or str(uuid.uuid4()), run_id=run_id, name=name, payload=payload
+        )
+        reply: replies.SignalReply = await self._request("signal", cmd, replies.SignalReply)
         return reply
 
     async def abort_session(self, session_id: str) -> list[str]:
-        reply: AbortSessionReply = await self._request(
-            "abort_session", AbortSessionCommand(session_id=session_id), AbortSessionReply
+        reply: replies.AbortSessionReply = await self._request(
+            "abort_session",
+            commands.AbortSessionCommand(session_id=session_id),
+            replies.AbortSessionReply,
         )
         return reply.canceled
 
     async def end_tenant(self) -> list[str]:
         """Cancel every active and queued run of this client's tenant; their ids, oldest
         first (an operator's command: a tenant's identity is refused it)."""
-        reply: EndTenantReply = await self._request(
-            "end_tenant", EndTenantCommand(), EndTenantReply
+        reply: replies.EndTenantReply = await self._request(
+            "end_tenant", commands.EndTenantCommand(), replies.EndTenantReply
         )
         return reply.canceled
 
-    async def forget_tenant(self) -> ForgetTenantReply:
+    async def forget_tenant(self) -> replies.ForgetTenantReply:
         """Delete what runwire keeps of this client's tenant (removed: see `runwire tenant
         remove`), unless a run of it is still active: then nothing, and the reply says how
         many are (an operator's command)."""
-        reply: ForgetTenantReply = await self._request(
-            "forget_tenant", ForgetTenantCommand(), ForgetTenantReply
+        reply: replies.ForgetTenantReply = await self._request(
+            "forget_tenant", commands.ForgetTenantCommand(), replies.ForgetTenantReply
         )
         return reply

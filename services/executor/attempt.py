@@ -23,6 +23,7 @@ from runwire.contracts.errors import ErrorBody, ErrorCode
 from runwire.contracts.frames import Frame, FrameType, RawFrame
 from runwire.executor.effects import EffectFence
 from runwire.executor.resume import resume_point, resumes
+from runwire.executor.waits import AttemptWaits
 from runwire.runners.base import (
     AbortSignal,
     AttemptClosed,
@@ -102,11 +103,13 @@ class AbortReason(StrEnum):
 
 @dataclass(frozen=True)
 class Outcome:
-    """How an attempt ended: exactly one of finished, error or abort is set."""
+    """How an attempt ended: exactly one of result, error, abort or wait is set."""
 
     result: dict[str, Any] | None = None
     error: ErrorBody | None = None
     abort: AbortReason | None = None
+    # The wait the attempt ended for (the run waits).
+    wait: str | None = None
     # The soonest the next attempt may start after a retryable error (Retry-After).
     retry_after_ms: int | None = None
 
@@ -143,6 +146,7 @@ class Attempt:
             claim_ms=settings.effect_claim_ms,
         )
         self._store = store
+        self.waits = AttemptWaits(store, run.run_id, run.generation, self._emit, self._storable)
         self._broker = broker
         self._settings = settings
         self._owner = owner
@@ -448,6 +452,7 @@ class Attempt:
             _effect=self._effects.run,
             _reserve=self._reserve,
             _settle=self._settle,
+            _wait=self.waits.begin,
         )
         runner_span = tracing.tracer.start_span(
             "runner", attributes={**self._span_attributes(), "runner": self.run.runner}
@@ -489,6 +494,8 @@ class Attempt:
         # An abort wins: a runner that returns after its abort did not finish its work.
         if self.abort_reason is not None:
             return Outcome(abort=self.abort_reason)
+        if self.waits.waiting_on is not None:
+            return Outcome(wait=self.waits.waiting_on)
         exc = task.exception()
         if exc is None:
             return Outcome(result=self._storable("result", task.result() or {}))

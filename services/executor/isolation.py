@@ -5,11 +5,12 @@ its attempts starts `python -m runwire.executor.runner_process`, which loads the
 (and the tools) the way the executor does and runs it on a proxy of the attempt's
 context. Everything the runner does goes through the executor, over a socket pair, one
 JSON line a message, and only for its own run: frames (`emit`, `message`, tool calls),
-`checkpoint`, `effect`, `reserve` and `settle`. The process is given none of the
-executor's credentials (no database URL, no NATS identity: WITHHELD), so a runner that
-runs a tenant's code cannot read other tenants' runs or publish for other runs. The
-attempt's abort (cancel, deadline, shutdown) is passed on; a process that does not stop
-within the abort grace is killed, as one that outlives its attempt is.
+`checkpoint`, `effect`, `reserve`, `settle` and waits (`interrupt`, `wait_for_signal`).
+The process is given none of the executor's credentials (no database URL, no NATS
+identity: WITHHELD), so a runner that runs a tenant's code cannot read other tenants'
+runs or publish for other runs. The attempt's abort (cancel, deadline, shutdown) is
+passed on; a process that does not stop within the abort grace is killed, as one that
+outlives its attempt is.
 
 Messages, executor to runner: `{"start": {...}}` once, the answer to each call
 (`{"id", "ok": value}` or `{"id", "error": {...}}`), `{"abort": true}`. Runner to
@@ -29,8 +30,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from runwire.contracts.errors import ErrorCode
-from runwire.contracts.frames import FrameType
-from runwire.runners.base import AttemptClosed, AttemptContext, RunnerError
+from runwire.contracts.frames import FrameType, WaitKind
+from runwire.runners.base import AttemptClosed, AttemptContext, RunnerError, WaitTimeout
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,8 @@ def runner_error_body(exc: RunnerError) -> dict[str, Any]:
 
 
 def runner_error(body: Mapping[str, Any]) -> RunnerError:
+    if body["code"] == ErrorCode.WAIT_TIMEOUT:
+        return WaitTimeout(str(body["message"]))
     return RunnerError(
         str(body["message"]),
         retryable=bool(body["retryable"]),
@@ -182,6 +185,12 @@ class IsolatedRunner:
         if name == "reserve":
             await ctx.reserve(args["key"], args["tokens"], cost=args["cost"])
             return None
+        if name == "wait":
+            if args["kind"] == WaitKind.SIGNAL:
+                return await ctx.wait_for_signal(
+                    args["name"], timeout=args["timeout"], key=args["key"]
+                )
+            return await ctx.interrupt(args["payload"], timeout=args["timeout"], key=args["key"])
         if name == "settle":
             await ctx.settle(args["key"], args["tokens"], args["receipt"], cost=args["cost"])
             return None

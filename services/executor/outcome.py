@@ -45,6 +45,7 @@ class Decision(StrEnum):
     CANCELED = "canceled"
     HANDED_BACK = "handed_back"  # to the queue, for a shutdown: not counted as an attempt
     LOST = "lost"  # a newer attempt owns the run: nothing written
+    WAITING = "waiting"  # the run waits for an answer: not counted as an attempt
 
     @property
     def coded(self) -> bool:
@@ -139,8 +140,18 @@ class Settler:
                 return ended, Decision.CANCELED
             log.info("attempt returned to the queue for shutdown")
             return ended, Decision.HANDED_BACK
+        if outcome.wait is not None:
+            ended = await self.store.enter_waiting(
+                run.run_id, gen, outcome.wait, text, self.owner, close_seq, traceparent
+            )
+            if ended.status == RunStatus.CANCELED:
+                log.info("run canceled while its attempt ended", extra=fields(code=_code(ended)))
+                return ended, Decision.CANCELED
+            log.info("run waits", extra=fields(wait_id=outcome.wait, status=ended.status))
+            return ended, Decision.WAITING
         error = outcome.error or timeout_error(run.attempt_timeout_ms)
-        if error.retryable and run.attempts < run.max_attempts:
+        # An attempt that ended to wait does not count.
+        if error.retryable and run.attempts - run.waits < run.max_attempts:
             # A workflow node's own backoff, or the executor's.
             base = self.settings.retry_base_ms if run.retry_base_ms is None else run.retry_base_ms
             delay = backoff_ms(run.attempts, base, max(base, self.settings.retry_max_ms), self.rng)

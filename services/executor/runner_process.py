@@ -14,7 +14,7 @@ import socket
 import sys
 from typing import Any
 
-from runwire.contracts.frames import CHECKED, Frame, FrameType
+from runwire.contracts.frames import CHECKED, Frame, FrameType, WaitKind
 from runwire.executor.isolation import LINE_LIMIT, encode, runner_error, runner_error_body
 from runwire.runners.base import AbortSignal, AttemptClosed, AttemptContext, RunnerError
 from runwire.runners.registry import load_runners
@@ -64,13 +64,13 @@ class Executor:
                 future.set_exception(AttemptClosed())
         self._waiting.clear()
 
-    async def call(self, name: str, **args: Any) -> Any:
+    async def call(self, call: str, **args: Any) -> Any:
         if self.gone:
             raise AttemptClosed()
         call_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting[call_id] = future
-        await self.send({"id": call_id, "call": name, "args": args})
+        await self.send({"id": call_id, "call": call, "args": args})
         return await future
 
     async def send(self, message: dict[str, Any]) -> None:
@@ -99,6 +99,13 @@ def _context(start: dict[str, Any], executor: Executor, tools: Any) -> AttemptCo
     async def settle(key: str, tokens: int, receipt: str | None, cost: int) -> None:
         await executor.call("settle", key=key, tokens=tokens, receipt=receipt, cost=cost)
 
+    async def wait(
+        kind: WaitKind, name: str | None, payload: Any, timeout: float | None, key: str | None
+    ) -> Any:
+        return await executor.call(
+            "wait", kind=str(kind), name=name, payload=payload, timeout=timeout, key=key
+        )
+
     return AttemptContext(
         run_id=start["run_id"],
         tenant=start["tenant"],
@@ -115,6 +122,7 @@ def _context(start: dict[str, Any], executor: Executor, tools: Any) -> AttemptCo
         _effect=effect,
         _reserve=reserve,
         _settle=settle,
+        _wait=wait,
     )
 
 

@@ -25,6 +25,7 @@ from runwire.recovery.lost_jobs import LostJobs
 from runwire.recovery.queue_timeouts import QueueTimeouts
 from runwire.recovery.retention import Retention
 from runwire.recovery.sessions import SessionTurns
+from runwire.recovery.wait_timeouts import WaitTimeouts
 from runwire.recovery.workflows import WorkflowDeadlines
 from runwire.runtime import publications
 from runwire.runtime.app import Service
@@ -63,6 +64,7 @@ def duties(
     return [
         ExpiredLeases(settings, store, broker, outbox, presence),
         QueueTimeouts(settings, store, broker, outbox),
+        WaitTimeouts(settings, store, outbox),
         SessionTurns(settings, store),
         WorkflowDeadlines(settings, store, outbox),
         LostJobs(settings, store, broker, outbox),

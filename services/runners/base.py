@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from runwire.contracts.errors import ErrorCode
-from runwire.contracts.frames import Frame, FrameType
+from runwire.contracts.frames import Frame, FrameType, WaitKind
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,21 @@ def unexpected(what: str, exc: BaseException) -> str:
 
 class AttemptClosed(Exception):
     """Raised by `emit` once the attempt has been closed: nothing it does counts now."""
+
+
+class Waiting(AttemptClosed):
+    """Raised by a wait that is not answered yet: the attempt ends here, and the run
+    waits (no worker held); its next attempt, once the wait is decided, runs the runner
+    again from its checkpoint, and the same wait then returns at once."""
+
+
+class WaitTimeout(RunnerError):
+    """A wait ran past its timeout without an answer. Uncaught, the run fails with
+    WAIT_TIMEOUT (not retryable)."""
+
+    def __init__(self, message: str, *, wait_id: str = "") -> None:
+        super().__init__(message, retryable=False, code=ErrorCode.WAIT_TIMEOUT)
+        self.wait_id = wait_id
 
 
 @dataclass(frozen=True)
@@ -229,6 +244,40 @@ class AttemptContext:
     _effect: Callable[..., Awaitable[dict[str, Any]]] | None = None
     _reserve: Callable[[str, int, int], Awaitable[None]] | None = None
     _settle: Callable[[str, int, str | None, int], Awaitable[None]] | None = None
+    # Begins a wait: (kind, name, payload, timeout_s, key) -> the answer, or raises
+    # Waiting / WaitTimeout.
+    _wait: (
+        Callable[[WaitKind, str | None, Any, float | None, str | None], Awaitable[Any]] | None
+    ) = None
+
+    async def interrupt(
+        self, payload: Any = None, *, timeout: float | None = None, key: str | None = None
+    ) -> Any:
+        """Ask a question (`payload`, any JSON: a `wait` frame carries it to the client)
+        and return its answer, the `value` of a `resume` command.
+
+        The run does not hold a worker while it waits: this attempt ends here (the call
+        raises `Waiting`, which the runner should let through), and once the answer comes
+        the runner runs again in a new attempt, from its last `checkpoint`, and the same
+        call returns the answer at once. So checkpoint what was done before asking. Each
+        wait is named within the run by `key`, or by its place among the attempt's waits
+        (the first wait of an attempt is the same wait in the next). `timeout` (seconds):
+        without an answer by then, the call raises `WaitTimeout` (uncaught, the run fails
+        with WAIT_TIMEOUT)."""
+        if self._wait is None:
+            raise RunnerError("waits are not available to this attempt", retryable=False)
+        return await self._wait(WaitKind.INTERRUPT, None, payload, timeout, key)
+
+    async def wait_for_signal(
+        self, name: str, *, timeout: float | None = None, key: str | None = None
+    ) -> Any:
+        """Wait for the signal `name` (a `signal` command to this run, from anyone allowed
+        to send the tenant's commands) and return its payload. A signal sent before the
+        run waits is kept and taken here, in the order they were sent. Waits as
+        `interrupt` does (no worker held, `timeout`, `key`)."""
+        if self._wait is None:
+            raise RunnerError("waits are not available to this attempt", retryable=False)
+        return await self._wait(WaitKind.SIGNAL, name, None, timeout, key)
 
     async def emit(self, type: FrameType, data: dict[str, Any]) -> None:
         """Publish a frame of this attempt."""

@@ -64,6 +64,11 @@ class NotFound(RunwireError):
     retryable = False
 
 
+class NotWaiting(RunwireError):
+    code = ErrorCode.NOT_WAITING
+    retryable = False
+
+
 class QuotaExceeded(RunwireError):
     code = ErrorCode.QUOTA_EXCEEDED
     retryable = False

@@ -42,6 +42,7 @@ CREATE TYPE public.run_status AS ENUM (
     'queued',
     'running',
     'recovering',
+    'waiting',
     'finished',
     'failed',
     'canceled',
@@ -195,7 +196,8 @@ CREATE TABLE public.runs (
     node_id text,
     retry_base_ms integer,
     lease_presence integer,
-    prev_close_seq integer
+    prev_close_seq integer,
+    waits integer DEFAULT 0 NOT NULL
 );
 
 CREATE FUNCTION public.claim_runs(p_runs uuid[], p_generations integer[], p_owner text, p_lease_ms integer, p_job_acks text[], p_presence integer) RETURNS SETOF public.runs
@@ -214,7 +216,7 @@ BEGIN
                job_ack = p_job_acks[i], lease_presence = p_presence,
                prev_close_seq = close_seq, close_seq = NULL,
                started_at = coalesce(started_at, now()), updated_at = now()
-         WHERE run_id = p_runs[i] AND generation = p_generations[i] AND run_waiting(status)
+         WHERE run_id = p_runs[i] AND generation = p_generations[i] AND run_awaits_attempt(status)
            AND NOT cancel_requested AND not_before <= now()
            AND (attempts > 0 OR queue_timeout_ms IS NULL
                 OR created_at + make_interval(secs => queue_timeout_ms / 1000.0) > now())
@@ -268,6 +270,47 @@ BEGIN
             v_run.status, v_run.attempts, coalesce(v_run.lease_owner, 'executor'),
             v_key || ': effect ' || NEW.state);
     RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION public.enter_waiting(p_run_id uuid, p_generation integer, p_wait_id text, p_text text, p_actor text, p_close_seq integer, p_trace_parent text, p_cancel_error jsonb) RETURNS SETOF public.runs
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    v_run runs;
+    v_decided boolean;
+BEGIN
+    PERFORM 1 FROM runs
+      WHERE run_id = p_run_id AND generation = p_generation AND status = 'running'
+        FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    SELECT outcome IS NOT NULL INTO v_decided FROM run_waits
+     WHERE run_id = p_run_id AND wait_id = p_wait_id;
+    UPDATE runs
+       SET status = CASE WHEN cancel_requested THEN 'canceled'::run_status
+                         WHEN v_decided THEN 'queued'::run_status
+                         ELSE 'waiting'::run_status END,
+           error = CASE WHEN cancel_requested THEN coalesce(cancel_error, p_cancel_error)
+                        ELSE error END,
+           ended_at = CASE WHEN cancel_requested THEN now() END,
+           job_published_at = CASE WHEN v_decided AND NOT cancel_requested THEN now()
+                                   ELSE job_published_at END,
+           waits = waits + 1, partial_text = p_text, not_before = now(),
+           lease_owner = NULL, lease_expires_at = NULL,
+           close_seq = CASE WHEN v_decided AND NOT cancel_requested THEN p_close_seq - 1
+                            ELSE p_close_seq END,
+           implied_trace_parent = p_trace_parent, updated_at = now()
+     WHERE run_id = p_run_id
+    RETURNING * INTO v_run;
+    INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)
+    VALUES (v_run.run_id,
+            CASE v_run.status WHEN 'canceled' THEN 'canceled' WHEN 'queued' THEN 'resumed'
+                              ELSE 'waiting' END,
+            v_run.status, v_run.attempts, p_actor, v_run.error->>'code', p_wait_id);
+    RETURN NEXT v_run;
 END
 $$;
 
@@ -425,6 +468,37 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION public.resume_run(p_tenant text, p_run_id uuid, p_wait_id text, p_value jsonb, p_request_id text, p_actor text) RETURNS text
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    v_status run_status;
+BEGIN
+    SELECT status INTO v_status FROM runs
+     WHERE run_id = p_run_id AND tenant = p_tenant FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 'not_found';
+    END IF;
+    IF EXISTS (SELECT 1 FROM run_waits WHERE run_id = p_run_id AND request_id = p_request_id)
+    THEN
+        RETURN 'duplicate';
+    END IF;
+    IF NOT run_active(v_status) THEN
+        RETURN 'not_waiting';
+    END IF;
+    UPDATE run_waits
+       SET outcome = 'answered', value = p_value, request_id = p_request_id, decided_at = now()
+     WHERE run_id = p_run_id AND outcome IS NULL AND kind = 'interrupt'
+       AND (p_wait_id IS NULL OR wait_id = p_wait_id);
+    IF NOT FOUND THEN
+        RETURN 'not_waiting';
+    END IF;
+    PERFORM wake_run(p_run_id, p_actor, 'answered');
+    RETURN 'resumed';
+END
+$$;
+
 CREATE FUNCTION public.rfc3339(p_at timestamp with time zone) RETURNS text
     LANGUAGE sql IMMUTABLE
     AS $$
@@ -434,7 +508,7 @@ $$;
 CREATE FUNCTION public.run_active(p_status public.run_status) RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
-    SELECT p_status IN ('queued', 'running', 'recovering')
+    SELECT p_status IN ('queued', 'running', 'recovering', 'waiting')
 $$;
 
 CREATE FUNCTION public.run_authorization(p_tenant text, p_effects text[]) RETURNS text
@@ -444,6 +518,12 @@ CREATE FUNCTION public.run_authorization(p_tenant text, p_effects text[]) RETURN
     SELECT md5(coalesce(p_effects::text, '*') || '|' || coalesce(p.effects::text, '*')
                || '|' || coalesce(p.version, 0))
       FROM (SELECT 1) one LEFT JOIN tenant_policies p ON p.tenant = p_tenant
+$$;
+
+CREATE FUNCTION public.run_awaits_attempt(p_status public.run_status) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT p_status IN ('queued', 'recovering')
 $$;
 
 CREATE FUNCTION public.run_messages() RETURNS trigger
@@ -456,7 +536,7 @@ DECLARE
     v_seq integer;
     v_done jsonb;
 BEGIN
-    IF run_waiting(NEW.status) AND NEW.job_published_at IS NOT NULL
+    IF run_awaits_attempt(NEW.status) AND NEW.job_published_at IS NOT NULL
        AND (TG_OP = 'INSERT' OR NEW.job_published_at IS DISTINCT FROM OLD.job_published_at)
     THEN
         PERFORM outbox_put('job', NEW.tenant, NEW.run_id, NULL,
@@ -505,12 +585,6 @@ CREATE FUNCTION public.run_terminal(p_status public.run_status) RETURNS boolean
     SELECT NOT run_active(p_status)
 $$;
 
-CREATE FUNCTION public.run_waiting(p_status public.run_status) RETURNS boolean
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    AS $$
-    SELECT p_status IN ('queued', 'recovering')
-$$;
-
 CREATE FUNCTION public.session_blocked(p_tenant text, p_session text, p_before bigint) RETURNS boolean
     LANGUAGE sql STABLE
     SET plan_cache_mode TO 'force_generic_plan'
@@ -521,6 +595,42 @@ CREATE FUNCTION public.session_blocked(p_tenant text, p_session text, p_before b
            AND (p_before IS NULL OR e.submit_seq < p_before)
            AND run_active(e.status)
            AND (e.cancel_deadline IS NULL OR e.cancel_deadline > now()))
+$$;
+
+CREATE FUNCTION public.signal_run(p_tenant text, p_run_id uuid, p_name text, p_payload jsonb, p_request_id text, p_actor text) RETURNS text
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    v_run runs;
+    v_wait text;
+BEGIN
+    SELECT * INTO v_run FROM runs WHERE run_id = p_run_id AND tenant = p_tenant FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 'not_found';
+    END IF;
+    IF EXISTS (SELECT 1 FROM run_signals WHERE run_id = p_run_id AND request_id = p_request_id)
+    THEN
+        RETURN 'duplicate';
+    END IF;
+    IF NOT run_active(v_run.status) THEN
+        RETURN 'not_waiting';
+    END IF;
+    INSERT INTO run_signals (run_id, name, payload, request_id)
+    VALUES (p_run_id, p_name, p_payload, p_request_id);
+    INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
+    VALUES (p_run_id, 'signaled', v_run.status, v_run.attempts, p_actor, p_name);
+    UPDATE run_waits
+       SET outcome = 'answered', value = p_payload, request_id = p_request_id, decided_at = now()
+     WHERE run_id = p_run_id AND outcome IS NULL AND kind = 'signal' AND name = p_name
+    RETURNING wait_id INTO v_wait;
+    IF v_wait IS NULL THEN
+        RETURN 'kept';
+    END IF;
+    UPDATE run_signals SET taken_by = v_wait WHERE run_id = p_run_id AND request_id = p_request_id;
+    PERFORM wake_run(p_run_id, p_actor, 'signaled');
+    RETURN 'delivered';
+END
 $$;
 
 CREATE FUNCTION public.start_session_turn(p_tenant text, p_session text, p_actor text) RETURNS integer
@@ -599,6 +709,96 @@ BEGIN
                            p_budget_tokens, p_budget_costs, p_effects, p_workflows) r;
     -- A statement of its own: it sees what the inserts' triggers wrote.
     RETURN QUERY SELECT NULL::runs, xact_messages();
+END
+$$;
+
+CREATE FUNCTION public.time_out_waits(p_limit integer, p_actor text) RETURNS SETOF public.runs
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    v_due record;
+BEGIN
+    FOR v_due IN
+        SELECT w.run_id, w.wait_id FROM run_waits w
+         WHERE w.outcome IS NULL AND w.timeout_at <= now()
+         ORDER BY w.timeout_at LIMIT p_limit
+    LOOP
+        PERFORM 1 FROM runs WHERE run_id = v_due.run_id FOR UPDATE;
+        UPDATE run_waits SET outcome = 'timed_out', decided_at = now()
+         WHERE run_id = v_due.run_id AND wait_id = v_due.wait_id AND outcome IS NULL;
+        IF FOUND THEN
+            RETURN QUERY SELECT * FROM wake_run(v_due.run_id, p_actor, 'wait timed out');
+        END IF;
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION public.wait_begin(p_run_id uuid, p_generation integer, p_wait_id text, p_kind text, p_name text, p_payload jsonb, p_timeout_ms bigint) RETURNS TABLE(o_state text, o_value jsonb, o_timeout_at timestamp with time zone)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    v_wait run_waits;
+    v_signal run_signals;
+BEGIN
+    PERFORM 1 FROM runs
+      WHERE run_id = p_run_id AND generation = p_generation AND status = 'running'
+        FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'lost'::text, NULL::jsonb, NULL::timestamptz;
+        RETURN;
+    END IF;
+    INSERT INTO run_waits (run_id, wait_id, kind, name, payload, timeout_at)
+    VALUES (p_run_id, p_wait_id, p_kind, p_name, p_payload,
+            now() + make_interval(secs => p_timeout_ms / 1000.0))
+    ON CONFLICT (run_id, wait_id) DO NOTHING;
+    SELECT * INTO v_wait FROM run_waits WHERE run_id = p_run_id AND wait_id = p_wait_id;
+    IF v_wait.kind <> p_kind OR v_wait.name IS DISTINCT FROM p_name THEN
+        RAISE EXCEPTION 'wait % of run % was a % wait, not this one', p_wait_id, p_run_id,
+            v_wait.kind USING ERRCODE = 'data_exception';
+    END IF;
+    IF v_wait.outcome IS NULL AND v_wait.kind = 'signal' THEN
+        SELECT * INTO v_signal FROM run_signals
+         WHERE run_id = p_run_id AND name = p_name AND taken_by IS NULL
+         ORDER BY seq LIMIT 1;
+        IF FOUND THEN
+            UPDATE run_signals SET taken_by = p_wait_id
+             WHERE run_id = p_run_id AND seq = v_signal.seq;
+            UPDATE run_waits
+               SET outcome = 'answered', value = v_signal.payload,
+                   request_id = v_signal.request_id, decided_at = now()
+             WHERE run_id = p_run_id AND wait_id = p_wait_id
+            RETURNING * INTO v_wait;
+        END IF;
+    END IF;
+    IF v_wait.outcome IS NULL AND v_wait.timeout_at <= now() THEN
+        UPDATE run_waits SET outcome = 'timed_out', decided_at = now()
+         WHERE run_id = p_run_id AND wait_id = p_wait_id
+        RETURNING * INTO v_wait;
+    END IF;
+    RETURN QUERY SELECT coalesce(v_wait.outcome, 'waiting'), v_wait.value, v_wait.timeout_at;
+END
+$$;
+
+CREATE FUNCTION public.wake_run(p_run_id uuid, p_actor text, p_reason text) RETURNS SETOF public.runs
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    v_run runs;
+BEGIN
+    UPDATE runs
+       SET status = 'queued', not_before = now(), job_published_at = now(),
+           close_seq = close_seq - 1, updated_at = now()
+     WHERE run_id = p_run_id AND status = 'waiting'
+    RETURNING * INTO v_run;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
+    VALUES (v_run.run_id, 'resumed', v_run.status, v_run.attempts, p_actor, p_reason);
+    RETURN NEXT v_run;
 END
 $$;
 
@@ -1128,7 +1328,7 @@ BEGIN
     FOR v_due IN SELECT DISTINCT c.parent_run_id AS run_id FROM runs c JOIN runs p
                      ON p.run_id = c.parent_run_id
                   WHERE c.parent_run_id IS NOT NULL
-                    AND c.status IN ('queued', 'running', 'recovering')  -- runs_active_nodes
+                    AND c.status IN ('queued', 'running', 'recovering', 'waiting')  -- runs_active_nodes
                     AND NOT c.cancel_requested AND run_terminal(p.status)
                   LIMIT p_limit
     LOOP
@@ -1303,6 +1503,41 @@ CREATE SEQUENCE public.run_events_id_seq
 
 ALTER SEQUENCE public.run_events_id_seq OWNED BY public.run_events.id;
 
+CREATE TABLE public.run_signals (
+    run_id uuid NOT NULL,
+    seq bigint NOT NULL,
+    name text NOT NULL,
+    payload jsonb,
+    request_id text NOT NULL,
+    sent_at timestamp with time zone DEFAULT now() NOT NULL,
+    taken_by text
+);
+
+CREATE SEQUENCE public.run_signals_seq_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+ALTER SEQUENCE public.run_signals_seq_seq OWNED BY public.run_signals.seq;
+
+CREATE TABLE public.run_waits (
+    run_id uuid NOT NULL,
+    wait_id text NOT NULL,
+    kind text NOT NULL,
+    name text,
+    payload jsonb,
+    timeout_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    outcome text,
+    value jsonb,
+    request_id text,
+    decided_at timestamp with time zone,
+    CONSTRAINT run_waits_kind_check CHECK ((kind = ANY (ARRAY['interrupt'::text, 'signal'::text]))),
+    CONSTRAINT run_waits_outcome_check CHECK ((outcome = ANY (ARRAY['answered'::text, 'timed_out'::text])))
+);
+
 CREATE TABLE public.runners (
     name text NOT NULL,
     input_schema jsonb,
@@ -1364,6 +1599,8 @@ ALTER TABLE ONLY public.outbox ALTER COLUMN id SET DEFAULT nextval('public.outbo
 
 ALTER TABLE ONLY public.run_events ALTER COLUMN id SET DEFAULT nextval('public.run_events_id_seq'::regclass);
 
+ALTER TABLE ONLY public.run_signals ALTER COLUMN seq SET DEFAULT nextval('public.run_signals_seq_seq'::regclass);
+
 ALTER TABLE ONLY public.budget_reservations
     ADD CONSTRAINT budget_reservations_pkey PRIMARY KEY (run_id, key);
 
@@ -1389,10 +1626,19 @@ ALTER TABLE ONLY public.releases
     ADD CONSTRAINT releases_pkey PRIMARY KEY (tenant, release_id, version);
 
 ALTER TABLE public.run_events
-    ADD CONSTRAINT run_events_event_known CHECK ((event = ANY (ARRAY['submitted'::text, 'claimed'::text, 'finished'::text, 'failed'::text, 'canceled'::text, 'retry'::text, 'released'::text, 'cancel_requested'::text, 'session_turn'::text, 'recovering'::text, 'interrupted'::text, 'budget_reserved'::text, 'budget_settled'::text, 'budget_released'::text, 'effect_resolved'::text, 'node_ready'::text, 'node_started'::text, 'node_retrying'::text, 'node_waiting'::text, 'node_completed'::text, 'node_failed'::text, 'node_fell_back'::text, 'node_skipped'::text, 'node_timed_out'::text]))) NOT VALID;
+    ADD CONSTRAINT run_events_event_known CHECK ((event = ANY (ARRAY['submitted'::text, 'claimed'::text, 'finished'::text, 'failed'::text, 'canceled'::text, 'retry'::text, 'released'::text, 'cancel_requested'::text, 'session_turn'::text, 'recovering'::text, 'interrupted'::text, 'waiting'::text, 'resumed'::text, 'signaled'::text, 'budget_reserved'::text, 'budget_settled'::text, 'budget_released'::text, 'effect_resolved'::text, 'node_ready'::text, 'node_started'::text, 'node_retrying'::text, 'node_waiting'::text, 'node_completed'::text, 'node_failed'::text, 'node_fell_back'::text, 'node_skipped'::text, 'node_timed_out'::text]))) NOT VALID;
 
 ALTER TABLE ONLY public.run_events
     ADD CONSTRAINT run_events_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.run_signals
+    ADD CONSTRAINT run_signals_pkey PRIMARY KEY (run_id, seq);
+
+ALTER TABLE ONLY public.run_signals
+    ADD CONSTRAINT run_signals_run_id_request_id_key UNIQUE (run_id, request_id);
+
+ALTER TABLE ONLY public.run_waits
+    ADD CONSTRAINT run_waits_pkey PRIMARY KEY (run_id, wait_id);
 
 ALTER TABLE ONLY public.runners
     ADD CONSTRAINT runners_pkey PRIMARY KEY (name);
@@ -1441,9 +1687,13 @@ CREATE UNIQUE INDEX run_events_once ON public.run_events USING btree (run_id, id
 
 CREATE INDEX run_events_unpublished ON public.run_events USING btree (id) WHERE (published_at IS NULL);
 
-CREATE INDEX runs_active_by_status ON public.runs USING btree (status, updated_at) WHERE (status = ANY (ARRAY['queued'::public.run_status, 'running'::public.run_status, 'recovering'::public.run_status]));
+CREATE UNIQUE INDEX run_waits_answer ON public.run_waits USING btree (run_id, request_id) WHERE (request_id IS NOT NULL);
 
-CREATE INDEX runs_active_nodes ON public.runs USING btree (parent_run_id) WHERE ((parent_run_id IS NOT NULL) AND (status = ANY (ARRAY['queued'::public.run_status, 'running'::public.run_status, 'recovering'::public.run_status])));
+CREATE INDEX run_waits_due ON public.run_waits USING btree (timeout_at) WHERE ((outcome IS NULL) AND (timeout_at IS NOT NULL));
+
+CREATE INDEX runs_active_by_status ON public.runs USING btree (status, updated_at) WHERE (status = ANY (ARRAY['queued'::public.run_status, 'running'::public.run_status, 'recovering'::public.run_status, 'waiting'::public.run_status]));
+
+CREATE INDEX runs_active_nodes ON public.runs USING btree (parent_run_id) WHERE ((parent_run_id IS NOT NULL) AND (status = ANY (ARRAY['queued'::public.run_status, 'running'::public.run_status, 'recovering'::public.run_status, 'waiting'::public.run_status])));
 
 CREATE INDEX runs_by_parent ON public.runs USING btree (parent_run_id) WHERE (parent_run_id IS NOT NULL);
 
@@ -1451,7 +1701,7 @@ CREATE INDEX runs_by_session ON public.runs USING btree (tenant, session_id, cre
 
 CREATE INDEX runs_ended_frames ON public.runs USING btree (ended_at) WHERE ((ended_at IS NOT NULL) AND (frames_expired_at IS NULL));
 
-CREATE INDEX runs_session_active ON public.runs USING btree (tenant, session_id, submit_seq) WHERE ((session_id IS NOT NULL) AND (status = ANY (ARRAY['queued'::public.run_status, 'running'::public.run_status, 'recovering'::public.run_status])));
+CREATE INDEX runs_session_active ON public.runs USING btree (tenant, session_id, submit_seq) WHERE ((session_id IS NOT NULL) AND (status = ANY (ARRAY['queued'::public.run_status, 'running'::public.run_status, 'recovering'::public.run_status, 'waiting'::public.run_status])));
 
 CREATE INDEX runs_session_waiting ON public.runs USING btree (submit_seq) WHERE ((status = 'queued'::public.run_status) AND (job_published_at IS NULL));
 
@@ -1488,6 +1738,12 @@ ALTER TABLE ONLY public.node_runs
 ALTER TABLE ONLY public.run_events
     ADD CONSTRAINT run_events_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(run_id) ON DELETE CASCADE;
 
+ALTER TABLE ONLY public.run_signals
+    ADD CONSTRAINT run_signals_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(run_id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY public.run_waits
+    ADD CONSTRAINT run_waits_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(run_id) ON DELETE CASCADE;
+
 ALTER TABLE ONLY public.runs
     ADD CONSTRAINT runs_parent_run_id_fkey FOREIGN KEY (parent_run_id) REFERENCES public.runs(run_id) ON DELETE CASCADE;
 
@@ -1505,6 +1761,9 @@ REVOKE ALL ON FUNCTION public.claim_runs(p_runs uuid[], p_generations integer[],
 GRANT ALL ON FUNCTION public.claim_runs(p_runs uuid[], p_generations integer[], p_owner text, p_lease_ms integer, p_job_acks text[], p_presence integer) TO runwire_executor;
 
 REVOKE ALL ON FUNCTION public.effect_budget_close() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.enter_waiting(p_run_id uuid, p_generation integer, p_wait_id text, p_text text, p_actor text, p_close_seq integer, p_trace_parent text, p_cancel_error jsonb) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.enter_waiting(p_run_id uuid, p_generation integer, p_wait_id text, p_text text, p_actor text, p_close_seq integer, p_trace_parent text, p_cancel_error jsonb) TO runwire_executor;
 
 REVOKE ALL ON FUNCTION public.finish_runs(p_runs uuid[], p_generations integer[], p_results text[], p_texts text[], p_actor text, p_close_seqs integer[], p_trace_parents text[]) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.finish_runs(p_runs uuid[], p_generations integer[], p_results text[], p_texts text[], p_actor text, p_close_seqs integer[], p_trace_parents text[]) TO runwire_executor;
@@ -1528,13 +1787,27 @@ REVOKE ALL ON FUNCTION public.outbox_frame(r public.runs, p_generation integer, 
 
 REVOKE ALL ON FUNCTION public.outbox_put(p_kind public.outbox_kind, p_tenant text, p_run_id uuid, p_msg_id text, p_body jsonb, p_trace_parent text, p_due_at timestamp with time zone) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION public.resume_run(p_tenant text, p_run_id uuid, p_wait_id text, p_value jsonb, p_request_id text, p_actor text) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.resume_run(p_tenant text, p_run_id uuid, p_wait_id text, p_value jsonb, p_request_id text, p_actor text) TO runwire_submitter;
+
 REVOKE ALL ON FUNCTION public.run_messages() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.signal_run(p_tenant text, p_run_id uuid, p_name text, p_payload jsonb, p_request_id text, p_actor text) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.signal_run(p_tenant text, p_run_id uuid, p_name text, p_payload jsonb, p_request_id text, p_actor text) TO runwire_submitter;
 
 REVOKE ALL ON FUNCTION public.start_session_turn(p_tenant text, p_session text, p_actor text) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.start_session_turn(p_tenant text, p_session text, p_actor text) TO runwire_recovery;
 
 REVOKE ALL ON FUNCTION public.submit_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[]) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.submit_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[]) TO runwire_submitter;
+
+REVOKE ALL ON FUNCTION public.time_out_waits(p_limit integer, p_actor text) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.time_out_waits(p_limit integer, p_actor text) TO runwire_recovery;
+
+REVOKE ALL ON FUNCTION public.wait_begin(p_run_id uuid, p_generation integer, p_wait_id text, p_kind text, p_name text, p_payload jsonb, p_timeout_ms bigint) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.wait_begin(p_run_id uuid, p_generation integer, p_wait_id text, p_kind text, p_name text, p_payload jsonb, p_timeout_ms bigint) TO runwire_executor;
+
+REVOKE ALL ON FUNCTION public.wake_run(p_run_id uuid, p_actor text, p_reason text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION public.workflow_advance(p_run public.runs, p_actor text) FROM PUBLIC;
 
@@ -1606,6 +1879,16 @@ GRANT USAGE ON SEQUENCE public.run_events_id_seq TO runwire_submitter;
 GRANT USAGE ON SEQUENCE public.run_events_id_seq TO runwire_executor;
 GRANT USAGE ON SEQUENCE public.run_events_id_seq TO runwire_relay;
 GRANT USAGE ON SEQUENCE public.run_events_id_seq TO runwire_recovery;
+
+GRANT SELECT ON TABLE public.run_signals TO runwire_submitter;
+GRANT SELECT ON TABLE public.run_signals TO runwire_executor;
+GRANT SELECT ON TABLE public.run_signals TO runwire_relay;
+GRANT SELECT ON TABLE public.run_signals TO runwire_recovery;
+
+GRANT SELECT ON TABLE public.run_waits TO runwire_submitter;
+GRANT SELECT ON TABLE public.run_waits TO runwire_executor;
+GRANT SELECT ON TABLE public.run_waits TO runwire_relay;
+GRANT SELECT ON TABLE public.run_waits TO runwire_recovery;
 
 GRANT SELECT ON TABLE public.runners TO runwire_submitter;
 GRANT SELECT,INSERT,UPDATE ON TABLE public.runners TO runwire_executor;

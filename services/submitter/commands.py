@@ -11,38 +11,14 @@ import hashlib
 import json
 import logging
 import uuid
+from collections.abc import Coroutine
 from typing import Any
 
 from opentelemetry import trace
 
-from runwire.contracts.commands import (
-    AbortSessionCommand,
-    CancelCommand,
-    EndTenantCommand,
-    ForgetTenantCommand,
-    GetBudgetCommand,
-    GetCommand,
-    GetPolicyCommand,
-    Multitask,
-    ReleaseCommand,
-    ResolveEffectCommand,
-    SetBudgetCommand,
-    SetPolicyCommand,
-    SubmitCommand,
-)
+from runwire.contracts import commands, replies
 from runwire.contracts.errors import ErrorCode
-from runwire.contracts.frames import EffectData, EffectState
-from runwire.contracts.replies import (
-    AbortSessionReply,
-    BudgetReply,
-    EndTenantReply,
-    ForgetTenantReply,
-    FrameChannel,
-    PolicyReply,
-    ReleaseReply,
-    RunReply,
-    SubmitReply,
-)
+from runwire.contracts.frames import EffectData, EffectState, WaitData
 from runwire.contracts.status import RunStatus
 from runwire.contracts.workflows import NodeRunData, NodeStatus
 from runwire.runners.effect_node import EFFECT_RUNNER
@@ -55,6 +31,7 @@ from runwire.runtime.errors import (
     SUPERSEDED_ERROR,
     InvalidRequest,
     NotFound,
+    NotWaiting,
     PayloadTooLarge,
     QueueFull,
     RunwireError,
@@ -64,6 +41,8 @@ from runwire.runtime.logs import bind, fields
 from runwire.runtime.outbox import Outbox
 from runwire.runtime.settings import SubmitterSettings
 from runwire.runtime.store import Run, Store
+from runwire.runtime.store.rows import parse_run_id
+from runwire.runtime.store.waits import Answer
 from runwire.submitter.runners import RunnerCatalog
 
 log = logging.getLogger(__name__)
@@ -106,7 +85,7 @@ class Submitter:
         self.outbox = outbox
         self.runners = runners
 
-    async def release(self, tenant: str, cmd: ReleaseCommand) -> ReleaseReply:
+    async def release(self, tenant: str, cmd: commands.ReleaseCommand) -> replies.ReleaseReply:
         """Store a release for good, after checking that the deployment has every runner
         it names and that each node's input can fit its runner's (its graph was checked
         with the command's body)."""
@@ -144,7 +123,7 @@ class Submitter:
                     tenant=tenant, release_id=cmd.release_id, version=cmd.version, digest=digest
                 ),
             )
-        return ReleaseReply(
+        return replies.ReleaseReply(
             release_id=cmd.release_id,
             version=cmd.version,
             digest=digest,
@@ -152,7 +131,7 @@ class Submitter:
             created=created,
         )
 
-    async def _workflow(self, tenant: str, cmd: SubmitCommand) -> dict[str, Any] | None:
+    async def _workflow(self, tenant: str, cmd: commands.SubmitCommand) -> dict[str, Any] | None:
         """The release a workflow submit runs ({release_id, version}), or None for a run
         of one runner."""
         if cmd.workflow is None:
@@ -164,7 +143,7 @@ class Submitter:
             raise NotFound(f"no release {ref.release_id!r}{version}; publish it with release")
         return {"release_id": found["release_id"], "version": found["version"]}
 
-    async def _check_input(self, cmd: SubmitCommand) -> None:
+    async def _check_input(self, cmd: commands.SubmitCommand) -> None:
         if cmd.workflow is not None:
             size = len(json.dumps(cmd.workflow.input).encode())
             if size > self.settings.max_input_bytes:
@@ -187,7 +166,7 @@ class Submitter:
         if cmd.workflow is None:
             await self.runners.check(cmd.runner, cmd.input)
 
-    async def _effect_refusal(self, tenant: str, cmd: SubmitCommand) -> str | None:
+    async def _effect_refusal(self, tenant: str, cmd: commands.SubmitCommand) -> str | None:
         """Why a run of the effect runner may not perform its effect's kind (its tenant's
         policy, or the run's own `effects`), or None. Refused at submit rather than
         failed at its claim; the claim checks again, as a policy may change meanwhile."""
@@ -197,13 +176,13 @@ class Submitter:
         if not isinstance(kind, str):
             return None  # the input check answers for a malformed input
         effects, version = await self.store.tenant_policy(tenant)
-        if not PolicyReply(tenant=tenant, effects=effects, version=version).allows(kind):
+        if not replies.PolicyReply(tenant=tenant, effects=effects, version=version).allows(kind):
             return policy_refusal(kind, tenant)
         if cmd.effects is not None and kind not in cmd.effects:
             return f"the run's own effects ({', '.join(cmd.effects)}) exclude kind {kind!r}"
         return None
 
-    async def submit(self, tenant: str, cmd: SubmitCommand) -> SubmitReply:
+    async def submit(self, tenant: str, cmd: commands.SubmitCommand) -> replies.SubmitReply:
         await self._check_input(cmd)
         refusal = await self._effect_refusal(tenant, cmd)
         if refusal is not None:
@@ -242,29 +221,29 @@ class Submitter:
                 log.info("run submitted; it waits for the earlier runs of its session")
         return self._reply(run, duplicate=False)
 
-    def _reply(self, run: Run, *, duplicate: bool) -> SubmitReply:
+    def _reply(self, run: Run, *, duplicate: bool) -> replies.SubmitReply:
         subjects = self.broker.subjects
-        return SubmitReply(
+        return replies.SubmitReply(
             run=run.summary(),
             duplicate=duplicate,
-            frames=FrameChannel(
+            frames=replies.FrameChannel(
                 stream=subjects.run_frames_stream,
                 subject=subjects.run_frames(run.tenant, run.run_id),
             ),
         )
 
     async def _make_room(
-        self, tx: Store, tenant: str, session_id: str, cmd: SubmitCommand
+        self, tx: Store, tenant: str, session_id: str, cmd: commands.SubmitCommand
     ) -> list[Run]:
         """Apply the submit's `multitask` rule, under the session's lock; returns the runs
         it canceled."""
         if await tx.run_by_request(tenant, cmd.request_id) is not None:
             raise _Duplicate("request_id already used")
-        if cmd.multitask == Multitask.REJECT:
+        if cmd.multitask == commands.Multitask.REJECT:
             active = await tx.session_active(tenant, session_id)
             if active:
                 raise SessionBusy(f"session {session_id!r} has an active run {active[0]}")
-        elif cmd.multitask == Multitask.INTERRUPT:
+        elif cmd.multitask == commands.Multitask.INTERRUPT:
             return await tx.cancel_session(
                 tenant, session_id, SUPERSEDED, ACTOR, grace_ms=self.settings.supersede_grace_ms
             )
@@ -278,7 +257,11 @@ class Submitter:
         return []
 
     async def _insert(
-        self, store: Store, tenant: str, cmd: SubmitCommand, workflow: dict[str, Any] | None
+        self,
+        store: Store,
+        tenant: str,
+        cmd: commands.SubmitCommand,
+        workflow: dict[str, Any] | None,
     ) -> Run:
         run = await store.insert_run(
             run_id=str(uuid.uuid4()),
@@ -312,13 +295,13 @@ class Submitter:
         await self.outbox.dispatch(failed)
         raise QueueFull("the queue is full; submit again later with a new request_id")
 
-    async def get(self, tenant: str, cmd: GetCommand) -> RunReply:
+    async def get(self, tenant: str, cmd: commands.GetCommand) -> replies.RunReply:
         run = await self.store.get_run(tenant, cmd.run_id)
         if run is None:
             raise NotFound(f"no run {cmd.run_id!r}")
         return await self._with_effects(run)
 
-    async def _with_effects(self, run: Run) -> RunReply:
+    async def _with_effects(self, run: Run) -> replies.RunReply:
         effects = [
             EffectData(
                 key=e["key"],
@@ -348,21 +331,26 @@ class Submitter:
             if run.workflow is not None
             else []
         )
-        return RunReply(run=run.summary().model_copy(update={"effects": effects, "nodes": nodes}))
+        waiting_for = None
+        if run.status == RunStatus.WAITING:
+            wait = await self.store.waiting_for(run.run_id)
+            waiting_for = WaitData.model_validate(wait) if wait is not None else None
+        update = {"effects": effects, "nodes": nodes, "waiting_for": waiting_for}
+        return replies.RunReply(run=run.summary().model_copy(update=update))
 
-    async def set_budget(self, tenant: str, cmd: SetBudgetCommand) -> BudgetReply:
+    async def set_budget(self, tenant: str, cmd: commands.SetBudgetCommand) -> replies.BudgetReply:
         limits = {name: getattr(cmd, name) for name in cmd.model_fields_set if name != "v"}
         await self.store.set_tenant_budget(tenant, limits)
         log.info("budget set", extra=fields(tenant=tenant, **limits))
-        return await self.get_budget(tenant, GetBudgetCommand())
+        return await self.get_budget(tenant, commands.GetBudgetCommand())
 
-    async def get_budget(self, tenant: str, cmd: GetBudgetCommand) -> BudgetReply:
+    async def get_budget(self, tenant: str, cmd: commands.GetBudgetCommand) -> replies.BudgetReply:
         state = await self.store.tenant_budget(tenant)
 
         def left(limit: int | None, spent: int) -> int | None:
             return None if limit is None else limit - spent
 
-        return BudgetReply(
+        return replies.BudgetReply(
             tenant=tenant,
             tokens=state["tokens"],
             used=state["spent"] - state["reserved"],
@@ -378,19 +366,21 @@ class Submitter:
             runs_today=state["runs_today"],
         )
 
-    async def set_policy(self, tenant: str, cmd: SetPolicyCommand) -> PolicyReply:
+    async def set_policy(self, tenant: str, cmd: commands.SetPolicyCommand) -> replies.PolicyReply:
         await self.store.set_tenant_policy(tenant, cmd.effects)
         log.warning(
             "policy set: runs submitted before hold a stale authorization",
             extra=fields(tenant=tenant, effects=cmd.effects),
         )
-        return await self.get_policy(tenant, GetPolicyCommand())
+        return await self.get_policy(tenant, commands.GetPolicyCommand())
 
-    async def get_policy(self, tenant: str, cmd: GetPolicyCommand) -> PolicyReply:
+    async def get_policy(self, tenant: str, cmd: commands.GetPolicyCommand) -> replies.PolicyReply:
         effects, version = await self.store.tenant_policy(tenant)
-        return PolicyReply(tenant=tenant, effects=effects, version=version)
+        return replies.PolicyReply(tenant=tenant, effects=effects, version=version)
 
-    async def resolve_effect(self, tenant: str, cmd: ResolveEffectCommand) -> RunReply:
+    async def resolve_effect(
+        self, tenant: str, cmd: commands.ResolveEffectCommand
+    ) -> replies.RunReply:
         run = await self.store.get_run(tenant, cmd.run_id)
         if run is None:
             raise NotFound(f"no run {cmd.run_id!r}")
@@ -409,8 +399,8 @@ class Submitter:
             log.warning("effect resolved by an operator", extra=fields(key=cmd.key, state=state))
         return await self._with_effects(run)
 
-    async def cancel(self, tenant: str, cmd: CancelCommand) -> RunReply:
-        return RunReply(run=(await self._cancel(tenant, cmd.run_id)).summary())
+    async def cancel(self, tenant: str, cmd: commands.CancelCommand) -> replies.RunReply:
+        return replies.RunReply(run=(await self._cancel(tenant, cmd.run_id)).summary())
 
     async def _cancel(self, tenant: str, run_id: str) -> Run:
         run = await self.store.request_cancel(
@@ -438,7 +428,9 @@ class Submitter:
                 code = run.cancel_error.code if run.cancel_error else None
                 log.info("cancel requested", extra=fields(code=code))
 
-    async def abort_session(self, tenant: str, cmd: AbortSessionCommand) -> AbortSessionReply:
+    async def abort_session(
+        self, tenant: str, cmd: commands.AbortSessionCommand
+    ) -> replies.AbortSessionReply:
         async with self.store.session_lock(tenant, cmd.session_id) as tx:
             runs = await tx.cancel_session(
                 tenant,
@@ -449,19 +441,71 @@ class Submitter:
             )
         await self.outbox.dispatch(*runs)
         await self._notify_canceled(runs)
-        return AbortSessionReply(canceled=[run.run_id for run in runs])
+        return replies.AbortSessionReply(canceled=[run.run_id for run in runs])
 
-    async def forget_tenant(self, tenant: str, cmd: ForgetTenantCommand) -> ForgetTenantReply:
+    async def resume(self, tenant: str, cmd: commands.ResumeCommand) -> replies.ResumeReply:
+        answer, xact = await self._answer(
+            cmd.run_id,
+            self.store.resume_run(
+                tenant, cmd.run_id, cmd.wait_id, cmd.value, cmd.request_id, ACTOR
+            ),
+        )
+        if answer == Answer.NOT_WAITING:
+            which = f"for {cmd.wait_id!r}" if cmd.wait_id else "for an answer"
+            raise NotWaiting(f"run {cmd.run_id} does not wait {which}")
+        await self.outbox.dispatch_xact(xact)
+        return replies.ResumeReply(
+            run=await self._summary(tenant, cmd.run_id), duplicate=answer == Answer.DUPLICATE
+        )
+
+    async def signal(self, tenant: str, cmd: commands.SignalCommand) -> replies.SignalReply:
+        answer, xact = await self._answer(
+            cmd.run_id,
+            self.store.signal_run(tenant, cmd.run_id, cmd.name, cmd.payload, cmd.request_id, ACTOR),
+        )
+        if answer == Answer.NOT_WAITING:
+            raise NotWaiting(f"run {cmd.run_id} has ended: it takes no signal")
+        await self.outbox.dispatch_xact(xact)
+        return replies.SignalReply(
+            run=await self._summary(tenant, cmd.run_id),
+            delivered=answer == Answer.DELIVERED,
+            duplicate=answer == Answer.DUPLICATE,
+        )
+
+    async def _answer(
+        self, run_id: str, asking: Coroutine[Any, Any, tuple[Answer, str | None]]
+    ) -> tuple[Answer, str | None]:
+        if parse_run_id(run_id) is None:
+            asking.close()
+            raise NotFound(f"no run {run_id!r}")
+        answer, xact = await asking
+        if answer == Answer.NOT_FOUND:
+            raise NotFound(f"no run {run_id!r}")
+        return answer, xact
+
+    async def _summary(self, tenant: str, run_id: str) -> replies.RunSummary:
+        run = await self.store.get_run(tenant, run_id)
+        if run is None:
+            raise NotFound(f"no run {run_id!r}")
+        return (await self._with_effects(run)).run
+
+    async def forget_tenant(
+        self, tenant: str, cmd: commands.ForgetTenantCommand
+    ) -> replies.ForgetTenantReply:
         active, runs, releases = await self.store.forget_tenant(tenant)
         if active == 0:
             log.info("tenant forgotten", extra=fields(tenant=tenant, runs=runs, releases=releases))
-        return ForgetTenantReply(forgotten=active == 0, active=active, runs=runs, releases=releases)
+        return replies.ForgetTenantReply(
+            forgotten=active == 0, active=active, runs=runs, releases=releases
+        )
 
-    async def end_tenant(self, tenant: str, cmd: EndTenantCommand) -> EndTenantReply:
+    async def end_tenant(
+        self, tenant: str, cmd: commands.EndTenantCommand
+    ) -> replies.EndTenantReply:
         runs = await self.store.cancel_tenant(
             tenant, CANCELED, ACTOR, grace_ms=self.settings.supersede_grace_ms
         )
         await self.outbox.dispatch(*runs)
         await self._notify_canceled(runs)
         log.info("tenant ended", extra=fields(tenant=tenant, canceled=len(runs)))
-        return EndTenantReply(canceled=[run.run_id for run in runs])
+        return replies.EndTenantReply(canceled=[run.run_id for run in runs])

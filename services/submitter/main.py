@@ -4,30 +4,7 @@
 import asyncio
 from collections.abc import Mapping
 
-from runwire.contracts.commands import (
-    AbortSessionCommand,
-    CancelCommand,
-    EndTenantCommand,
-    ForgetTenantCommand,
-    GetBudgetCommand,
-    GetCommand,
-    GetPolicyCommand,
-    ReleaseCommand,
-    ResolveEffectCommand,
-    SetBudgetCommand,
-    SetPolicyCommand,
-    SubmitCommand,
-)
-from runwire.contracts.replies import (
-    AbortSessionReply,
-    BudgetReply,
-    EndTenantReply,
-    ForgetTenantReply,
-    PolicyReply,
-    ReleaseReply,
-    RunReply,
-    SubmitReply,
-)
+from runwire.contracts import commands, replies
 from runwire.runners.base import RunnerSpec
 from runwire.runners.registry import RunnerConfigError, load_runners
 from runwire.runtime import publications
@@ -62,67 +39,79 @@ class SubmitterService(Service[SubmitterSettings]):
         command = Commands(self, QUEUE_GROUP)
 
         @command("submit", max_bytes=settings.max_input_bytes)
-        async def submit(body: SubmitCommand) -> SubmitReply:
+        async def submit(body: commands.SubmitCommand) -> replies.SubmitReply:
             """Submit a run. Submitting the same `request_id` again answers with the first
             run and `duplicate: true`."""
             return await self.submitter.submit(tenant(), body)
 
         @command("release", max_bytes=settings.max_input_bytes)
-        async def release(body: ReleaseCommand) -> ReleaseReply:
+        async def release(body: commands.ReleaseCommand) -> replies.ReleaseReply:
             """Publish a workflow release: a graph of nodes under an id and a version, for
             good (the same id and version with another definition is refused)."""
             return await self.submitter.release(tenant(), body)
 
         @command("get", max_bytes=settings.max_input_bytes)
-        async def get(body: GetCommand) -> RunReply:
+        async def get(body: commands.GetCommand) -> replies.RunReply:
             """Read a run's summary."""
             return await self.submitter.get(tenant(), body)
 
         @command("cancel", max_bytes=settings.max_input_bytes)
-        async def cancel(body: CancelCommand) -> RunReply:
+        async def cancel(body: commands.CancelCommand) -> replies.RunReply:
             """Cancel a run; a run that has ended already is answered unchanged."""
             return await self.submitter.cancel(tenant(), body)
 
         @command("resolve_effect", max_bytes=settings.max_input_bytes)
-        async def resolve_effect(body: ResolveEffectCommand) -> RunReply:
+        async def resolve_effect(body: commands.ResolveEffectCommand) -> replies.RunReply:
             """Settle a side effect whose outcome runwire could not know (`unknown`, or
             `claimed` by an attempt that is gone): with its receipt, or its failure."""
             return await self.submitter.resolve_effect(tenant(), body)
 
         @command("set_budget", max_bytes=settings.max_input_bytes)
-        async def set_budget(body: SetBudgetCommand) -> BudgetReply:
+        async def set_budget(body: commands.SetBudgetCommand) -> replies.BudgetReply:
             """Set the tenant's budgets (tokens, cost units) and quotas (`null`: none)."""
             return await self.submitter.set_budget(tenant(), body)
 
         @command("get_budget", max_bytes=settings.max_input_bytes)
-        async def get_budget(body: GetBudgetCommand) -> BudgetReply:
+        async def get_budget(body: commands.GetBudgetCommand) -> replies.BudgetReply:
             """Read the tenant's budgets, what its runs used and hold reserved."""
             return await self.submitter.get_budget(tenant(), body)
 
         @command("set_policy", max_bytes=settings.max_input_bytes)
-        async def set_policy(body: SetPolicyCommand) -> PolicyReply:
+        async def set_policy(body: commands.SetPolicyCommand) -> replies.PolicyReply:
             """Set the effect kinds the tenant's runs may perform (`null`: every kind; a
             tenant without a policy may perform none); earlier runs' effect claims fail
             with AUTHORIZATION_STALE from now on."""
             return await self.submitter.set_policy(tenant(), body)
 
         @command("get_policy", max_bytes=settings.max_input_bytes)
-        async def get_policy(body: GetPolicyCommand) -> PolicyReply:
+        async def get_policy(body: commands.GetPolicyCommand) -> replies.PolicyReply:
             """Read the tenant's policy."""
             return await self.submitter.get_policy(tenant(), body)
 
         @command("abort_session", max_bytes=settings.max_input_bytes)
-        async def abort_session(body: AbortSessionCommand) -> AbortSessionReply:
+        async def abort_session(body: commands.AbortSessionCommand) -> replies.AbortSessionReply:
             """Cancel every active and queued run of a session."""
             return await self.submitter.abort_session(tenant(), body)
 
         @command("end_tenant", max_bytes=settings.max_input_bytes)
-        async def end_tenant(body: EndTenantCommand) -> EndTenantReply:
+        async def end_tenant(body: commands.EndTenantCommand) -> replies.EndTenantReply:
             """An operator's: cancel every active and queued run of the tenant."""
             return await self.submitter.end_tenant(tenant(), body)
 
+        @command("resume", max_bytes=settings.max_input_bytes)
+        async def resume(body: commands.ResumeCommand) -> replies.ResumeReply:
+            """Answer the interrupt a waiting run waits for: its next attempt is queued at
+            once, and the runner's `ctx.interrupt` returns the value."""
+            return await self.submitter.resume(tenant(), body)
+
+        @command("signal", max_bytes=settings.max_input_bytes)
+        async def signal(body: commands.SignalCommand) -> replies.SignalReply:
+            """Send a run a signal: a wait of it for that name takes it now, or when the
+            runner waits for it."""
+            return await self.submitter.signal(tenant(), body)
+
         @command("forget_tenant", max_bytes=settings.max_input_bytes)
-        async def forget_tenant(body: ForgetTenantCommand) -> ForgetTenantReply:
+        async def forget_tenant(body: commands.ForgetTenantCommand) -> replies.ForgetTenantReply:
             """An operator's: delete what is kept of a removed tenant once no run of it is
             active (its runs, releases, budget and policy)."""
             return await self.submitter.forget_tenant(tenant(), body)

@@ -28,6 +28,7 @@ REFUSALS = {
     ErrorCode.NOT_FOUND,
     ErrorCode.SESSION_BUSY,
     ErrorCode.QUOTA_EXCEEDED,
+    ErrorCode.NOT_WAITING,
 }
 # A valid body of each command, which the fuzzer changes a field of.
 VALID: dict[str, dict[str, Any]] = {
@@ -37,6 +38,9 @@ VALID: dict[str, dict[str, Any]] = {
     "join": {"v": 1, "run_id": str(uuid.uuid4()), "after": 0},
     "abort_session": {"v": 1, "session_id": "s"},
     "end_tenant": {"v": 1},
+    "forget_tenant": {"v": 1},
+    "resume": {"v": 1, "request_id": "r", "run_id": str(uuid.uuid4()), "value": {"ok": True}},
+    "signal": {"v": 1, "request_id": "r", "run_id": str(uuid.uuid4()), "name": "paid"},
     "resolve_effect": {"v": 1, "run_id": str(uuid.uuid4()), "key": "k", "error": "no"},
     "set_budget": {"v": 1, "tokens": 1_000_000},
     "get_budget": {"v": 1},

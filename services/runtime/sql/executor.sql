@@ -14,7 +14,7 @@ WITH upd AS (
            lease_owner = $3, lease_expires_at = now() + make_interval(secs => $4 / 1000.0),
            job_ack = $5, lease_presence = $6, prev_close_seq = close_seq, close_seq = NULL,
            started_at = coalesce(started_at, now()), updated_at = now()
-     WHERE run_id = $1 AND generation = $2 AND run_waiting(status)
+     WHERE run_id = $1 AND generation = $2 AND run_awaits_attempt(status)
        AND NOT cancel_requested AND not_before <= now()
        AND (attempts > 0 OR queue_timeout_ms IS NULL
             OR created_at + make_interval(secs => queue_timeout_ms / 1000.0) > now())

@@ -68,7 +68,7 @@ UPDATE runs r
    SET job_checked_at = now()
  WHERE r.run_id IN (
         SELECT run_id FROM runs
-         WHERE run_waiting(status) AND NOT cancel_requested
+         WHERE run_awaits_attempt(status) AND NOT cancel_requested
            AND job_published_at IS NOT NULL AND not_before <= now()
            AND greatest(job_published_at, job_checked_at)
                < now() - make_interval(secs => $1 / 1000.0)
@@ -80,7 +80,7 @@ RETURNING r.run_id, r.runner;
 -- Runs whose job is gone from the stream (deleted or purged): each gets a new job.
 UPDATE runs
    SET job_published_at = now(), implied_trace_parent = NULL, updated_at = now()
- WHERE run_id = ANY($1::uuid[]) AND run_waiting(status)
+ WHERE run_id = ANY($1::uuid[]) AND run_awaits_attempt(status)
    AND NOT cancel_requested AND job_published_at IS NOT NULL
 RETURNING run_id, pg_current_xact_id()::text AS xact;
 
@@ -142,7 +142,7 @@ SELECT k.run_id FROM unnest($1::uuid[]) AS k(run_id)
 SELECT tenant, count(*) AS depth,
        extract(epoch FROM now() - min(created_at))::float8 AS oldest_age_s
   FROM runs
- WHERE run_waiting(status)
+ WHERE run_awaits_attempt(status)
  GROUP BY tenant;
 
 -- name: purge_due

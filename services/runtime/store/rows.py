@@ -87,6 +87,8 @@ class Run:
     # frame included (None when it closed with none of its own: the resumed attempt's cut
     # waits for them, see runwire.executor.resume).
     prev_close_seq: int | None = None
+    # Its attempts that ended to wait (not counted against max_attempts).
+    waits: int = 0
     # The transaction of the transition that returned this row: what it implies waits in
     # the outbox under this id, for the service to publish (None for a plain read).
     xact: str | None = None
@@ -143,6 +145,7 @@ class Run:
             node_id=rec.get("node_id"),
             retry_base_ms=rec.get("retry_base_ms"),
             prev_close_seq=rec.get("prev_close_seq"),
+            waits=rec.get("waits") or 0,
             xact=rec.get("xact"),
             messages=messages,
         )

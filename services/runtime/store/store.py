@@ -27,6 +27,7 @@ from runwire.runtime.store.schema import QUERIES, init_connection, migrate
 from runwire.runtime.store.segments import RelayQueries
 from runwire.runtime.store.submits import SubmitterQueries
 from runwire.runtime.store.upkeep import RecoveryQueries
+from runwire.runtime.store.waits import WaitQueries
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,9 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     on connections of their own (LockSession, migrations)."""
 
 
-class Store(SubmitterQueries, ExecutorQueries, RecoveryQueries, RelayQueries, OutboxQueries):
+class Store(
+    SubmitterQueries, ExecutorQueries, RecoveryQueries, RelayQueries, OutboxQueries, WaitQueries
+):
     """Named, guarded reads and writes of runs, their events, their frame segments and
     the outbox."""
 

@@ -55,7 +55,7 @@ DECLARE
     v_seq integer;
     v_done jsonb;
 BEGIN
-    IF run_waiting(NEW.status) AND NEW.job_published_at IS NOT NULL
+    IF run_awaits_attempt(NEW.status) AND NEW.job_published_at IS NOT NULL
        AND (TG_OP = 'INSERT' OR NEW.job_published_at IS DISTINCT FROM OLD.job_published_at)
     THEN
         PERFORM outbox_put('job', NEW.tenant, NEW.run_id, NULL,

@@ -17,14 +17,17 @@ RETURNS boolean LANGUAGE sql STABLE SET plan_cache_mode TO 'force_generic_plan' 
            AND (e.cancel_deadline IS NULL OR e.cancel_deadline > now()))
 $$;
 
--- Queued, running or recovering: the run holds its session and may still change.
+-- Queued, running, recovering or waiting: the run holds its session and may still change.
 CREATE OR REPLACE FUNCTION run_active(p_status run_status)
 RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT p_status IN ('queued', 'running', 'recovering')
+    SELECT p_status IN ('queued', 'running', 'recovering', 'waiting')
 $$;
 
+-- Its name until a run could be 'waiting' (for an answer, not for an attempt):
+DROP FUNCTION IF EXISTS run_waiting(run_status);
+
 -- Queued or recovering: the run waits for an attempt.
-CREATE OR REPLACE FUNCTION run_waiting(p_status run_status)
+CREATE OR REPLACE FUNCTION run_awaits_attempt(p_status run_status)
 RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT p_status IN ('queued', 'recovering')
 $$;
@@ -138,7 +141,7 @@ BEGIN
                job_ack = p_job_acks[i], lease_presence = p_presence,
                prev_close_seq = close_seq, close_seq = NULL,
                started_at = coalesce(started_at, now()), updated_at = now()
-         WHERE run_id = p_runs[i] AND generation = p_generations[i] AND run_waiting(status)
+         WHERE run_id = p_runs[i] AND generation = p_generations[i] AND run_awaits_attempt(status)
            AND NOT cancel_requested AND not_before <= now()
            AND (attempts > 0 OR queue_timeout_ms IS NULL
                 OR created_at + make_interval(secs => queue_timeout_ms / 1000.0) > now())

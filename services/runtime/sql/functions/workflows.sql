@@ -559,7 +559,7 @@ BEGIN
     FOR v_due IN SELECT DISTINCT c.parent_run_id AS run_id FROM runs c JOIN runs p
                      ON p.run_id = c.parent_run_id
                   WHERE c.parent_run_id IS NOT NULL
-                    AND c.status IN ('queued', 'running', 'recovering')  -- runs_active_nodes
+                    AND c.status IN ('queued', 'running', 'recovering', 'waiting')  -- runs_active_nodes
                     AND NOT c.cancel_requested AND run_terminal(p.status)
                   LIMIT p_limit
     LOOP

@@ -1,0 +1,151 @@
+"""Runs that wait: a runner asks (`ctx.interrupt`) or waits for a signal
+(`ctx.wait_for_signal`); its attempt ends and the run waits holding no worker; an
+answer, a signal (even one sent before the wait) or the wait's timeout queues its next
+attempt, which continues where the runner checkpointed, with no text repeated."""
+
+import pytest
+
+from runwire import ClientError
+from runwire.contracts.errors import ErrorCode
+from runwire.contracts.frames import FrameType, WaitKind
+from runwire.contracts.replies import RunSummary
+from runwire.contracts.status import RunStatus
+from runwire.testing.waiting import eventually
+from tests.services import InProcessStack, collect
+
+pytestmark = pytest.mark.integration
+
+WAITING = pytest.mark.stack(
+    runners="asks=tests.waiting:asks,collects=tests.waiting:collects",
+    max_in_flight=1,
+    recovery_interval_ms=100,
+)
+
+
+async def _waiting(stack: InProcessStack, run_id: str) -> RunSummary:
+    async def waits() -> RunSummary | None:
+        run = await stack.client.get(run_id)
+        return run if run.status == RunStatus.WAITING else None
+
+    run = await eventually(waits, timeout=20)
+    assert run is not None
+    return run
+
+
+@WAITING
+async def test_a_run_that_asks_holds_no_worker_and_goes_on_with_the_answer(
+    stack: InProcessStack,
+) -> None:
+    client = stack.client
+    # One attempt of `asks` at a time (max_in_flight 1), one attempt allowed each: two
+    # runs waiting at once hold nothing, and waiting costs no attempt.
+    first = (await client.submit({}, runner="asks", max_attempts=1)).run.run_id
+    second = (await client.submit({}, runner="asks", max_attempts=1)).run.run_id
+    waiting = await _waiting(stack, first)
+    await _waiting(stack, second)
+    assert waiting.waiting_for is not None
+    assert waiting.waiting_for.kind == WaitKind.INTERRUPT
+    assert waiting.waiting_for.payload == {"question": "may I?"}
+
+    answered = await client.resume(first, {"say": "yes"}, request_id="answer-1")
+    assert not answered.duplicate
+    frames, transcript = await collect(client, first)
+    run = await client.get(first)
+    assert run.status == RunStatus.FINISHED, run.error
+    assert run.result is not None
+    assert run.result["answer"] == {"say": "yes"}
+    assert run.result["attempt"] == 2
+    assert transcript.text == "hello you said yes"  # greeted once, nothing repeated
+    waits = [f.data for f in frames if f.type == FrameType.WAIT]
+    assert [w["wait_id"] for w in waits] == [waiting.waiting_for.wait_id]
+    assert [f.seq for f in frames] == list(range(1, len(frames) + 1))
+    # The same answer again changes nothing; another is refused: it no longer waits.
+    again = await client.resume(first, {"say": "no"}, request_id="answer-1")
+    assert again.duplicate
+    with pytest.raises(ClientError) as refused:
+        await client.resume(first, {"say": "no"})
+    assert refused.value.code == ErrorCode.NOT_WAITING
+    assert refused.value.retryable is False
+    # An answer to a wait it does not wait for is refused; then the right one goes.
+    with pytest.raises(ClientError) as wrong:
+        await client.resume(second, {"say": "no"}, wait_id="interrupt-9")
+    assert wrong.value.code == ErrorCode.NOT_WAITING
+    await client.resume(second, {"say": "no"}, wait_id="interrupt-1")
+    _, transcript = await collect(client, second)
+    assert transcript.text == "hello you said no"
+
+
+@WAITING
+async def test_signals_sent_before_the_run_waits_are_kept_and_taken_in_order(
+    stack: InProcessStack,
+) -> None:
+    client = stack.client
+    run_id = (await client.submit({}, runner="collects")).run.run_id
+    await _waiting(stack, run_id)  # for "ready?", not for a signal yet
+    first = await client.signal(run_id, "paid", {"amount": 5}, request_id="pay-1")
+    assert not first.delivered
+    assert (await client.signal(run_id, "paid", {"amount": 5}, request_id="pay-1")).duplicate
+    await client.signal(run_id, "paid", {"amount": 7}, request_id="pay-2")
+    await client.resume(run_id, "go")
+    _, transcript = await collect(client, run_id)
+    run = await client.get(run_id)
+    assert run.status == RunStatus.FINISHED, run.error
+    assert transcript.text == "paid 5 then 7"
+    assert run.result == {"text": "paid 5 then 7", "paid": [5, 7]}
+    with pytest.raises(ClientError) as ended:
+        await client.signal(run_id, "paid", {"amount": 1})
+    assert ended.value.code == ErrorCode.NOT_WAITING
+
+
+@WAITING
+async def test_a_signal_to_a_waiting_run_wakes_it(stack: InProcessStack) -> None:
+    client = stack.client
+    run_id = (await client.submit({}, runner="collects")).run.run_id
+    await _waiting(stack, run_id)
+    await client.resume(run_id, "go")
+    waiting = await _waiting(stack, run_id)
+    assert waiting.waiting_for is not None
+    assert (waiting.waiting_for.kind, waiting.waiting_for.name) == (WaitKind.SIGNAL, "paid")
+    assert (await client.signal(run_id, "paid", {"amount": 1})).delivered
+    await _waiting(stack, run_id)  # for the second
+    assert (await client.signal(run_id, "paid", {"amount": 2})).delivered
+    _, transcript = await collect(client, run_id)
+    assert transcript.text == "paid 1 then 2"
+
+
+@WAITING
+@pytest.mark.parametrize("handled", [True, False])
+async def test_a_wait_past_its_timeout_raises_in_the_runner(
+    stack: InProcessStack, handled: bool
+) -> None:
+    client = stack.client
+    reply = await client.submit({"timeout": 0.3, "handle_timeout": handled}, runner="asks")
+    _, transcript = await collect(client, reply.run.run_id)
+    run = await client.get(reply.run.run_id)
+    if handled:
+        assert run.status == RunStatus.FINISHED
+        assert transcript.text == "hello no answer"
+    else:
+        assert run.status == RunStatus.FAILED
+        assert run.error is not None
+        assert run.error.code == ErrorCode.WAIT_TIMEOUT
+        assert run.error.retryable is False
+    # An answer after the timeout decided the wait is refused.
+    with pytest.raises(ClientError) as late:
+        await client.resume(reply.run.run_id, {"say": "late"})
+    assert late.value.code == ErrorCode.NOT_WAITING
+
+
+@WAITING
+async def test_a_waiting_run_is_canceled_at_once(stack: InProcessStack) -> None:
+    client = stack.client
+    run_id = (await client.submit({}, runner="asks")).run.run_id
+    await _waiting(stack, run_id)
+    canceled = await client.cancel(run_id)
+    assert canceled.status == RunStatus.CANCELED
+    frames, _ = await collect(client, run_id)
+    assert frames[-1].type == FrameType.DONE
+    assert frames[-1].data["status"] == RunStatus.CANCELED
+    with pytest.raises(ClientError) as refused:
+        await client.resume(run_id, {"say": "too late"})
+    assert refused.value.code == ErrorCode.NOT_WAITING

@@ -1,0 +1,34 @@
+"""Runners that wait (`ctx.interrupt`, `ctx.wait_for_signal`), as tests register them
+through `RUNWIRE_RUNNERS`."""
+
+from typing import Any
+
+import runwire
+
+
+@runwire.runner()
+async def asks(ctx: runwire.AttemptContext) -> dict[str, Any]:
+    """Greet (once: checkpointed), ask, and say the answer. `timeout` (seconds): how long
+    it waits; `handle_timeout`: no answer in time is an answer too."""
+    if not (ctx.checkpoint_state or {}).get("greeted"):
+        await ctx.message("hello ")
+        await ctx.checkpoint({"greeted": True})
+    try:
+        answer = await ctx.interrupt({"question": "may I?"}, timeout=ctx.input.get("timeout"))
+    except runwire.WaitTimeout:
+        if not ctx.input.get("handle_timeout"):
+            raise
+        await ctx.message("no answer")
+        return {"answer": None}
+    await ctx.message(f"you said {answer['say']}")
+    return {"answer": answer, "attempt": ctx.attempt}
+
+
+@runwire.runner()
+async def collects(ctx: runwire.AttemptContext) -> dict[str, Any]:
+    """Wait until told to go on, then take two `paid` signals, in the order sent."""
+    await ctx.interrupt("ready?", key="ready")
+    first = await ctx.wait_for_signal("paid", key="first")
+    second = await ctx.wait_for_signal("paid", key="second")
+    await ctx.message(f"paid {first['amount']} then {second['amount']}")
+    return {"paid": [first["amount"], second["amount"]]}
