@@ -131,12 +131,13 @@ class StatusData(WireModel):
 class WaitKind(StrEnum):
     INTERRUPT = "interrupt"  # a question; `resume` answers it
     SIGNAL = "signal"  # an event sent to the run by name (`signal`)
+    SLEEP = "sleep"  # a durable timer: `timeout_at` ends it
 
 
 class WaitData(WireModel):
     """`wait`: the run waits, its attempt ended (no worker held), for the answer to
-    `payload` (`interrupt`) or for the signal `name` (`signal`), until `timeout_at` (none:
-    no deadline). `wait_id` names the wait within the run; `resume` may give it."""
+    `payload` (`interrupt`), for the signal `name` (`signal`) or for `timeout_at`
+    (`sleep`), until `timeout_at` (none: no deadline). `wait_id` names the wait within the run; `resume` may give it."""
 
     wait_id: str
     kind: WaitKind

@@ -32,3 +32,14 @@ async def collects(ctx: runwire.AttemptContext) -> dict[str, Any]:
     second = await ctx.wait_for_signal("paid", key="second")
     await ctx.message(f"paid {first['amount']} then {second['amount']}")
     return {"paid": [first["amount"], second["amount"]]}
+
+
+@runwire.runner()
+async def naps(ctx: runwire.AttemptContext) -> dict[str, Any]:
+    """Say so, sleep `seconds` (durable past the executor's `durable_sleep_s`), say so."""
+    if not (ctx.checkpoint_state or {}).get("slept"):
+        await ctx.message("good night ")
+        await ctx.checkpoint({"slept": True})
+    await ctx.sleep(float(ctx.input["seconds"]))
+    await ctx.message("good morning")
+    return {"attempt": ctx.attempt}

@@ -453,6 +453,7 @@ class Attempt:
             _reserve=self._reserve,
             _settle=self._settle,
             _wait=self.waits.begin,
+            durable_sleep_s=self._settings.durable_sleep_s,
         )
         runner_span = tracing.tracer.start_span(
             "runner", attributes={**self._span_attributes(), "runner": self.run.runner}

@@ -137,6 +137,7 @@ class IsolatedRunner:
             "continuation": ctx.continuation,
             "checkpoint_state": ctx.checkpoint_state,
             "history": [frame.model_dump(mode="json") for frame in ctx.history],
+            "durable_sleep_s": ctx.durable_sleep_s,
         }
 
     async def _pass_abort(self, ctx: AttemptContext, writer: asyncio.StreamWriter) -> None:
@@ -186,6 +187,9 @@ class IsolatedRunner:
             await ctx.reserve(args["key"], args["tokens"], cost=args["cost"])
             return None
         if name == "wait":
+            if args["kind"] == WaitKind.SLEEP:
+                await ctx.sleep(args["timeout"], key=args["key"])
+                return None
             if args["kind"] == WaitKind.SIGNAL:
                 return await ctx.wait_for_signal(
                     args["name"], timeout=args["timeout"], key=args["key"]

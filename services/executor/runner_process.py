@@ -123,6 +123,7 @@ def _context(start: dict[str, Any], executor: Executor, tools: Any) -> AttemptCo
         _reserve=reserve,
         _settle=settle,
         _wait=wait,
+        durable_sleep_s=start.get("durable_sleep_s"),
     )
 
 

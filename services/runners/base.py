@@ -249,6 +249,8 @@ class AttemptContext:
     _wait: (
         Callable[[WaitKind, str | None, Any, float | None, str | None], Awaitable[Any]] | None
     ) = None
+    # Sleeps of this many seconds or more are durable timers (None: none is).
+    durable_sleep_s: float | None = None
 
     async def interrupt(
         self, payload: Any = None, *, timeout: float | None = None, key: str | None = None
@@ -373,8 +375,14 @@ class AttemptContext:
         await self._emit(FrameType.TOOL_RESULT, result)
         return ToolOutcome(call_id, name, output, error)
 
-    async def sleep(self, seconds: float) -> None:
-        """Sleep, waking early if the attempt is aborted."""
+    async def sleep(self, seconds: float, *, key: str | None = None) -> None:
+        """Sleep, waking early if the attempt is aborted. A sleep of `durable_sleep_s` or
+        more is a durable timer: the attempt ends, the run waits holding no worker, and
+        the runner runs again from its checkpoint once the time has come, where the same
+        sleep returns at once (a wait, as `interrupt`'s; `key` names it)."""
+        if self.durable_sleep_s is not None and seconds >= self.durable_sleep_s and self._wait:
+            await self._wait(WaitKind.SLEEP, None, None, seconds, key)
+            return
         if isinstance(self.abort, AbortSignal):
             await self.abort.sleep(seconds)
             return

@@ -725,7 +725,9 @@ BEGIN
          ORDER BY w.timeout_at LIMIT p_limit
     LOOP
         PERFORM 1 FROM runs WHERE run_id = v_due.run_id FOR UPDATE;
-        UPDATE run_waits SET outcome = 'timed_out', decided_at = now()
+        UPDATE run_waits
+           SET outcome = CASE kind WHEN 'sleep' THEN 'answered' ELSE 'timed_out' END,
+               decided_at = now()
          WHERE run_id = v_due.run_id AND wait_id = v_due.wait_id AND outcome IS NULL;
         IF FOUND THEN
             RETURN QUERY SELECT * FROM wake_run(v_due.run_id, p_actor, 'wait timed out');
@@ -773,7 +775,10 @@ BEGIN
         END IF;
     END IF;
     IF v_wait.outcome IS NULL AND v_wait.timeout_at <= now() THEN
-        UPDATE run_waits SET outcome = 'timed_out', decided_at = now()
+        -- A sleep's timeout is its end: it is answered by the time.
+        UPDATE run_waits
+           SET outcome = CASE kind WHEN 'sleep' THEN 'answered' ELSE 'timed_out' END,
+               decided_at = now()
          WHERE run_id = p_run_id AND wait_id = p_wait_id
         RETURNING * INTO v_wait;
     END IF;
@@ -1534,7 +1539,7 @@ CREATE TABLE public.run_waits (
     value jsonb,
     request_id text,
     decided_at timestamp with time zone,
-    CONSTRAINT run_waits_kind_check CHECK ((kind = ANY (ARRAY['interrupt'::text, 'signal'::text]))),
+    CONSTRAINT run_waits_kind_check CHECK ((kind = ANY (ARRAY['interrupt'::text, 'signal'::text, 'sleep'::text]))),
     CONSTRAINT run_waits_outcome_check CHECK ((outcome = ANY (ARRAY['answered'::text, 'timed_out'::text])))
 );
 

@@ -67,6 +67,7 @@ DEFAULT_OUTBOX_INTERVAL_MS = 100
 DEFAULT_OUTBOX_GRACE_MS = 2_000
 DEFAULT_FRAME_RETENTION = timedelta(hours=24)
 DEFAULT_STREAM_PURGE_GRACE = timedelta(minutes=10)
+DEFAULT_DURABLE_SLEEP_S = 30.0
 
 
 class CommonSettings(BaseSettings):
@@ -190,6 +191,9 @@ class ExecutorSettings(CommonSettings):
     """First retry backoff (doubles per attempt, jittered)."""
     retry_max_ms: int = Field(default=DEFAULT_RETRY_MAX_MS, ge=0)
     """Longest retry backoff."""
+    durable_sleep_s: float = Field(default=DEFAULT_DURABLE_SLEEP_S, gt=0)
+    """A runner's `ctx.sleep` of this many seconds or more is a durable timer: the
+    attempt ends and the run waits, holding no worker, until the time has come."""
     abort_grace_ms: int = Field(default=DEFAULT_ABORT_GRACE_MS, ge=0)
     """How long a runner may take to stop after an abort before it is abandoned."""
     resume_wait_ms: int = Field(default=DEFAULT_RESUME_WAIT_MS, ge=0)

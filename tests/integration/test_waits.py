@@ -16,16 +16,18 @@ from tests.services import InProcessStack, collect
 pytestmark = pytest.mark.integration
 
 WAITING = pytest.mark.stack(
-    runners="asks=tests.waiting:asks,collects=tests.waiting:collects",
+    runners="asks=tests.waiting:asks,collects=tests.waiting:collects,naps=tests.waiting:naps",
+    durable_sleep_s=0.5,
     max_in_flight=1,
     recovery_interval_ms=100,
 )
 
 
-async def _waiting(stack: InProcessStack, run_id: str) -> RunSummary:
+async def _waiting(stack: InProcessStack, run_id: str, *, or_ended: bool = False) -> RunSummary:
     async def waits() -> RunSummary | None:
         run = await stack.client.get(run_id)
-        return run if run.status == RunStatus.WAITING else None
+        ended = or_ended and run.status.terminal
+        return run if run.status == RunStatus.WAITING or ended else None
 
     run = await eventually(waits, timeout=20)
     assert run is not None
@@ -149,3 +151,69 @@ async def test_a_waiting_run_is_canceled_at_once(stack: InProcessStack) -> None:
     with pytest.raises(ClientError) as refused:
         await client.resume(run_id, {"say": "too late"})
     assert refused.value.code == ErrorCode.NOT_WAITING
+
+
+@WAITING
+async def test_an_answer_racing_the_timeout_is_decided_once(stack: InProcessStack) -> None:
+    """Each answer sent about when its wait times out either wins (the runner gets it)
+    or is refused NOT_WAITING (the runner sees the timeout): never both, never neither."""
+    client = stack.client
+    runs = [
+        (
+            await client.submit({"timeout": timeout, "handle_timeout": True}, runner="asks")
+        ).run.run_id
+        # Every other wait is long: its answer surely wins.
+        for timeout in [60.0, 1.0] * 15
+    ]
+    # Each has asked (or already timed out), so every answer below is to a wait begun.
+    for run_id in runs:
+        await _waiting(stack, run_id, or_ended=True)
+
+    async def answer(run_id: str) -> ErrorCode | None:
+        try:
+            await client.resume(run_id, {"say": "in time"})
+        except ClientError as exc:
+            return exc.code
+        return None
+
+    # Answered one after another, as the timeouts come due around them.
+    refusals = [await answer(run_id) for run_id in runs]
+    assert set(refusals) <= {None, ErrorCode.NOT_WAITING}
+    accepted = [code is None for code in refusals]
+    for run_id, took in zip(runs, accepted, strict=True):
+        _, transcript = await collect(client, run_id)
+        run = await client.get(run_id)
+        assert run.status == RunStatus.FINISHED, run.error
+        assert run.result is not None
+        if took:
+            assert run.result["answer"] == {"say": "in time"}
+            assert transcript.text == "hello you said in time"
+        else:
+            assert run.result["answer"] is None
+            assert transcript.text == "hello no answer"
+    assert all(accepted[::2])
+
+
+@WAITING
+async def test_a_long_sleep_is_a_durable_timer_that_holds_no_worker(stack: InProcessStack) -> None:
+    client = stack.client
+    run_id = (await client.submit({"seconds": 1.0}, runner="naps", max_attempts=1)).run.run_id
+    waiting = await _waiting(stack, run_id)
+    assert waiting.waiting_for is not None
+    assert waiting.waiting_for.kind == WaitKind.SLEEP
+    assert waiting.waiting_for.timeout_at is not None
+    # Asleep, it holds no worker: another run of the runner (one at a time) sleeps too.
+    other = (await client.submit({"seconds": 1.0}, runner="naps")).run.run_id
+    await _waiting(stack, other)
+    _, transcript = await collect(client, run_id)
+    run = await client.get(run_id)
+    assert run.status == RunStatus.FINISHED, run.error
+    assert transcript.text == "good night good morning"
+    assert run.result is not None
+    assert run.result["attempt"] == 2
+    assert run.ended_at is not None
+    assert run.ended_at >= waiting.waiting_for.timeout_at
+    # A short sleep stays in the attempt.
+    short = (await client.submit({"seconds": 0.1}, runner="naps")).run.run_id
+    _, transcript = await collect(client, short)
+    assert (await client.get(short)).result == {"text": "good night good morning", "attempt": 1}

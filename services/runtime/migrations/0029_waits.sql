@@ -1,5 +1,5 @@
--- Runs that wait: a run's attempt may end to wait for an answer (an interrupt) or a
--- signal, holding no worker; the run is then 'waiting' until the wait is answered or
+-- Runs that wait: a run's attempt may end to wait for an answer (an interrupt), a
+-- signal or a timer (a durable sleep), holding no worker; the run is then 'waiting' until the wait is answered or
 -- times out. Each wait of a run is a row of run_waits, decided once (answered or
 -- timed_out); signals sent to a run are kept in its mailbox, run_signals, until a wait
 -- takes them. The functions that read and write them are in sql/functions/waits.sql.
@@ -11,7 +11,7 @@ ALTER TABLE runs ADD COLUMN waits integer NOT NULL DEFAULT 0;
 CREATE TABLE run_waits (
     run_id     uuid NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
     wait_id    text NOT NULL,
-    kind       text NOT NULL CHECK (kind IN ('interrupt', 'signal')),
+    kind       text NOT NULL CHECK (kind IN ('interrupt', 'signal', 'sleep')),
     name       text,
     payload    jsonb,
     timeout_at timestamptz,

@@ -80,7 +80,10 @@ BEGIN
         END IF;
     END IF;
     IF v_wait.outcome IS NULL AND v_wait.timeout_at <= now() THEN
-        UPDATE run_waits SET outcome = 'timed_out', decided_at = now()
+        -- A sleep's timeout is its end: it is answered by the time.
+        UPDATE run_waits
+           SET outcome = CASE kind WHEN 'sleep' THEN 'answered' ELSE 'timed_out' END,
+               decided_at = now()
          WHERE run_id = p_run_id AND wait_id = p_wait_id
         RETURNING * INTO v_wait;
     END IF;
@@ -221,8 +224,9 @@ $$;
 REVOKE ALL ON FUNCTION signal_run(text, uuid, text, jsonb, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION signal_run(text, uuid, text, jsonb, text, text) TO runwire_submitter;
 
--- Waits past their timeout, up to `p_limit`, decided 'timed_out'; the waiting runs among
--- theirs queued for their next attempt (which sees the timeout), returned as written.
+-- Waits past their timeout, up to `p_limit`, decided 'timed_out' (a sleep's: 'answered',
+-- its time has come); the waiting runs among theirs queued for their next attempt
+-- (which sees the outcome), returned as written.
 CREATE OR REPLACE FUNCTION time_out_waits(p_limit integer, p_actor text)
 RETURNS SETOF runs LANGUAGE plpgsql SECURITY DEFINER SET search_path TO 'public', 'pg_temp'
 AS $$
@@ -235,7 +239,9 @@ BEGIN
          ORDER BY w.timeout_at LIMIT p_limit
     LOOP
         PERFORM 1 FROM runs WHERE run_id = v_due.run_id FOR UPDATE;
-        UPDATE run_waits SET outcome = 'timed_out', decided_at = now()
+        UPDATE run_waits
+           SET outcome = CASE kind WHEN 'sleep' THEN 'answered' ELSE 'timed_out' END,
+               decided_at = now()
          WHERE run_id = v_due.run_id AND wait_id = v_due.wait_id AND outcome IS NULL;
         IF FOUND THEN
             RETURN QUERY SELECT * FROM wake_run(v_due.run_id, p_actor, 'wait timed out');
