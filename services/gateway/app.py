@@ -9,7 +9,9 @@ never reaches another's runs (they are NOT_FOUND to it). Errors are the wire's
 import asyncio
 import contextlib
 import functools
+import json
 import logging
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -21,10 +23,10 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from pydantic import ValidationError
 
 from runwire.client.sdk import Client, ClientError
-from runwire.contracts.commands import MAX_SEQ, SubmitCommand
+from runwire.contracts.commands import MAX_SEQ, ResumeCommand, SignalCommand, SubmitCommand
 from runwire.contracts.errors import ErrorBody, ErrorCode, ErrorReply
 from runwire.contracts.frames import Frame, FrameType
-from runwire.contracts.replies import AbortSessionReply, RunReply
+from runwire.contracts.replies import AbortSessionReply, ResumeReply, RunReply, SignalReply
 from runwire.gateway import langgraph
 from runwire.gateway.errors import described, status_of
 from runwire.gateway.keys import ApiKeys
@@ -319,6 +321,42 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         """Cancel a run; a run that has ended is answered unchanged."""
         run = await (await client_of(request)).cancel(run_id)
         return JSONResponse(RunReply(run=run).model_dump(mode="json"))
+
+    @app.post("/v1/runs/{run_id}/resume")
+    async def resume(run_id: str, request: Request) -> Response:
+        """Answer the interrupt a waiting run waits for: the body is the resume command
+        without `run_id` (`value`, and `wait_id`, `request_id` if given)."""
+        return await _answer(run_id, request, ResumeCommand)
+
+    @app.post("/v1/runs/{run_id}/signal")
+    async def signal(run_id: str, request: Request) -> Response:
+        """Send a run a signal: the body is the signal command without `run_id` (`name`,
+        `payload`, and `request_id` if given)."""
+        return await _answer(run_id, request, SignalCommand)
+
+    async def _answer(
+        run_id: str, request: Request, model: type[ResumeCommand] | type[SignalCommand]
+    ) -> Response:
+        client = await client_of(request)
+        try:
+            body = json.loads(await request.body() or b"{}")  # size: Limits
+            if not isinstance(body, dict):
+                raise ValueError("the body must be a JSON object")
+            body = {"request_id": str(uuid.uuid4()), **body, "run_id": run_id}
+            cmd = model.model_validate(body)
+        except ValidationError as exc:
+            return error_response(ErrorCode.INVALID_REQUEST, described(exc))
+        except ValueError as exc:
+            return error_response(ErrorCode.INVALID_REQUEST, f"the body is not JSON: {exc}")
+        if isinstance(cmd, ResumeCommand):
+            reply: ResumeReply | SignalReply = await client.resume(
+                cmd.run_id, cmd.value, wait_id=cmd.wait_id, request_id=cmd.request_id
+            )
+        else:
+            reply = await client.signal(
+                cmd.run_id, cmd.name, cmd.payload, request_id=cmd.request_id
+            )
+        return JSONResponse(reply.model_dump(mode="json"))
 
     @app.post("/v1/sessions/{session_id}/abort")
     async def abort_session(session_id: str, request: Request) -> Response:

@@ -12,6 +12,7 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.UNAUTHORIZED: 401,
     ErrorCode.NOT_FOUND: 404,
     ErrorCode.SESSION_BUSY: 409,
+    ErrorCode.NOT_WAITING: 409,
     ErrorCode.PAYLOAD_TOO_LARGE: 413,
     ErrorCode.QUOTA_EXCEEDED: 429,
     ErrorCode.QUEUE_FULL: 429,

@@ -3,6 +3,9 @@
 answer, a signal (even one sent before the wait) or the wait's timeout queues its next
 attempt, which continues where the runner checkpointed, with no text repeated."""
 
+from pathlib import Path
+
+import httpx
 import pytest
 
 from runwire import ClientError
@@ -11,6 +14,7 @@ from runwire.contracts.frames import FrameType, WaitKind
 from runwire.contracts.replies import RunSummary
 from runwire.contracts.status import RunStatus
 from runwire.testing.waiting import eventually
+from tests.gateway import serve_gateway
 from tests.services import InProcessStack, collect
 
 pytestmark = pytest.mark.integration
@@ -217,3 +221,40 @@ async def test_a_long_sleep_is_a_durable_timer_that_holds_no_worker(stack: InPro
     short = (await client.submit({"seconds": 0.1}, runner="naps")).run.run_id
     _, transcript = await collect(client, short)
     assert (await client.get(short)).result == {"text": "good night good morning", "attempt": 1}
+
+
+@WAITING
+async def test_a_waiting_run_is_answered_and_signaled_over_http(
+    stack: InProcessStack, tmp_path: Path
+) -> None:
+    client = stack.client
+    key = "rw_test-waits-key"
+    run_id = (await client.submit({}, runner="collects")).run.run_id
+    await _waiting(stack, run_id)
+    async with (
+        serve_gateway(stack.nats_url, stack.prefix, {key: "default"}, tmp_path) as url,
+        httpx.AsyncClient(base_url=url, headers={"x-api-key": key}, timeout=10) as http,
+    ):
+        signal = {"name": "paid", "payload": {"amount": 3}, "request_id": "pay-3"}
+        kept = await http.post(f"/v1/runs/{run_id}/signal", json=signal)
+        assert kept.status_code == 200, kept.text
+        assert kept.json()["delivered"] is False
+        resumed = await http.post(f"/v1/runs/{run_id}/resume", json={"value": "go"})
+        assert resumed.status_code == 200, resumed.text
+        assert resumed.json()["run"]["run_id"] == run_id
+        await _waiting(stack, run_id)  # for the second payment
+        paid = await http.post(
+            f"/v1/runs/{run_id}/signal", json={"name": "paid", "payload": {"amount": 4}}
+        )
+        assert paid.json()["delivered"] is True
+        _, transcript = await collect(client, run_id)
+        assert transcript.text == "paid 3 then 4"
+        # It waits no more: 409 NOT_WAITING; a body that is not a command: 400.
+        late = await http.post(f"/v1/runs/{run_id}/resume", json={"value": 1})
+        assert (late.status_code, late.json()["error"]["code"]) == (409, "NOT_WAITING")
+        bad = await http.post(f"/v1/runs/{run_id}/signal", json={"name": "no spaces"})
+        assert (bad.status_code, bad.json()["error"]["code"]) == (400, "INVALID_REQUEST")
+        no_key = await http.post(
+            f"/v1/runs/{run_id}/resume", json={"value": 1}, headers={"x-api-key": "nope"}
+        )
+        assert no_key.status_code == 401
