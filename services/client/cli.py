@@ -18,7 +18,7 @@ from typing import Any
 from runwire.client.sdk import HEALTH_WAIT_S, PROBE_WAIT_S, Client, ClientError, Transcript
 from runwire.client.settings import ENV_FILE_VARIABLE, load_settings
 from runwire.client.top import run_top
-from runwire.contracts.frames import Frame, FrameType
+from runwire.contracts.frames import Frame, FrameType, WaitData, WaitKind
 from runwire.contracts.health import HealthReply
 from runwire.contracts.identities import SERVICES, is_tenant_user, service_user
 from runwire.contracts.replies import RunSummary
@@ -246,6 +246,25 @@ def _print_frame(frame: Frame, transcript: Transcript) -> None:
         sys.stdout.write(transcript.text)
     elif frame.type == FrameType.ERROR:
         print(f"\n[error {frame.data.get('code')}: {frame.data.get('message')}]", flush=True)
+    elif frame.type == FrameType.WAIT:
+        print(f"\n[{_wait_line(frame)}]", flush=True)
+
+
+def _wait_line(frame: Frame) -> str:
+    """What a `wait` frame says, and how to answer it."""
+    wait = WaitData.model_validate(frame.data)
+    until = f" (until {wait.timeout_at.isoformat()})" if wait.timeout_at else ""
+    if wait.kind == WaitKind.SLEEP:
+        return f"sleeping until {wait.timeout_at.isoformat() if wait.timeout_at else '?'}"
+    if wait.kind == WaitKind.SIGNAL:
+        return (
+            f"waiting for the signal {wait.name}{until}: runwire signal {frame.run_id} "
+            f"{wait.name} --payload JSON"
+        )
+    return (
+        f"waiting for an answer to {json.dumps(wait.payload)}{until}: runwire resume "
+        f"{frame.run_id} --value JSON"
+    )
 
 
 def _health_line(reply: HealthReply) -> str:

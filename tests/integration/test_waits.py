@@ -3,6 +3,9 @@
 answer, a signal (even one sent before the wait) or the wait's timeout queues its next
 attempt, which continues where the runner checkpointed, with no text repeated."""
 
+import asyncio
+import os
+import sys
 from pathlib import Path
 
 import httpx
@@ -258,3 +261,47 @@ async def test_a_waiting_run_is_answered_and_signaled_over_http(
             f"/v1/runs/{run_id}/resume", json={"value": 1}, headers={"x-api-key": "nope"}
         )
         assert no_key.status_code == 401
+
+
+@WAITING
+async def test_the_cli_shows_the_question_and_answers_it(stack: InProcessStack) -> None:
+    client = stack.client
+    run_id = (await client.submit({}, runner="asks")).run.run_id
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNWIRE_")}
+    env |= {"RUNWIRE_NATS_URL": stack.nats_url, "RUNWIRE_PREFIX": stack.prefix}
+    watch = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "runwire.client.cli",
+        "watch",
+        run_id,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert watch.stdout is not None
+    asked = ""
+    while "waiting for an answer" not in asked:
+        line = await asyncio.wait_for(watch.stdout.readline(), 30)
+        assert line, (await watch.stderr.read()).decode() if watch.stderr else ""
+        asked += line.decode()
+    assert f"runwire resume {run_id} --value JSON" in asked
+    assert '{"question": "may I?"}' in asked
+    answer = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "runwire.client.cli",
+        "resume",
+        run_id,
+        "--value",
+        '{"say": "sure"}',
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    said, _ = await asyncio.wait_for(answer.communicate(), 30)
+    assert answer.returncode == 0
+    assert run_id in said.decode()
+    rest, _ = await asyncio.wait_for(watch.communicate(), 30)
+    assert watch.returncode == 0
+    assert "you said sure" in rest.decode()
+    assert f"run {run_id} finished" in rest.decode()
