@@ -18,6 +18,7 @@ from runwire.contracts.replies import RunSummary
 from runwire.contracts.status import RunStatus
 from runwire.testing.waiting import eventually
 from tests.gateway import serve_gateway
+from tests.local_stack import ROOT, client_of, local_stack, stack_command
 from tests.services import InProcessStack, collect
 
 pytestmark = pytest.mark.integration
@@ -305,3 +306,58 @@ async def test_the_cli_shows_the_question_and_answers_it(stack: InProcessStack) 
     assert watch.returncode == 0
     assert "you said sure" in rest.decode()
     assert f"run {run_id} finished" in rest.decode()
+
+
+@WAITING
+async def test_a_waiting_run_holds_its_session_as_a_running_one_does(
+    stack: InProcessStack,
+) -> None:
+    client = stack.client
+    asking = (await client.submit({}, runner="asks", session_id="s")).run.run_id
+    await _waiting(stack, asking)
+    # Enqueued behind it: the next run starts once the waiting one has ended.
+    queued = (
+        await client.submit({"tokens": ["next"]}, session_id="s", multitask="enqueue")
+    ).run.run_id
+    assert (await client.get(queued)).status == RunStatus.QUEUED
+    await client.resume(asking, {"say": "ok"})
+    _, first = await collect(client, asking)
+    _, second = await collect(client, queued)
+    assert (first.text, second.text) == ("hello you said ok", "next")
+    # A run that interrupts the session cancels a waiting run at once.
+    asking = (await client.submit({}, runner="asks", session_id="t")).run.run_id
+    await _waiting(stack, asking)
+    interrupting = (await client.submit({"tokens": ["now"]}, session_id="t")).run.run_id
+    _, transcript = await collect(client, interrupting)
+    assert transcript.text == "now"
+    assert (await client.get(asking)).status == RunStatus.CANCELED
+
+
+async def test_a_waiting_run_is_answered_after_the_whole_stack_restarted(tmp_path: Path) -> None:
+    """`make down` and `make up` between the question and the answer: nothing held the
+    run meanwhile, and it goes on from its checkpoint with the answer."""
+    runners = "asks=tests.waiting:asks"
+    async with local_stack(tmp_path, RUNWIRE_RUNNERS=runners, PYTHONPATH=str(ROOT)) as stack:
+        assert stack.returncode == 0, stack.output
+        client = await client_of(stack.env())
+        try:
+            run_id = (await client.submit({}, runner="asks")).run.run_id
+
+            async def waits() -> bool:
+                return (await client.get(run_id)).status == RunStatus.WAITING
+
+            await eventually(waits, timeout=30)
+        finally:
+            await client.close()
+        for command in ("down", "up"):
+            code, output = await stack_command(stack.folder, command, stack.shell)
+            assert code == 0, output
+        client = await client_of(stack.env())
+        try:
+            assert (await client.get(run_id)).status == RunStatus.WAITING
+            await client.resume(run_id, {"say": "still here"})
+            frames, transcript = await collect(client, run_id)
+        finally:
+            await client.close()
+    assert transcript.text == "hello you said still here"
+    assert [f.seq for f in frames] == list(range(1, len(frames) + 1))
