@@ -47,9 +47,9 @@ class QueueCollector(Collector):
     """
 
     def __init__(self) -> None:
-        self._snapshot: list[tuple[str, int, float]] = []
+        self._snapshot: list[tuple[str, int, float, int, float]] = []
 
-    def update(self, rows: Iterable[tuple[str, int, float]]) -> None:
+    def update(self, rows: Iterable[tuple[str, int, float, int, float]]) -> None:
         self._snapshot = list(rows)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -64,11 +64,25 @@ class QueueCollector(Collector):
             "Seconds since the oldest run waiting for an attempt was submitted, per tenant.",
             labels=["tenant"],
         )
-        for tenant, count, oldest_s in snapshot:
+        waiting = GaugeMetricFamily(
+            "runwire_waiting_runs",
+            "Runs waiting for an answer, a signal or a timer (no worker held), per tenant.",
+            labels=["tenant"],
+        )
+        waited = GaugeMetricFamily(
+            "runwire_waiting_oldest_seconds",
+            "Seconds the run that has waited longest for its answer has waited, per tenant.",
+            labels=["tenant"],
+        )
+        for tenant, count, oldest_s, waits, oldest_wait_s in snapshot:
             depth.add_metric([tenant], count)
             age.add_metric([tenant], oldest_s)
+            waiting.add_metric([tenant], waits)
+            waited.add_metric([tenant], oldest_wait_s)
         yield depth
         yield age
+        yield waiting
+        yield waited
 
 
 QUEUE = QueueCollector()
@@ -87,7 +101,8 @@ ATTEMPT_DURATION = Histogram(
 )
 ATTEMPT_OUTCOMES = Counter(
     "runwire_attempt_outcomes_total",
-    "Attempts ended, by outcome (finished, retry, failed, canceled, released, lost) and "
+    "Attempts ended, by outcome (finished, retry, failed, canceled, released, waiting, "
+    "lost) and "
     "error code (none when finished).",
     ["outcome", "code"],
     registry=None,

@@ -42,6 +42,8 @@ OWN_FAMILIES = {
     "recovery": {
         "runwire_queue_depth",
         "runwire_queue_oldest_age_seconds",
+        "runwire_waiting_runs",
+        "runwire_waiting_oldest_seconds",
         "runwire_recoveries",
         "runwire_interrupted_runs",
     },

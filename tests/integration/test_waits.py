@@ -16,6 +16,7 @@ from runwire.contracts.errors import ErrorCode
 from runwire.contracts.frames import FrameType, WaitKind
 from runwire.contracts.replies import RunSummary
 from runwire.contracts.status import RunStatus
+from runwire.runtime.metrics import QUEUE
 from runwire.testing.waiting import eventually
 from tests.gateway import serve_gateway
 from tests.local_stack import ROOT, client_of, local_stack, stack_command
@@ -53,6 +54,12 @@ async def test_a_run_that_asks_holds_no_worker_and_goes_on_with_the_answer(
     second = (await client.submit({}, runner="asks", max_attempts=1)).run.run_id
     waiting = await _waiting(stack, first)
     await _waiting(stack, second)
+
+    def counted() -> bool:  # as recovery measures them, in /metrics
+        gauges = {family.name: family.samples for family in QUEUE.collect()}
+        return [s.value for s in gauges["runwire_waiting_runs"]] == [2]
+
+    await eventually(counted, timeout=10)
     assert waiting.waiting_for is not None
     assert waiting.waiting_for.kind == WaitKind.INTERRUPT
     assert waiting.waiting_for.payload == {"question": "may I?"}

@@ -138,11 +138,17 @@ SELECT k.run_id FROM unnest($1::uuid[]) AS k(run_id)
                     WHERE r.run_id = k.run_id AND NOT run_terminal(r.status));
 
 -- name: queue_stats
--- Per tenant: runs waiting for an attempt, and the age of the oldest (since its submit).
-SELECT tenant, count(*) AS depth,
-       extract(epoch FROM now() - min(created_at))::float8 AS oldest_age_s
+-- Per tenant: runs waiting for an attempt, and the age of the oldest (since its submit);
+-- runs waiting for an answer (status 'waiting'), and how long the oldest has waited.
+SELECT tenant,
+       count(*) FILTER (WHERE status <> 'waiting') AS depth,
+       coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE status <> 'waiting')),
+                0)::float8 AS oldest_age_s,
+       count(*) FILTER (WHERE status = 'waiting') AS waiting,
+       coalesce(extract(epoch FROM now() - min(updated_at) FILTER (WHERE status = 'waiting')),
+                0)::float8 AS oldest_wait_s
   FROM runs
- WHERE run_awaits_attempt(status)
+ WHERE status IN ('queued', 'recovering', 'waiting')
  GROUP BY tenant;
 
 -- name: purge_due
