@@ -342,7 +342,12 @@ class AttemptContext:
         await self._settle(key, tokens, receipt, cost)
 
     async def call_tool(
-        self, name: str, arguments: dict[str, Any], *, call_id: str | None = None
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        *,
+        call_id: str | None = None,
+        announced: bool = False,
     ) -> "ToolOutcome":
         """Call a registered tool: a `tool_call` frame, the call, a `tool_result` frame.
         An unknown tool, bad arguments or the tool's own failure come back as the
@@ -350,10 +355,13 @@ class AttemptContext:
         `call_id` names the call (a model's id for it): give the same one when a resumed
         attempt makes the call again, so the tool's effects happen once. A RunnerError
         the tool raises (a budget exceeded, an effect refused or not known yet) is not a
-        result: it fails the attempt, as it would the runner's own call."""
+        result: it fails the attempt, as it would the runner's own call. `announced`: the
+        call's `tool_call` frame was emitted already (before asking a person about it)."""
 
         call_id = call_id or f"call_{uuid.uuid4().hex[:12]}"
-        await self._emit(FrameType.TOOL_CALL, {"id": call_id, "name": name, "arguments": arguments})
+        if not announced:
+            call = {"id": call_id, "name": name, "arguments": arguments}
+            await self._emit(FrameType.TOOL_CALL, call)
         spec = self.tools.get(name)
         output: Any = None
         error: str | None = None

@@ -40,8 +40,9 @@ from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runwire.contracts.base import WireModel
-from runwire.contracts.frames import Frame, FrameType
+from runwire.contracts.frames import FrameType
 from runwire.runners.base import AttemptContext, RunnerError, RunnerSpec
+from runwire.runners.openai_history import assistant_message, resume_conversation
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -158,6 +159,11 @@ class OpenAIInput(WireModel):
     parallel_tool_calls: bool | None = None
     # Registered tools offered to the model: None, every one; [] none.
     runwire_tools: list[str] | None = None
+    # Registered tools whose every call waits for a person's approval: the run waits (an
+    # interrupt carrying the call) until `resume` approves it (`true`, or `{"approve":
+    # true}`, with `"arguments"` to change them) or rejects it (`{"approve": false,
+    # "reason": ...}`: the model reads the reason as the call's error).
+    approve_tools: list[str] = Field(default_factory=list)
     max_steps: int = Field(default=DEFAULT_MAX_STEPS, ge=1, le=100)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, ge=0, le=1)
@@ -340,7 +346,8 @@ class OpenAIChat:
         self, args: OpenAIInput, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
     ) -> dict[str, Any]:
         body = args.model_dump(
-            exclude_none=True, exclude={"messages", "tools", "runwire_tools", "max_steps"}
+            exclude_none=True,
+            exclude={"messages", "tools", "runwire_tools", "approve_tools", "max_steps"},
         )
         body.update(messages=messages, stream=True, stream_options={"include_usage": True})
         if tools:
@@ -384,19 +391,30 @@ class OpenAIChat:
                     step.finish_reason = choice.finish_reason
 
     async def _run_tools(
-        self, ctx: AttemptContext, calls: list[dict[str, Any]], messages: list[dict[str, Any]]
+        self,
+        ctx: AttemptContext,
+        calls: list[dict[str, Any]],
+        messages: list[dict[str, Any]],
+        *,
+        approve: list[str],
+        announced: bool,
     ) -> list[dict[str, Any]]:
-        """Run the calls of registered tools (their results join `messages`); return the
-        calls of tools the client handles."""
+        """Run the calls of registered tools (their results join `messages`), each of
+        `approve` once a person approved it; return the calls of tools the client
+        handles. `announced`: their `tool_call` frames are stored (a resumed attempt)."""
         client_calls = []
         for call in calls:
             if call["name"] not in ctx.tools:
                 client_calls.append(call)
                 continue
-            outcome = await ctx.call_tool(call["name"], call["arguments"], call_id=call["id"])
-            content = json.dumps(
-                {"error": outcome.error} if outcome.error is not None else outcome.output
-            )
+            if call["name"] not in approve:
+                outcome = await ctx.call_tool(call["name"], call["arguments"], call_id=call["id"])
+                error, output = outcome.error, outcome.output
+            else:
+                if not announced:
+                    await ctx.emit(FrameType.TOOL_CALL, call)
+                error, output = await _approved_call(ctx, call)
+            content = json.dumps({"error": error} if error is not None else output)
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": content})
         return client_calls
 
@@ -413,7 +431,7 @@ class OpenAIChat:
         args = OpenAIInput.model_validate(ctx.input)
         tools = self._tools(ctx, args)
         messages = list(args.messages)
-        resumed = _resume(ctx.history)
+        resumed = resume_conversation(ctx.history)
         messages += resumed.messages
         usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
         steps = 0
@@ -421,7 +439,9 @@ class OpenAIChat:
             # Calls an earlier attempt made whose results were not stored: run them now,
             # under the same call ids (a tool may so run twice for one call; what must
             # happen once it does through ctx.effect, which the call id keeps the same).
-            client_calls = await self._run_tools(ctx, resumed.unanswered, messages)
+            client_calls = await self._run_tools(
+                ctx, resumed.unanswered, messages, approve=args.approve_tools, announced=True
+            )
             if client_calls:
                 return _client_calls(client_calls, messages, usage, steps)
         if resumed.partial:
@@ -462,17 +482,40 @@ class OpenAIChat:
             if not step.calls:
                 return {"finish_reason": step.finish_reason, "usage": usage, "steps": steps}
             calls = [_parsed(step.calls[i]) for i in sorted(step.calls)]
-            messages.append(_assistant(step.text, calls))
+            messages.append(assistant_message(step.text, calls))
             for call in calls:
                 if call["name"] not in ctx.tools:
                     await ctx.emit(FrameType.TOOL_CALL, call)
-            client_calls = await self._run_tools(ctx, calls, messages)
+            client_calls = await self._run_tools(
+                ctx, calls, messages, approve=args.approve_tools, announced=False
+            )
             if client_calls:
                 return _client_calls(client_calls, messages, usage, steps)
         raise RunnerError(
             f"the model still called tools after {args.max_steps} steps (max_steps)",
             retryable=False,
         )
+
+
+async def _approved_call(ctx: AttemptContext, call: dict[str, Any]) -> tuple[str | None, Any]:
+    """A call of a tool that needs approval: asked (the run waits until answered), then
+    made with the arguments approved, or not made; (error, output)."""
+    answer = await ctx.interrupt({"tool_call": call}, key=f"approve-{call['id']}")
+    approved = answer is True or (isinstance(answer, dict) and answer.get("approve") is True)
+    if not approved:
+        reason = answer.get("reason") if isinstance(answer, dict) else None
+        error = f"a person rejected the call{f': {reason}' if reason else ''}"
+        result = {"id": call["id"], "name": call["name"], "output": None, "error": error}
+        await ctx.emit(FrameType.TOOL_RESULT, result)
+        return error, None
+    arguments = answer.get("arguments") if isinstance(answer, dict) else None
+    outcome = await ctx.call_tool(
+        call["name"],
+        arguments if isinstance(arguments, dict) else call["arguments"],
+        call_id=call["id"],
+        announced=True,
+    )
+    return outcome.error, outcome.output
 
 
 def _estimate(args: OpenAIInput, messages: list[dict[str, Any]]) -> tuple[int, int]:
@@ -494,22 +537,6 @@ def _parsed(call: _Call) -> dict[str, Any]:
     return {"id": call.id, "name": call.name, "arguments": arguments}
 
 
-def _assistant(text: str, calls: list[dict[str, Any]]) -> dict[str, Any]:
-    """The assistant message of a step that called tools."""
-    return {
-        "role": "assistant",
-        "content": text or None,
-        "tool_calls": [
-            {
-                "id": c["id"],
-                "type": "function",
-                "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])},
-            }
-            for c in calls
-        ],
-    }
-
-
 def _client_calls(
     calls: list[dict[str, Any]], messages: list[dict[str, Any]], usage: dict[str, int], steps: int
 ) -> dict[str, Any]:
@@ -522,69 +549,6 @@ def _client_calls(
         "usage": usage,
         "steps": steps,
     }
-
-
-@dataclass
-class _Resumed:
-    """What earlier attempts of a run did, rebuilt from its stored frames."""
-
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    # Calls made whose results are not stored.
-    unanswered: list[dict[str, Any]] = field(default_factory=list)
-    # Text of the step under way when the attempt before stopped.
-    partial: str = ""
-
-
-def _resume(history: list[Frame]) -> _Resumed:
-    """The conversation so far, from the run's stored frames: each step that called tools
-    (its text, its calls, their results), then the text of the step under way. A resumed
-    attempt's cut (`resume_after`) drops the frames after it, as a client does."""
-    kept: list[Frame] = []
-    for frame in history:
-        if frame.type == FrameType.RUN and frame.data.get("resumed"):
-            after = frame.data.get("resume_after")
-            if after is not None:
-                kept = [f for f in kept if f.seq <= int(after)]
-        elif frame.type in (FrameType.MESSAGE, FrameType.TOOL_CALL, FrameType.TOOL_RESULT):
-            kept.append(frame)
-    resumed = _Resumed()
-    text = ""
-    calls: list[dict[str, Any]] = []
-    answered: set[str] = set()
-    for frame in kept:
-        if frame.type == FrameType.MESSAGE:
-            if calls:  # a new step begins after the results of the one before
-                resumed.unanswered = [c for c in calls if c["id"] not in answered]
-                calls, text = [], ""
-            text += str(frame.data.get("text", ""))
-        elif frame.type == FrameType.TOOL_CALL:
-            if not calls or any(c["id"] in answered for c in calls):
-                if calls:
-                    calls, text = [], ""
-                resumed.messages.append(_assistant(text, []))
-            call = {
-                "id": frame.data["id"],
-                "name": frame.data["name"],
-                "arguments": frame.data.get("arguments", {}),
-            }
-            calls.append(call)
-            resumed.messages[-1] = _assistant(text, calls)
-        else:
-            answered.add(str(frame.data["id"]))
-            output = frame.data.get("output")
-            error = frame.data.get("error")
-            resumed.messages.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": frame.data["id"],
-                    "content": json.dumps({"error": error} if error is not None else output),
-                }
-            )
-    if calls:
-        resumed.unanswered = [c for c in calls if c["id"] not in answered]
-    else:
-        resumed.partial = text
-    return resumed
 
 
 def make_runner(settings: OpenAISettings | None = None) -> RunnerSpec:

@@ -436,3 +436,56 @@ async def test_the_example_workflow_falls_back_to_the_cheaper_model(
     ]
     assert run.result is not None
     assert run.result["outputs"]["review"]["text"] == "Good news: tyres are 20% off!"
+
+
+async def _waiting(stack: InProcessStack, run_id: str) -> runwire.contracts.RunSummary:
+    async def waits() -> runwire.contracts.RunSummary | None:
+        run = await stack.client.get(run_id)
+        assert not run.status.terminal, run.error
+        return run if run.status == RunStatus.WAITING else None
+
+    return await eventually(waits, timeout=20)
+
+
+@pytest.mark.parametrize("answer", ["approve with other arguments", "reject"])
+async def test_a_tool_that_needs_approval_waits_for_a_person(
+    infra: Servers, db_url: str, prefix: str, answer: str
+) -> None:
+    """The call becomes the run's question (no worker held meanwhile); approved, the
+    tool runs once, with the arguments the person gave; rejected, it does not run and
+    the model reads why."""
+    called = len(WEATHER_CALLS)
+    async with OpenAIServer() as server, openai_stack(infra, db_url, prefix, server) as stack:
+        server.queue(
+            Stream(tool_call_answer("call_1", "get_weather", '{"city": "Paris"}')),
+            Stream(text_answer("Done")),
+        )
+        body = {**HELLO, "approve_tools": ["get_weather"]}
+        run_id = (await stack.client.submit(body, runner="openai")).run.run_id
+        waiting = await _waiting(stack, run_id)
+        assert waiting.waiting_for is not None
+        call = {"id": "call_1", "name": "get_weather", "arguments": {"city": "Paris"}}
+        assert waiting.waiting_for.payload == {"tool_call": call}
+        assert len(WEATHER_CALLS) == called  # not before the answer
+        if answer == "reject":
+            value: Any = {"approve": False, "reason": "not now"}
+        else:
+            value = {"approve": True, "arguments": {"city": "Lyon"}}
+        await stack.client.resume(run_id, value, wait_id=waiting.waiting_for.wait_id)
+        frames, transcript = await collect(stack.client, run_id)
+        run = await stack.client.get(run_id)
+    assert run.status == RunStatus.FINISHED, run.error
+    assert transcript.text == "Done"
+    assert of_type(frames, FrameType.TOOL_CALL) == [call]  # once, not again on resume
+    (result,) = of_type(frames, FrameType.TOOL_RESULT)
+    _, second = server.requests  # the model was not asked again for the call
+    tool = second.body["messages"][-1]
+    assert tool["tool_call_id"] == "call_1"
+    if answer == "reject":
+        assert WEATHER_CALLS[called:] == []
+        assert result["error"] == "a person rejected the call: not now"
+        assert json.loads(tool["content"]) == {"error": "a person rejected the call: not now"}
+    else:
+        assert WEATHER_CALLS[called:] == ["Lyon"]
+        assert result["output"]["city"] == "Lyon"
+        assert json.loads(tool["content"])["city"] == "Lyon"
