@@ -19,8 +19,8 @@ pytestmark = pytest.mark.integration
 
 DEFINED = re.compile(r"^CREATE OR REPLACE (FUNCTION|TRIGGER) (\w+)", re.MULTILINE)
 # A function the tests break, and what it answers when it is the files' definition.
-BROKEN_RUN_WAITING = """
-    CREATE OR REPLACE FUNCTION run_waiting(p_status run_status) RETURNS boolean
+BROKEN_RUN_AWAITS_ATTEMPT = """
+    CREATE OR REPLACE FUNCTION run_awaits_attempt(p_status run_status) RETURNS boolean
     LANGUAGE sql IMMUTABLE AS $$ SELECT false $$
 """
 
@@ -36,10 +36,10 @@ def defined_in_files() -> dict[str, set[str]]:
     return found
 
 
-async def _run_waiting(url: str) -> bool:
+async def _run_awaits_attempt(url: str) -> bool:
     conn = await asyncpg.connect(url)
     try:
-        return bool(await conn.fetchval("SELECT run_waiting('queued')"))
+        return bool(await conn.fetchval("SELECT run_awaits_attempt('queued')"))
     finally:
         await conn.close()
 
@@ -80,11 +80,11 @@ async def test_a_function_changed_in_the_database_is_restored_when_its_text_is_n
 ) -> None:
     assert await migrate(db_url) == []  # the template has this text: nothing to do
     # The database had other functions (an older runwire's), with another text.
-    await _execute(db_url, BROKEN_RUN_WAITING, "DELETE FROM schema_functions")
-    assert not await _run_waiting(db_url)
+    await _execute(db_url, BROKEN_RUN_AWAITS_ATTEMPT, "DELETE FROM schema_functions")
+    assert not await _run_awaits_attempt(db_url)
 
     assert await migrate(db_url) == ["sql/functions"]
-    assert await _run_waiting(db_url)
+    assert await _run_awaits_attempt(db_url)
     assert await migrate(db_url) == []
 
 
@@ -94,17 +94,17 @@ async def test_a_service_older_than_the_functions_leaves_them_alone(
     # A newer runwire applied its functions after this version's.
     await _execute(
         db_url,
-        BROKEN_RUN_WAITING,
+        BROKEN_RUN_AWAITS_ATTEMPT,
         "INSERT INTO schema_functions (digest, applied_at) "
         "VALUES ('a newer text', clock_timestamp() + interval '1 second')",
     )
     assert await migrate(db_url) == []
-    assert not await _run_waiting(db_url)
+    assert not await _run_awaits_attempt(db_url)
     assert any("left as they are" in r.getMessage() for r in caplog.records)
 
     # The operator's runwire-migrate applies this version's over them.
     assert await migrate(db_url, replace_newer=True) == ["sql/functions"]
-    assert await _run_waiting(db_url)
+    assert await _run_awaits_attempt(db_url)
 
 
 async def test_a_service_role_waits_for_the_owner_to_apply_the_functions(

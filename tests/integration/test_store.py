@@ -36,14 +36,14 @@ async def test_run_status_enum_matches_the_contract(db_url: str) -> None:
 
 
 async def test_status_sets_of_the_queries_match_the_contract(db_url: str) -> None:
-    """run_active / run_waiting / run_terminal, which every query uses, say what
+    """run_active / run_awaits_attempt / run_terminal, which every query uses, say what
     RunStatus says."""
     conn = await asyncpg.connect(db_url)
     try:
         for status in RunStatus:
             row = await conn.fetchrow(
                 "SELECT run_active($1::run_status) AS active,"
-                " run_waiting($1::run_status) AS waiting,"
+                " run_awaits_attempt($1::run_status) AS waiting,"
                 " run_terminal($1::run_status) AS terminal",
                 status.value,
             )
