@@ -9,7 +9,8 @@ sends an email the same way (once per key; `emails` counts them, receipts `em_<n
 arrived, whatever it asked; `redirects` maps a path to the URL a request for it is sent
 on to (307: the same method and body). `lose_answers`: that many charges or emails are
 performed, then answered 502 (the answer was lost); `drop_status`: that many status
-requests get their connection closed without an answer.
+requests get their connection closed without an answer; `pending_status`: that many
+status requests are answered 202 (the outcome is pending) before the truth.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class EffectServer:
         self.fail_with: int | None = None  # answer charges with this status, charging nothing
         self.lose_answers = 0  # performed, then answered 502, this many more times
         self.drop_status = 0  # status requests to drop without an answer
+        self.pending_status = 0  # status requests to answer 202 (pending) first
         self._server: asyncio.Server | None = None
 
     @property
@@ -109,6 +111,9 @@ class EffectServer:
             if self.drop_status > 0:
                 self.drop_status -= 1
                 return 0, {}
+            if self.pending_status > 0:
+                self.pending_status -= 1
+                return 202, {"status": "pending"}
             receipt = self.receipts.get(path.rsplit("/", 1)[-1])
             return (200, receipt) if receipt is not None else (404, {"error": "not found"})
         if method == "POST" and path in ("/charge", "/email"):

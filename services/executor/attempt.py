@@ -136,6 +136,7 @@ class Attempt:
         self._token = frame_token(run.frame_secret, run.generation) if run.frame_secret else None
         self._runner = runner
         self._tools = tools or {}
+        self.waits = AttemptWaits(store, run.run_id, run.generation, self._emit, self._storable)
         self._effects = EffectFence(
             store,
             effects or {},
@@ -144,9 +145,10 @@ class Attempt:
             generation=run.generation,
             emit=self._emit,
             claim_ms=settings.effect_claim_ms,
+            wait=self.waits.begin,
+            pending_wait_s=settings.effect_pending_wait_s,
         )
         self._store = store
-        self.waits = AttemptWaits(store, run.run_id, run.generation, self._emit, self._storable)
         self._broker = broker
         self._settings = settings
         self._owner = owner

@@ -6,12 +6,13 @@ boundary a crash must survive: after prepare, after claim, after dispatch, after
 """
 
 import asyncio
+import itertools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from runwire.contracts.errors import ErrorCode
-from runwire.contracts.frames import EffectState, FrameType
+from runwire.contracts.frames import EffectState, FrameType, WaitKind
 from runwire.runners.base import RunnerError
 from runwire.runners.effects import (
     EffectAdapter,
@@ -31,6 +32,10 @@ log = logging.getLogger(__name__)
 Emit = Callable[[FrameType, dict[str, Any]], Awaitable[None]]
 # How many times a move that lost a race reads the row again before giving up.
 MOVES = 8
+# How long a run waits before it asks again whether a pending effect happened.
+DEFAULT_PENDING_WAIT_S = 30.0
+# A durable wait of the attempt: (kind, name, payload, timeout_s, key) -> its answer.
+Wait = Callable[[WaitKind, str | None, Any, float | None, str | None], Awaitable[Any]]
 
 
 async def reconcile(adapter: EffectAdapter, effect: Effect, request: dict[str, Any]) -> Reconciled:
@@ -62,6 +67,8 @@ class EffectFence:
         generation: int,
         emit: Emit,
         claim_ms: int,
+        wait: Wait | None = None,
+        pending_wait_s: float = DEFAULT_PENDING_WAIT_S,
     ) -> None:
         self.store = store
         self.adapters = adapters
@@ -70,6 +77,10 @@ class EffectFence:
         self.generation = generation
         self.emit = emit
         self.claim_ms = claim_ms
+        # A durable timer (the attempt's waits): an effect whose outcome is pending makes
+        # the run wait, holding no worker, and look again when it rings.
+        self.wait = wait
+        self.pending_wait_s = pending_wait_s
 
     async def _frame(self, effect: Effect) -> None:
         receipt = effect.receipt or {}
@@ -177,6 +188,23 @@ class EffectFence:
         )
         return settled if settled is not None else await self._reread(effect)
 
+    async def _while_pending(
+        self, adapter: EffectAdapter, effect: Effect, request: dict[str, Any]
+    ) -> tuple[Reconciled, Effect]:
+        """Wait on a durable timer (the run holds no worker) and reconcile again, while the
+        adapter says the outcome is pending and the effect's deadline has not passed; the
+        timers of earlier attempts have rung: they return at once."""
+        assert self.wait is not None
+        payload = {"effect": effect.key, "status": "pending"}
+        checks = itertools.count(1)
+        while True:
+            key = f"effect-{effect.key}-{next(checks)}"
+            await self.wait(WaitKind.SLEEP, None, payload, self.pending_wait_s, key)
+            effect = await self._reread(effect)
+            found = await reconcile(adapter, effect, request)
+            if found.status != "pending" or effect.past_deadline:
+                return found, effect
+
     async def _move(
         self, adapter: EffectAdapter, effect: Effect, request: dict[str, Any]
     ) -> dict[str, Any] | Effect:
@@ -193,6 +221,8 @@ class EffectFence:
         if state in (EffectState.CLAIMED, EffectState.UNKNOWN):
             # Claimed by an attempt that did not finish it: never dispatched blindly.
             found = await reconcile(adapter, effect, request)
+            if found.status == "pending" and self.wait is not None:
+                found, effect = await self._while_pending(adapter, effect, request)
             if found.status == "committed":
                 target = (
                     EffectState.COMMITTED

@@ -68,6 +68,7 @@ DEFAULT_OUTBOX_GRACE_MS = 2_000
 DEFAULT_FRAME_RETENTION = timedelta(hours=24)
 DEFAULT_STREAM_PURGE_GRACE = timedelta(minutes=10)
 DEFAULT_DURABLE_SLEEP_S = 30.0
+DEFAULT_EFFECT_PENDING_WAIT_S = 30.0
 
 
 class CommonSettings(BaseSettings):
@@ -191,6 +192,9 @@ class ExecutorSettings(CommonSettings):
     """First retry backoff (doubles per attempt, jittered)."""
     retry_max_ms: int = Field(default=DEFAULT_RETRY_MAX_MS, ge=0)
     """Longest retry backoff."""
+    effect_pending_wait_s: float = Field(default=DEFAULT_EFFECT_PENDING_WAIT_S, gt=0)
+    """How long a run whose effect's outcome its adapter says is pending waits (holding
+    no worker) before it asks the adapter again."""
     durable_sleep_s: float = Field(default=DEFAULT_DURABLE_SLEEP_S, gt=0)
     """A runner's `ctx.sleep` of this many seconds or more is a durable timer: the
     attempt ends and the run waits, holding no worker, until the time has come."""

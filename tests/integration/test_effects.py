@@ -292,3 +292,34 @@ async def test_a_tools_effect_happens_once_per_call_whatever_the_retries(
     assert [r["output"] for r in results] == [{"sent": "em_1"}, {"sent": "em_2"}] * 2
     assert sorted(e.key for e in run.effects) == ["reminder:email", "welcome:email"]
     assert budget.cost_used == 2  # one cost unit per email, not per attempt
+
+
+async def test_an_effect_whose_outcome_is_pending_makes_the_run_wait_not_retry(
+    infra: Any, db_url: str, prefix: str
+) -> None:
+    """The charge's answer is lost; its status says pending three times: the run waits
+    on a timer (no worker held, no attempt spent), twice, asking again each time, and
+    finishes within two attempts, charged once."""
+    async with _charging(
+        infra, db_url, prefix, overrides={"effect_pending_wait_s": 0.3, "retry_base_ms": 10}
+    ) as (server, stack):
+        server.lose_answers = 1
+        server.pending_status = 3
+        reply = await stack.client.submit(_charge(server), runner="charge", max_attempts=2)
+        run_id = reply.run.run_id
+
+        async def waiting() -> Any:
+            run = await stack.client.get(run_id)
+            return run if run.status == RunStatus.WAITING else None
+
+        waits = await eventually(waiting, timeout=20)
+        frames, transcript = await collect(stack.client, run_id)
+        run = await stack.client.get(run_id)
+    assert waits.waiting_for is not None
+    assert waits.waiting_for.kind == "sleep"
+    assert waits.waiting_for.payload == {"effect": "charge", "status": "pending"}
+    assert run.status == RunStatus.FINISHED, run.error
+    assert transcript.text == "charged 40 as ch_1"
+    assert list(server.charges.values()) == [1]
+    assert server.pending_status == 0
+    assert [f.data["kind"] for f in frames if f.type == FrameType.WAIT] == ["sleep", "sleep"]
