@@ -137,7 +137,8 @@ class WaitKind(StrEnum):
 class WaitData(WireModel):
     """`wait`: the run waits, its attempt ended (no worker held), for the answer to
     `payload` (`interrupt`), for the signal `name` (`signal`) or for `timeout_at`
-    (`sleep`), until `timeout_at` (none: no deadline). `wait_id` names the wait within the run; `resume` may give it."""
+    (`sleep`), until `timeout_at` (none: no deadline). `wait_id` names the wait within
+    the run; `resume` may give it."""
 
     wait_id: str
     kind: WaitKind
