@@ -47,7 +47,7 @@ async def waits(ctx: runwire.AttemptContext) -> dict[str, Any]:
     await ctx.message(str(os.getpid()))
     if ctx.input.get("deaf"):
         await asyncio.sleep(3600)
-    await ctx.sleep(3600)
+    await ctx.abort.wait()  # (a long ctx.sleep would be a durable timer: the attempt ends)
     return {}
 
 

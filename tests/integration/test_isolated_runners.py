@@ -105,3 +105,23 @@ async def test_a_crash_of_an_isolated_runner_fails_its_attempt_and_says_no_secre
     expected = "exited (3)" if how == "exit" else "(ValueError)"
     assert expected in run.error.message
     assert "hunter2" not in run.error.message
+
+
+@pytest.mark.stack(
+    runners="asks=tests.waiting:asks", isolated_runners="asks", recovery_interval_ms=100
+)
+async def test_an_isolated_runner_waits_for_an_answer_and_goes_on_with_it(
+    stack: InProcessStack,
+) -> None:
+    client = stack.client
+    run_id = (await client.submit({}, runner="asks")).run.run_id
+
+    async def waiting() -> bool:
+        return (await client.get(run_id)).status == RunStatus.WAITING
+
+    await eventually(waiting, timeout=20)
+    await client.resume(run_id, {"say": "yes"})
+    _, transcript = await collect(client, run_id)
+    run = await client.get(run_id)
+    assert run.status == RunStatus.FINISHED, run.error
+    assert transcript.text == "hello you said yes"
