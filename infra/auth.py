@@ -438,6 +438,9 @@ TENANTS_DIR = "tenants"
 NATS_PID_FILE = "nats/nats-server.pid"
 API_KEYS_FILE = "api-keys.json"
 OPERATOR_ENV_FILE = "operator.env"
+# What a tenant's settings take from the stack's `env`: where the stack is, and the
+# authority of its servers' certificate (clients connect with TLS when it is given).
+WHERE_SETTINGS = ("RUNWIRE_NATS_URL", "RUNWIRE_PREFIX", "RUNWIRE_NATS_TLS_CA")
 
 
 def read_env_file(path: Path) -> dict[str, str]:
@@ -475,7 +478,7 @@ def add_tenant(root: Path, tenant: str) -> tuple[Path, bool]:
     identities.add_tenant(tenant)
     told = _apply(root, identities)
     stack = _stack_env(root)
-    where = {k: v for k, v in stack.items() if k in ("RUNWIRE_NATS_URL", "RUNWIRE_PREFIX")}
+    where = {k: v for k, v in stack.items() if k in WHERE_SETTINGS}
     env_file = root / TENANTS_DIR / f"{tenant}.env"
     known = read_env_file(env_file).get("RUNWIRE_API_KEY")
     # Its API key for the gateway (only the key's hash is kept beside the gateway).

@@ -28,6 +28,7 @@ from runwire.infra.processes import (
     Process,
     find_free_port,
     tail,
+    unchecked_tls,
     wait_until,
     write_private,
 )
@@ -272,6 +273,9 @@ class EmbeddedNats:
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=1.0) as sock:
                 greeting = sock.makefile("rb").readline(64 * 1024)
+                if self.tls is not None and greeting.startswith(b"INFO "):
+                    # Finish the handshake the server waits for, else it logs an error.
+                    unchecked_tls().wrap_socket(sock).close()
         except OSError:
             return False
         if not greeting.startswith(b"INFO "):
@@ -326,7 +330,9 @@ class EmbeddedNatsCluster:
 
     Clients take `url`, every server's URL separated by commas (`server_urls` splits
     it); each server's own is `nodes[i].url`. The cluster is ready once every server
-    answers and all of them name the same JetStream meta leader.
+    answers and all of them name the same JetStream meta leader. With `tls` (a
+    certificate and its key) every server requires TLS from its clients, as
+    `EmbeddedNats` does; `route_tls` is the routes' own.
     """
 
     def __init__(
@@ -339,6 +345,7 @@ class EmbeddedNatsCluster:
         name: str = "runwire",
         ping_interval_s: int = NATS_PING_INTERVAL_S,
         route_tls: RouteTls | None = None,
+        tls: tuple[Path, Path] | None = None,
     ) -> None:
         if size < 1:
             raise ValueError("a cluster has at least one server")
@@ -367,6 +374,7 @@ class EmbeddedNatsCluster:
                     route_tls,
                 ),
                 ping_interval_s=ping_interval_s,
+                tls=tls,
             )
             for i in range(size)
         ]

@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import nats
 import nats.errors
 from nats.aio.client import Client as NatsClient
 from pydantic import ValidationError
 
-from runwire.client.settings import server_urls
+from runwire.client.settings import server_urls, tls_context
 from runwire.contracts.health import HealthReply
 from runwire.contracts.subjects import Subjects
 
@@ -46,17 +47,24 @@ class HealthProbe:
 
     @classmethod
     async def connect(
-        cls, nats_url: str, prefix: str, user: str | None = None, password: str | None = None
+        cls,
+        nats_url: str,
+        prefix: str,
+        user: str | None = None,
+        password: str | None = None,
+        *,
+        tls_ca: Path | None = None,
     ) -> HealthProbe:
-        """Connect (as `user`, on a broker that enforces identities) to a NATS server that
-        already accepts clients (check that first: the client tries a server that is down
-        for minutes, whatever its options say)."""
+        """Connect (as `user`, on a broker that enforces identities; with TLS, trusting
+        `tls_ca`) to a NATS server that already accepts clients (check that first: the
+        client tries a server that is down for minutes, whatever its options say)."""
         nc = await asyncio.wait_for(
             nats.connect(
                 server_urls(nats_url),
                 name="runwire-stack",
                 user=user,
                 password=password,
+                tls=tls_context(tls_ca),
                 connect_timeout=CONNECT_TIMEOUT_S,
                 # A failed request already says the service did not answer; the client's
                 # default handler would log a traceback per reconnect attempt.

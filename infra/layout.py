@@ -1,7 +1,8 @@
 """Where a local stack keeps its files: `.runwire/` in the repository, or a folder of its
 own (a test's stack, say). The servers' data, the logs (the previous start's aside), the
-supervisord configuration and socket, the chosen ports, the recorded pids, the identities
-and the settings files written for clients and for services started by hand.
+supervisord configuration and socket, the chosen ports, the recorded pids, the identities,
+the certificates and the settings files written for clients and for services started by
+hand.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from runwire.infra.auth import (
     IDENTITIES_FILE,
     NATS_PID_FILE,
     OPERATOR_ENV_FILE,
+    TENANTS_DIR,
 )
+from runwire.infra.certificates import CertificateFiles
 from runwire.infra.supervisor import Supervisor
 
 # The kernel limits unix socket paths to 108 bytes.
@@ -86,6 +89,23 @@ class Layout:
     def operator_env_file(self) -> Path:
         """The operator's client settings: admin commands, `runwire top`."""
         return self.root / OPERATOR_ENV_FILE
+
+    @property
+    def tls_dir(self) -> Path:
+        """The stack's certificate authority and its servers' certificate (`make up`
+        makes them, runwire.infra.certificates)."""
+        return self.root / "tls"
+
+    @property
+    def certificates(self) -> CertificateFiles:
+        """The files in `tls_dir`: `ca.pem` (what clients trust), `ca-key.pem`,
+        `server.pem` and `server-key.pem` (the nats-servers')."""
+        return CertificateFiles.in_folder(self.tls_dir)
+
+    @property
+    def tenants_dir(self) -> Path:
+        """The settings files of the tenants `runwire tenant add` made (`<name>.env`)."""
+        return self.root / TENANTS_DIR
 
     def service_env_file(self, service: str) -> Path:
         """What a service started by hand next to the stack needs (an extra executor)."""

@@ -100,6 +100,12 @@ def _free_ports(count: int, avoid: set[int]) -> tuple[int, ...]:
     return tuple(chosen)
 
 
+def gateway_url(port: int, scheme: str = "http") -> str:
+    """Where a gateway of the stack answers: plain HTTP, unless the shell that started
+    the stack gave it a certificate (`https`)."""
+    return f"{scheme}://{GATEWAY_HOST}:{port}"
+
+
 def settings_port() -> int:
     """The gateway's port that the shell asks for (`RUNWIRE_GATEWAY_PORT`), or 0."""
     try:

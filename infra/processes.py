@@ -10,6 +10,7 @@ import ctypes
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -27,6 +28,15 @@ def write_private(path: Path, text: str) -> None:
     os.fchmod(fd, 0o600)
     with os.fdopen(fd, "w") as out:
         out.write(text)
+
+
+def unchecked_tls() -> ssl.SSLContext:
+    """A TLS context that checks no certificate: only to ask our own servers on loopback
+    whether they answer (who they are is for their clients to check), never to talk."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
 
 
 def find_free_port() -> int:

@@ -1,6 +1,7 @@
 """What supervisord runs for a local stack: its nats-server(s) and Postgres first, then
 every service replica and the gateways, each with the settings that wire it to the servers:
-their URLs, its own identity, its metrics port.
+their URLs, the authority of the nats-servers' certificate, its own identity, its metrics
+port.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from runwire.infra.auth import Identities
 from runwire.infra.layout import Layout
 from runwire.infra.ports import GATEWAY_HOST, metrics_ports
 from runwire.infra.postgres import EmbeddedPostgres
-from runwire.infra.settings_files import service_identity
+from runwire.infra.settings_files import nats_tls, service_identity
 from runwire.infra.supervisor import Program, environment, venv_tool
 from runwire.infra.topology import Topology
 from runwire.runtime.settings import CommonSettings
@@ -46,6 +47,7 @@ def stack_programs(
     wiring = {
         "RUNWIRE_DATABASE_URL": database_url,
         "RUNWIRE_PREFIX": settings.prefix,
+        **nats_tls(shape),
         "PYTHONUNBUFFERED": "1",
         # Trace export settings of the shell that starts the stack.
         **{k: v for k, v in os.environ.items() if k.startswith("OTEL_")},

@@ -25,6 +25,7 @@ import nats.errors
 
 from runwire.client.settings import EXIT_CONFIG
 from runwire.infra.health import Health, HealthProbe
+from runwire.infra.processes import unchecked_tls
 from runwire.infra.supervisor import SUPERVISORD_LOG, Supervisor
 from runwire.infra.topology import Topology
 
@@ -179,7 +180,9 @@ async def unanswered(
                     seen.update(dict.fromkeys(pending, gone))
                 else:
                     try:
-                        probe = await HealthProbe.connect(shape.nats_url, prefix, *identity)
+                        probe = await HealthProbe.connect(
+                            shape.nats_url, prefix, *identity, tls_ca=shape.nats_ca
+                        )
                     except (TimeoutError, OSError, nats.errors.Error) as exc:
                         seen.update(dict.fromkeys(pending, f"NATS refuses clients ({exc!r})"))
             if probe is not None:
@@ -240,7 +243,10 @@ def gateway_unanswered(
     progress = Progress("the gateway to answer")
     while True:
         try:
-            with urllib.request.urlopen(f"{url}/healthz", timeout=2) as response:
+            # Over HTTPS when the shell gave the gateway a certificate.
+            with urllib.request.urlopen(
+                f"{url}/healthz", timeout=2, context=unchecked_tls()
+            ) as response:
                 if response.status == 200:
                     say(f"  {name} answers at {url} ({progress.elapsed:.1f} s)")
                     return None

@@ -1,6 +1,7 @@
-"""The settings files a local stack writes: `env` (where the stack is, with the default
-tenant's identity and API key, for the CLI and for scripts), the operator's, and each
-service's for one started by hand beside the stack; the identities and the nats-server's
+"""The settings files a local stack writes: `env` (where the stack is and the authority
+of its servers' certificate, with the default tenant's identity and API key, for the CLI
+and for scripts), the operator's, each service's for one started by hand beside the
+stack, and the tenants' brought up to date; the identities and the nats-server's
 `authorization` block made from them; and the shell's `RUNWIRE_*` settings they start from.
 """
 
@@ -11,7 +12,9 @@ from pydantic import ValidationError
 from runwire.contracts.identities import OPERATOR, SERVICES, service_user
 from runwire.contracts.subjects import DEFAULT_TENANT, Subjects
 from runwire.gateway.keys import add_key, new_key
+from runwire.gateway.settings import GatewaySettings
 from runwire.infra.auth import (
+    WHERE_SETTINGS,
     Identities,
     database_url_as,
     read_env_file,
@@ -22,13 +25,14 @@ from runwire.infra.auth import (
     write_private,
 )
 from runwire.infra.layout import Layout
-from runwire.infra.ports import GATEWAY_HOST, metrics_ports, metrics_url
+from runwire.infra.ports import gateway_url, metrics_ports, metrics_url
 from runwire.infra.readiness import say
 from runwire.infra.topology import Topology
 from runwire.runtime.settings import CommonSettings
 
 # `.runwire/env` names each service's metrics endpoint as this + the service, upper-cased.
 METRICS_URL = "RUNWIRE_METRICS_URL_"
+GATEWAY_URL = "RUNWIRE_GATEWAY_URL"
 
 
 def shell_settings() -> CommonSettings | None:
@@ -49,6 +53,23 @@ def stack_identities(layout: Layout, settings: CommonSettings) -> Identities:
     write_private(layout.auth_file, render(identities, Subjects(settings.prefix)))
     identities.save(path)  # with the hashes render made
     return identities
+
+
+def gateway_scheme() -> str:
+    """`https` when this shell gives the gateway a certificate and its key
+    (`RUNWIRE_GATEWAY_TLS_CERT`, `RUNWIRE_GATEWAY_TLS_KEY`): it then answers HTTPS only.
+    Else `http`: a browser opening the console on loopback meets no certificate warning."""
+    try:
+        given = GatewaySettings().gateway_tls_cert is not None
+    except ValidationError:
+        return "http"  # the gateway refuses these settings at start, and `up` says why
+    return "https" if given else "http"
+
+
+def nats_tls(shape: Topology) -> dict[str, str]:
+    """What every client and service of the stack is given to connect with TLS: the
+    authority of the servers' certificate."""
+    return {} if shape.nats_ca is None else {"RUNWIRE_NATS_TLS_CA": str(shape.nats_ca)}
 
 
 def service_identity(identities: Identities, service: str, database_url: str) -> dict[str, str]:
@@ -80,31 +101,40 @@ def write_env(
     settings: CommonSettings,
     identities: Identities,
 ) -> dict[str, str]:
-    """Write `.runwire/env` (where the stack is, and the default tenant's identity and
-    API key, for the CLI and for scripts), the operator's settings and each service's."""
+    """Write `.runwire/env` (where the stack is, the authority its servers' certificate
+    is signed by, and the default tenant's identity and API key, for the CLI and for
+    scripts), the operator's settings and each service's; bring each tenant's settings
+    file up to date with where the stack is now."""
     where = {
         "RUNWIRE_NATS_URL": shape.nats_url,
         "RUNWIRE_DATABASE_URL": database_url,
         "RUNWIRE_PREFIX": settings.prefix,
+        **nats_tls(shape),
     }
     # The default tenant's API key: the one it had, else a new one (its hash is what the
     # gateway keeps).
     key = read_env_file(layout.env_file).get("RUNWIRE_API_KEY") or new_key()
     add_key(layout.api_keys_file, DEFAULT_TENANT, key)
+    scheme = gateway_scheme()
     env = {
         **where,
         **tenant_settings(identities, DEFAULT_TENANT),
-        "RUNWIRE_GATEWAY_URL": f"http://{GATEWAY_HOST}:{shape.gateway_ports[0]}",
+        GATEWAY_URL: gateway_url(shape.gateway_ports[0], scheme),
         "RUNWIRE_API_KEY": key,
     }
     if shape.clustered:
         env["RUNWIRE_GATEWAY_URLS"] = ",".join(
-            f"http://{GATEWAY_HOST}:{port}" for port in shape.gateway_ports
+            gateway_url(port, scheme) for port in shape.gateway_ports
         )
     for program, port in metrics_ports(settings.metrics_port, shape.programs).items():
         name = program.upper().replace("-", "_")
         env[f"{METRICS_URL}{name}"] = metrics_url(settings.metrics_host, port)
     write_env_file(layout.env_file, env)
+    # The tenants added before: where the stack is now, and what it speaks.
+    for path in sorted(layout.tenants_dir.glob("*.env")):
+        values = read_env_file(path)
+        values.update({k: v for k, v in env.items() if k in (*WHERE_SETTINGS, GATEWAY_URL)})
+        write_env_file(path, values)
     operator = {
         "RUNWIRE_NATS_USER": OPERATOR,
         "RUNWIRE_NATS_PASSWORD": identities.passwords[OPERATOR],

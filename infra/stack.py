@@ -3,8 +3,10 @@
 Run as `python -m runwire.infra.stack {up,down,logs,status,run}` from the repository root (the
 Makefile does). Everything lives in `.runwire/` there (or in `--root`; `runwire.infra.layout`
 names each file): server data, logs (the previous start's in `logs/previous/`), the
-supervisord configuration, the chosen ports (kept across restarts, `runwire.infra.ports`)
-and an `env` file with the URLs (`runwire.infra.settings_files`). `up` returns once every
+supervisord configuration, the chosen ports (kept across restarts, `runwire.infra.ports`),
+a certificate authority of the stack's own and its nats-servers' certificate (kept
+across restarts, `runwire.infra.certificates`: the servers require TLS) and an `env` file
+with the URLs and that authority (`runwire.infra.settings_files`). `up` returns once every
 service answers its health request (`runwire.infra.readiness` waits), so a command sent
 right after it is served. supervisord (configured and queried by `runwire.infra.supervisor`,
 running what `runwire.infra.programs` lists) restarts any process that dies; `down` stops
@@ -12,7 +14,8 @@ all of them and checks that none is left (`runwire.infra.pids` knows which are o
 
 The gateway (runwire's HTTP API) runs beside them on `RUNWIRE_GATEWAY_URL`, accepting
 the API keys whose hashes are in `api-keys.json` (the default tenant's key is
-`RUNWIRE_API_KEY` in `env`).
+`RUNWIRE_API_KEY` in `env`): plain HTTP on loopback, unless the shell gives it a
+certificate (`RUNWIRE_GATEWAY_TLS_CERT`, `RUNWIRE_GATEWAY_TLS_KEY`).
 
 `up --cluster 3` starts a clustered stack instead: three nats-servers routed into one
 JetStream cluster, every stream at three replicas, and two replicas of every service and
@@ -37,13 +40,15 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import asyncpg
 
 from runwire.contracts.identities import SERVICES
 from runwire.contracts.subjects import DEFAULT_PREFIX
 from runwire.infra.auth import service_role
-from runwire.infra.embedded import EmbeddedNats, EmbeddedNatsCluster
+from runwire.infra.certificates import ensure as ensure_certificates
+from runwire.infra.embedded import EmbeddedNats, EmbeddedNatsCluster, RouteTls
 from runwire.infra.layout import Layout
 from runwire.infra.pids import (
     describe,
@@ -55,8 +60,8 @@ from runwire.infra.pids import (
     supervisord_pid,
 )
 from runwire.infra.ports import (
-    GATEWAY_HOST,
     Ports,
+    gateway_url,
     load_ports,
     metrics_ports_free,
     settings_port,
@@ -97,21 +102,37 @@ DEMO_TOKEN_DELAY_MS = 150
 
 
 def _cluster(layout: Layout, servers: int, ports: Ports) -> EmbeddedNatsCluster:
+    tls = layout.certificates
     return EmbeddedNatsCluster(
-        layout.nats_dir, servers, ports=list(ports.cluster), authorization=layout.auth_file
+        layout.nats_dir,
+        servers,
+        ports=list(ports.cluster),
+        authorization=layout.auth_file,
+        tls=(tls.cert, tls.key),
+        # The servers show each other the same certificate on their routes.
+        route_tls=RouteTls(tls.cert, tls.key, tls.ca),
     )
 
 
 def topology(layout: Layout, servers: int, ports: Ports) -> Topology:
-    """The stack's shape for `servers` nats-servers (1: a single server) on `ports`."""
+    """The stack's shape for `servers` nats-servers (1: a single server) on `ports`, each
+    requiring TLS with the certificate in `layout.certificates`."""
+    tls = layout.certificates
     if servers <= 1:
-        nodes = [EmbeddedNats(layout.nats_dir, ports.nats, authorization=layout.auth_file)]
+        nodes = [
+            EmbeddedNats(
+                layout.nats_dir,
+                ports.nats,
+                authorization=layout.auth_file,
+                tls=(tls.cert, tls.key),
+            )
+        ]
         gateways = [ports.gateway]
     else:
         nodes = _cluster(layout, servers, ports).nodes
         gateways = [ports.gateway, ports.gateway_2]
     urls = [node.url for node in nodes]
-    return Topology(nodes, replicas(SERVICES, servers, urls), gateways)
+    return Topology(nodes, replicas(SERVICES, servers, urls), gateways, tls.ca)
 
 
 async def _prepare_database(database_url: str) -> None:
@@ -153,12 +174,15 @@ def _summary(layout: Layout, shape: Topology, env: dict[str, str]) -> None:
         f"{len(shape.nats)} replicas; {CLUSTER_REPLICAS} replicas of every service)"
     )
     gateway = env.get("RUNWIRE_GATEWAY_URLS") or env.get("RUNWIRE_GATEWAY_URL", "(none)")
+    http = urlsplit(gateway).scheme.upper() or "HTTP"
+    if "RUNWIRE_NATS_TLS_CA" in env:
+        nats += f"\n             (TLS only; clients trust {env['RUNWIRE_NATS_TLS_CA']})"
     _say(
         f"""
 runwire stack is up; every service answers.
   NATS       {nats}
   Postgres   {env["RUNWIRE_DATABASE_URL"]}
-{metrics}  gateway    {gateway} (HTTP; key: RUNWIRE_API_KEY)
+{metrics}  gateway    {gateway} ({http}; key: RUNWIRE_API_KEY)
   env file   {layout.env_file} (the default tenant's)
   operator   {layout.operator_env_file} (admin commands: runwire --env FILE budget ...)
 
@@ -204,6 +228,8 @@ def up(layout: Layout, start_timeout: float = START_TIMEOUT, servers: int | None
     for folder in (layout.root, layout.logs, layout.nats_dir):
         folder.mkdir(parents=True, exist_ok=True)
     _set_aside_logs(layout)
+    for made in ensure_certificates(layout.certificates):
+        _say(f"Made {made}.")
     wanted = settings_port()
     if wanted and not port_is_free(wanted):
         _say(f"RUNWIRE_GATEWAY_PORT={wanted} is taken by another program; pick another port.")
@@ -275,10 +301,12 @@ def _wait_for_services(layout: Layout, shape: Topology, env: dict[str, str], tim
     supervisor, logs = layout.supervisor, layout.logs
     operator = operator_identity(layout)
     not_up = asyncio.run(unanswered(supervisor, logs, shape, prefix, operator, timeout))
+    # HTTPS when the shell that started the stack gave the gateway a certificate.
+    scheme = urlsplit(env.get("RUNWIRE_GATEWAY_URL", "")).scheme or "http"
     for name, port in shape.gateways().items():
         if not_up is not None:
             break
-        url = f"http://{GATEWAY_HOST}:{port}"
+        url = gateway_url(port, scheme)
         not_up = gateway_unanswered(supervisor, logs, name, url, timeout)
     if not_up is not None:
         return _failed(layout, not_up)

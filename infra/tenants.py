@@ -173,6 +173,7 @@ async def _as_operator(root: Path, tenant: str) -> Client | str:
             prefix=operator.get("RUNWIRE_PREFIX", DEFAULT_PREFIX),
             user=operator.get("RUNWIRE_NATS_USER"),
             password=operator.get("RUNWIRE_NATS_PASSWORD"),
+            tls_ca=Path(ca) if (ca := operator.get("RUNWIRE_NATS_TLS_CA")) else None,
             connect_timeout=END_TENANT_CONNECT_S,
             # The removed tenant's inbox is nobody's now: replies come to NATS's default.
             inbox=DEFAULT_INBOX,

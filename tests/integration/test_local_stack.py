@@ -20,7 +20,7 @@ from runwire.contracts.health import HealthReply
 from runwire.contracts.status import RunStatus
 from runwire.contracts.subjects import Subjects
 from tests.gateway import sse_frames
-from tests.local_stack import ROOT, LocalStack, client_of, local_stack, stack_command
+from tests.local_stack import ROOT, LocalStack, cli, client_of, local_stack, stack_command
 from tests.services import collect, eventually
 
 pytestmark = pytest.mark.integration
@@ -89,35 +89,18 @@ async def test_a_run_submitted_right_after_up_finishes(tmp_path: Path) -> None:
         assert (queued, text, ended) == (f"run {run_id} queued", "hi", f"run {run_id} finished")
 
 
-async def _cli(stack: LocalStack, *args: str) -> tuple[int, str, str]:
-    """`runwire ARGS` as typed in the folder `make up` ran in."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "runwire.client.cli",
-        *args,
-        cwd=stack.folder,
-        env={**stack.shell, "PYTHONPATH": str(ROOT)},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
-
-
 async def test_tenants_are_identities_the_broker_enforces(tmp_path: Path) -> None:
     async with local_stack(tmp_path) as stack:
         assert stack.returncode == 0, stack.output
         secrets = [stack.env()["RUNWIRE_NATS_PASSWORD"]]
-        code, out, err = await _cli(stack, "tenant", "add", "acme")
+        code, out, err = await cli(stack, "tenant", "add", "acme")
         assert code == 0, err
         acme_env = stack.root / "tenants" / "acme.env"
         acme = stack.env("tenants/acme.env")
         secrets.append(acme["RUNWIRE_NATS_PASSWORD"])
         assert (acme["RUNWIRE_TENANT"], acme["RUNWIRE_NATS_USER"]) == ("acme", "tenant-acme")
         assert acme_env.stat().st_mode & 0o077 == 0  # private
-        code, out, err = await _cli(
+        code, out, err = await cli(
             stack, "--env", str(acme_env), "submit", "--tokens", "hi", "--watch"
         )
         assert code == 0, err
@@ -127,27 +110,27 @@ async def test_tenants_are_identities_the_broker_enforces(tmp_path: Path) -> Non
         bare = {k: v for k, v in stack.env().items() if k not in identity}
         anonymous = tmp_path / "anonymous.env"
         anonymous.write_text("".join(f"{k}={v}\n" for k, v in bare.items()))
-        code, _, err = await _cli(stack, "--env", str(anonymous), "get", "x")
+        code, _, err = await cli(stack, "--env", str(anonymous), "get", "x")
         assert code == 1
         assert "UNAUTHORIZED" in err
         # Admin commands need the operator's identity.
-        code, _, err = await _cli(stack, "budget", "--tokens", "5")
+        code, _, err = await cli(stack, "budget", "--tokens", "5")
         assert (code, "UNAUTHORIZED" in err) == (1, True), err
-        code, out, err = await _cli(
+        code, out, err = await cli(
             stack, "--env", str(stack.root / "operator.env"), "budget", "--tokens", "5"
         )
         assert code == 0, err
         # A removed tenant is cut off, its open connection too.
         held = await client_of(acme)
-        code, out, err = await _cli(stack, "tenant", "remove", "acme")
+        code, out, err = await cli(stack, "tenant", "remove", "acme")
         assert code == 0, err
         await eventually(lambda: not held.nc.is_connected, timeout=10)
         await held.close()
         assert not acme_env.exists()
         (tmp_path / "gone.env").write_text("".join(f"{k}={v}\n" for k, v in acme.items()))
-        code, _, err = await _cli(stack, "--env", str(tmp_path / "gone.env"), "get", "x")
+        code, _, err = await cli(stack, "--env", str(tmp_path / "gone.env"), "get", "x")
         assert (code, "UNAUTHORIZED" in err) == (1, True), err
-        code, out, _ = await _cli(stack, "tenant", "list")
+        code, out, _ = await cli(stack, "tenant", "list")
         assert out.split() == ["default"]
         # No secret reached a log.
         logs = "".join(p.read_text(errors="replace") for p in (stack.root / "logs").glob("*"))
@@ -160,7 +143,7 @@ async def test_the_gateway_serves_each_tenant_by_its_api_key(tmp_path: Path) -> 
         env = stack.env()
         url, key = env["RUNWIRE_GATEWAY_URL"], env["RUNWIRE_API_KEY"]
         assert "gateway answers" in stack.output
-        code, _, err = await _cli(stack, "tenant", "add", "acme")
+        code, _, err = await cli(stack, "tenant", "add", "acme")
         assert code == 0, err
         acme = stack.env("tenants/acme.env")
         assert acme["RUNWIRE_GATEWAY_URL"] == url
@@ -205,7 +188,7 @@ async def test_the_gateway_serves_each_tenant_by_its_api_key(tmp_path: Path) -> 
             chunks = [p.data[0]["content"] for p in parts if p.event == "messages"]
             assert chunks == ["lang", "graph"]
             # A removed tenant's key opens nothing.
-            code, _, err = await _cli(stack, "tenant", "remove", "acme")
+            code, _, err = await cli(stack, "tenant", "remove", "acme")
             assert code == 0, err
             refused = await http.get(f"/v1/runs/{own.json()['run']['run_id']}", headers=theirs)
             assert refused.status_code == 401
@@ -294,7 +277,7 @@ async def test_a_runner_installed_after_up_is_served_after_a_restart(tmp_path: P
     plugins.mkdir()
     async with local_stack(tmp_path, PYTHONPATH=str(plugins)) as stack:
         assert stack.returncode == 0, stack.output
-        code, out, err = await _cli(stack, "runners")
+        code, out, err = await cli(stack, "runners")
         assert code == 0, err
         before = _loaded(out)
         assert set(before) == {"executor", "submitter"}, out
@@ -303,9 +286,9 @@ async def test_a_runner_installed_after_up_is_served_after_a_restart(tmp_path: P
         # Installed now: not known to the running services.
         (plugins / "echo_runner.py").write_text(ECHO_RUNNER)
         echo = ("submit", "--runner", "echo", "--input", '{"text": "hi"}', "--watch")
-        code, _, err = await _cli(stack, *echo)
+        code, _, err = await cli(stack, *echo)
         assert (code, "INVALID_REQUEST" in err) == (1, True), err
-        code, out, err = await _cli(stack, "runners")
+        code, out, err = await cli(stack, "runners")
         assert (code, _loaded(out)) == (0, before), err
 
         code, output = await stack_command(stack.folder, "down", stack.shell)
@@ -313,12 +296,12 @@ async def test_a_runner_installed_after_up_is_served_after_a_restart(tmp_path: P
         shell = {**stack.shell, "RUNWIRE_RUNNERS": "echo=echo_runner:echo"}
         code, output = await stack_command(stack.folder, "up", shell)
         assert code == 0, output
-        code, out, err = await _cli(stack, "runners")
+        code, out, err = await cli(stack, "runners")
         assert code == 0, err
         after = _loaded(out)
         assert after == {name: sorted([*runners, "echo"]) for name, runners in before.items()}
         assert "serves: " + ", ".join(after["executor"]) in out
-        code, out, err = await _cli(stack, *echo)
+        code, out, err = await cli(stack, *echo)
         assert code == 0, err
         assert out.splitlines()[1:] == ["hi", out.splitlines()[0].replace("queued", "finished")]
 
@@ -378,22 +361,22 @@ async def test_a_clustered_stack_replicates_every_stream_and_runs_two_of_each_se
         env = stack.env()
         urls = env["RUNWIRE_NATS_URL"].split(",")
         assert len(set(urls)) == 3
-        code, out, err = await _cli(stack, "submit", "--tokens", "on", " three", "--watch")
+        code, out, err = await cli(stack, "submit", "--tokens", "on", " three", "--watch")
         assert code == 0, err
         assert "on three" in out
         ended = out.split()[1]
         # `runwire top` as the default tenant and as the operator, while a run's job is in
         # the jobs stream: both runs in its history, nothing refused, nothing timed out.
         slow = ["--tokens", *(["x"] * 60), "--token-delay-ms", "500"]
-        code, out, err = await _cli(stack, "submit", *slow)
+        code, out, err = await cli(stack, "submit", *slow)
         assert code == 0, err
         running = out.split()[1]
         for identity in ((), ("--env", str(stack.root / "operator.env"))):
-            code, out, err = await _cli(stack, *identity, "top", "--once")
+            code, out, err = await cli(stack, *identity, "top", "--once")
             assert code == 0, err
             assert {ended, running} <= set(out.split()), out
             assert not [line for line in out.splitlines() if line.startswith("!")], out
-        code, _, err = await _cli(stack, "cancel", running)
+        code, _, err = await cli(stack, "cancel", running)
         assert code == 0, err
         operator = stack.env("operator.env")
         client = await client_of(operator)
