@@ -91,6 +91,8 @@ class Identities:
     current: dict[str, str] = field(default_factory=dict)
     # What the servers of a deployment's cluster route with (`nats-routes.conf`).
     route_secret: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    # What signs the gateway's signal URLs (RUNWIRE_GATEWAY_SIGNAL_SECRET).
+    signal_secret: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     # name -> (a digest of the password it was made from, its bcrypt hash): a hash is made
     # once per password (bcrypt is slow on purpose), not at every render.
     hashes: dict[str, tuple[str, str]] = field(default_factory=dict)
@@ -108,6 +110,7 @@ class Identities:
         hashes = {name: (str(h[0]), str(h[1])) for name, h in saved.get("hashes", {}).items()}
         found = cls(dict(saved["passwords"]), dict(saved.get("current", {})), hashes=hashes)
         found.route_secret = str(saved.get("route_secret") or found.route_secret)
+        found.signal_secret = str(saved.get("signal_secret") or found.signal_secret)
         for name in STANDING:
             found.passwords.setdefault(name, secrets.token_urlsafe(32))
         return found
@@ -119,6 +122,7 @@ class Identities:
             "passwords": self.passwords,
             "current": self.current,
             "route_secret": self.route_secret,
+            "signal_secret": self.signal_secret,
             "hashes": hashes,
         }
         write_private(path, json.dumps(saved, indent=2))

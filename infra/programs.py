@@ -95,6 +95,7 @@ def stack_programs(
                             "RUNWIRE_GATEWAY_HOST": GATEWAY_HOST,
                             "RUNWIRE_GATEWAY_PORT": str(port),
                             "RUNWIRE_GATEWAY_KEYS_FILE": str(layout.api_keys_file),
+                            "RUNWIRE_GATEWAY_SIGNAL_SECRET": identities.signal_secret,
                         }
                     ),
                     "startretries": "10",

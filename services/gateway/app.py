@@ -11,6 +11,7 @@ import contextlib
 import functools
 import json
 import logging
+import re
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -23,7 +24,13 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from pydantic import ValidationError
 
 from runwire.client.sdk import Client, ClientError
-from runwire.contracts.commands import MAX_SEQ, ResumeCommand, SignalCommand, SubmitCommand
+from runwire.contracts.commands import (
+    MAX_SEQ,
+    SIGNAL_NAME_PATTERN,
+    ResumeCommand,
+    SignalCommand,
+    SubmitCommand,
+)
 from runwire.contracts.errors import ErrorBody, ErrorCode, ErrorReply
 from runwire.contracts.frames import Frame, FrameType
 from runwire.contracts.replies import AbortSessionReply, ResumeReply, RunReply, SignalReply
@@ -33,6 +40,7 @@ from runwire.gateway.keys import ApiKeys
 from runwire.gateway.langgraph import Threads
 from runwire.gateway.limits import Limits
 from runwire.gateway.settings import GatewaySettings
+from runwire.gateway.signals import signal_token, token_fits
 
 log = logging.getLogger(__name__)
 
@@ -356,6 +364,47 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
             reply = await client.signal(
                 cmd.run_id, cmd.name, cmd.payload, request_id=cmd.request_id
             )
+        return JSONResponse(reply.model_dump(mode="json"))
+
+    @app.get("/v1/runs/{run_id}/signal-url")
+    async def signal_url(run_id: str, name: str, request: Request) -> Response:
+        """A URL that sends run `run_id` the signal `name` when POSTed to, without an API
+        key (its body is the signal's payload): for a third party's webhook."""
+        client = await client_of(request)
+        secret = settings.gateway_signal_secret
+        if secret is None:
+            return error_response(
+                ErrorCode.NOT_FOUND,
+                "this gateway makes no signal URLs (RUNWIRE_GATEWAY_SIGNAL_SECRET is not set)",
+            )
+        if not re.fullmatch(SIGNAL_NAME_PATTERN, name):
+            return error_response(ErrorCode.INVALID_REQUEST, f"{name!r} is not a signal's name")
+        run = await client.get(run_id)  # the tenant's own run, or NOT_FOUND
+        token = signal_token(secret.get_secret_value(), client.tenant, run.run_id, name)
+        path = f"/v1/signals/{client.tenant}/{run.run_id}/{name}/{token}"
+        return JSONResponse({"url": str(request.base_url).rstrip("/") + path})
+
+    @app.post("/v1/signals/{tenant}/{run_id}/{name}/{token}")
+    async def signal_by_url(
+        tenant: str, run_id: str, name: str, token: str, request: Request
+    ) -> Response:
+        """A signal URL's signal (see `signal_url`): the body is its payload (JSON; none:
+        null); `Idempotency-Key` or Standard Webhooks' `webhook-id` names it, so a
+        delivery sent again is one signal."""
+        secret = settings.gateway_signal_secret
+        if secret is None or not token_fits(secret.get_secret_value(), tenant, run_id, name, token):
+            return error_response(ErrorCode.NOT_FOUND, "no such signal URL")
+        try:
+            payload = json.loads(await request.body() or b"null")  # size: Limits
+        except ValueError as exc:
+            return error_response(ErrorCode.INVALID_REQUEST, f"the body is not JSON: {exc}")
+        request_id = (
+            request.headers.get("idempotency-key")
+            or request.headers.get("webhook-id")
+            or str(uuid.uuid4())
+        )
+        client = await tenants.client(tenant)
+        reply = await client.signal(run_id, name, payload, request_id=request_id[:200])
         return JSONResponse(reply.model_dump(mode="json"))
 
     @app.post("/v1/sessions/{session_id}/abort")

@@ -58,6 +58,9 @@ class GatewaySettings(BaseSettings):
     (429 `QUOTA_EXCEEDED` past it)."""
     gateway_max_connections: int = Field(default=DEFAULT_MAX_CONNECTIONS, ge=1)
     """Connections the process takes at once (503 past it)."""
+    gateway_signal_secret: SecretStr | None = Field(default=None, min_length=16)
+    """Signs the signal URLs (`GET /v1/runs/{id}/signal-url`) a third party may POST a
+    run's signal to without an API key; unset: there are none. `make up` sets one."""
     log_level: str = "INFO"
     """`DEBUG`, `INFO`, `WARNING` or `ERROR`."""
 

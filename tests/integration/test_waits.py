@@ -368,3 +368,50 @@ async def test_a_waiting_run_is_answered_after_the_whole_stack_restarted(tmp_pat
             await client.close()
     assert transcript.text == "hello you said still here"
     assert [f.seq for f in frames] == list(range(1, len(frames) + 1))
+
+
+@WAITING
+async def test_a_signal_url_takes_a_third_partys_post_without_an_api_key(
+    stack: InProcessStack, tmp_path: Path
+) -> None:
+    client = stack.client
+    key = "rw_test-waits-key"
+    run_id = (await client.submit({}, runner="collects")).run.run_id
+    other = (await client.submit({}, runner="collects")).run.run_id
+    await _waiting(stack, run_id)
+    async with (
+        serve_gateway(
+            stack.nats_url,
+            stack.prefix,
+            {key: "default"},
+            tmp_path,
+            gateway_signal_secret="a-secret-of-the-gateway-0123456789",
+        ) as url,
+        httpx.AsyncClient(base_url=url, timeout=10) as http,
+    ):
+        made = await http.get(
+            f"/v1/runs/{run_id}/signal-url", params={"name": "paid"}, headers={"x-api-key": key}
+        )
+        assert made.status_code == 200, made.text
+        signal_url = made.json()["url"]
+        assert signal_url.startswith(f"{url}/v1/signals/default/{run_id}/paid/")
+        # The third party: no API key; a delivery sent twice (the same webhook-id) is one.
+        for _ in range(2):
+            sent = await http.post(signal_url, json={"amount": 3}, headers={"webhook-id": "wh_1"})
+            assert sent.status_code == 200, sent.text
+        assert sent.json()["duplicate"] is True
+        # The token is for that run and that signal only.
+        token = signal_url.rsplit("/", 1)[1]
+        for forged in (
+            signal_url[: -len(token)] + token[:-2] + "xx",
+            signal_url.replace(run_id, other),
+            signal_url.replace("/paid/", "/refund/"),
+        ):
+            refused = await http.post(forged, json={"amount": 9})
+            assert (refused.status_code, refused.json()["error"]["code"]) == (404, "NOT_FOUND")
+        await client.resume(run_id, "go")
+        await _waiting(stack, run_id)
+        second = await http.post(signal_url, json={"amount": 4})
+        assert second.json()["delivered"] is True
+        _, transcript = await collect(client, run_id)
+    assert transcript.text == "paid 3 then 4"
