@@ -11,6 +11,7 @@ from typing import Annotated, Any, Self
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
 from runwire.contracts.base import Versioned
+from runwire.contracts.status import RunStatus
 from runwire.contracts.subjects import EFFECT_KIND_PATTERN, RUNNER_NAME_PATTERN
 from runwire.contracts.workflows import (
     MAX_VERSION,
@@ -108,6 +109,18 @@ class GetCommand(Command):
     """Read a run's summary."""
 
     run_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
+
+
+class ListCommand(Command):
+    """The tenant's runs, newest first, `limit` at a time: those of `status`, `runner`
+    and `session_id` when given (a workflow's node runs are not listed, their workflow
+    run is). `before`: the `next` of the page before, for the page after it."""
+
+    status: RunStatus | None = None
+    runner: str | None = Field(default=None, pattern=RUNNER_NAME_PATTERN)
+    session_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_LENGTH)
+    limit: int = Field(default=50, ge=1, le=500, strict=True)
+    before: int | None = Field(default=None, ge=1, le=MAX_SEQ, strict=True)
 
 
 class ResolveEffectCommand(Command):
@@ -219,6 +232,7 @@ BODIES: dict[str, type[Command]] = {
     "abort_session": AbortSessionCommand,
     "end_tenant": EndTenantCommand,
     "forget_tenant": ForgetTenantCommand,
+    "list": ListCommand,
     "resume": ResumeCommand,
     "signal": SignalCommand,
     "resolve_effect": ResolveEffectCommand,

@@ -95,6 +95,15 @@ class ForgetTenantReply(Versioned):
     releases: int = Field(ge=0)
 
 
+class ListReply(Versioned):
+    """A page of `list`, newest first (a waiting run with its `waiting_for`); `next`: the
+    `before` of the page after it, or null when this is the last."""
+
+    ok: Literal[True] = True
+    runs: list[RunSummary]
+    next: int | None = None
+
+
 class ResumeReply(Versioned):
     """The run a `resume` answered (queued for its next attempt); `duplicate` when the
     answer with this `request_id` was given before (nothing changed now)."""

@@ -19,6 +19,7 @@ COMMANDS = (
     "release",
     "cancel",
     "get",
+    "list",
     "abort_session",
     "end_tenant",
     "forget_tenant",

@@ -81,6 +81,13 @@ def _parser() -> argparse.ArgumentParser:
     cancel = sub.add_parser("cancel", help="cancel a run")
     cancel.add_argument("run_id")
 
+    runs = sub.add_parser("list", help="the tenant's runs, newest first")
+    runs.add_argument("--status", choices=[s.value for s in RunStatus], help="of this status")
+    runs.add_argument("--runner", help="of this runner")
+    runs.add_argument("--session", help="of this session")
+    runs.add_argument("--limit", type=int, default=20, help="how many (default 20)")
+    runs.add_argument("--before", type=int, help="the page after the one that said so")
+
     resume = sub.add_parser("resume", help="answer the question a waiting run asks")
     resume.add_argument("run_id")
     resume.add_argument(
@@ -248,6 +255,19 @@ def _print_frame(frame: Frame, transcript: Transcript) -> None:
         print(f"\n[error {frame.data.get('code')}: {frame.data.get('message')}]", flush=True)
     elif frame.type == FrameType.WAIT:
         print(f"\n[{_wait_line(frame)}]", flush=True)
+
+
+def _run_line(run: RunSummary) -> str:
+    """A run in a line: id, status, when it was submitted, and what a waiting one waits
+    for."""
+    line = f"{run.run_id}  {run.status.value:<11} {run.created_at.isoformat()}"
+    if run.error is not None:
+        line += f"  {run.error.code}"
+    if run.waiting_for is not None:
+        wait = run.waiting_for
+        what = wait.name if wait.kind == WaitKind.SIGNAL else json.dumps(wait.payload)
+        line += f"  waits ({wait.kind.value} {wait.wait_id}): {what}"
+    return line
 
 
 def _wait_line(frame: Frame) -> str:
@@ -448,6 +468,19 @@ async def _main(args: argparse.Namespace) -> int:
         if args.command == "cancel":
             run = await client.cancel(args.run_id)
             print(f"run {run.run_id} {run.status}")
+            return 0
+        if args.command == "list":
+            page = await client.list_runs(
+                status=args.status,
+                runner=args.runner,
+                session_id=args.session,
+                limit=args.limit,
+                before=args.before,
+            )
+            for run in page.runs:
+                print(_run_line(run))
+            if page.next is not None:
+                print(f"(more: runwire list --before {page.next} ...)")
             return 0
         if args.command == "resume":
             resumed = await client.resume(

@@ -37,6 +37,7 @@ from runwire.contracts import commands, replies
 from runwire.contracts.errors import ErrorBody, ErrorCode
 from runwire.contracts.frames import Transcript
 from runwire.contracts.health import HealthReply
+from runwire.contracts.status import RunStatus
 from runwire.contracts.subjects import inbox_prefix
 from runwire.contracts.workflows import WorkflowDefinition, WorkflowRef
 
@@ -292,6 +293,27 @@ class Client(Following):
         reply: replies.PolicyReply = await self._request(
             "get_policy", commands.GetPolicyCommand(), replies.PolicyReply
         )
+        return reply
+
+    async def list_runs(
+        self,
+        *,
+        status: RunStatus | str | None = None,
+        runner: str | None = None,
+        session_id: str | None = None,
+        limit: int = 50,
+        before: int | None = None,
+    ) -> replies.ListReply:
+        """A page of the tenant's runs, newest first (of `status`, `runner`, `session_id`
+        when given); its `next` gives the page after it as `before`."""
+        cmd = commands.ListCommand(
+            status=RunStatus(status) if status is not None else None,
+            runner=runner,
+            session_id=session_id,
+            limit=limit,
+            before=before,
+        )
+        reply: replies.ListReply = await self._request("list", cmd, replies.ListReply)
         return reply
 
     async def resume(

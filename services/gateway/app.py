@@ -27,6 +27,7 @@ from runwire.client.sdk import Client, ClientError
 from runwire.contracts.commands import (
     MAX_SEQ,
     SIGNAL_NAME_PATTERN,
+    ListCommand,
     ResumeCommand,
     SignalCommand,
     SubmitCommand,
@@ -317,6 +318,30 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
             200 if reply.duplicate else 201,
             headers={"Location": f"/v1/runs/{reply.run.run_id}"},
         )
+
+    @app.get("/v1/runs")
+    async def list_runs(request: Request) -> Response:
+        """The tenant's runs, newest first: `?status=`, `runner`, `session_id`, `limit`
+        (50), `before` (the `next` of the page before)."""
+        client = await client_of(request)
+        query: dict[str, Any] = dict(request.query_params)
+        try:
+            for number in ("limit", "before"):
+                if number in query:
+                    query[number] = int(query[number])
+            cmd = ListCommand.model_validate(query)
+        except ValidationError as exc:
+            return error_response(ErrorCode.INVALID_REQUEST, described(exc))
+        except ValueError:
+            return error_response(ErrorCode.INVALID_REQUEST, "limit and before are integers")
+        page = await client.list_runs(
+            status=cmd.status,
+            runner=cmd.runner,
+            session_id=cmd.session_id,
+            limit=cmd.limit,
+            before=cmd.before,
+        )
+        return JSONResponse(page.model_dump(mode="json"))
 
     @app.get("/v1/runs/{run_id}")
     async def get(run_id: str, request: Request) -> Response:

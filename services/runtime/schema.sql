@@ -1704,6 +1704,8 @@ CREATE INDEX runs_by_parent ON public.runs USING btree (parent_run_id) WHERE (pa
 
 CREATE INDEX runs_by_session ON public.runs USING btree (tenant, session_id, created_at) WHERE (session_id IS NOT NULL);
 
+CREATE INDEX runs_by_tenant ON public.runs USING btree (tenant, submit_seq) WHERE (parent_run_id IS NULL);
+
 CREATE INDEX runs_ended_frames ON public.runs USING btree (ended_at) WHERE ((ended_at IS NOT NULL) AND (frames_expired_at IS NULL));
 
 CREATE INDEX runs_session_active ON public.runs USING btree (tenant, session_id, submit_seq) WHERE ((session_id IS NOT NULL) AND (status = ANY (ARRAY['queued'::public.run_status, 'running'::public.run_status, 'recovering'::public.run_status, 'waiting'::public.run_status])));

@@ -443,6 +443,24 @@ class Submitter:
         await self._notify_canceled(runs)
         return replies.AbortSessionReply(canceled=[run.run_id for run in runs])
 
+    async def list_runs(self, tenant: str, cmd: commands.ListCommand) -> replies.ListReply:
+        page = await self.store.list_runs(
+            tenant,
+            status=cmd.status,
+            runner=cmd.runner,
+            session_id=cmd.session_id,
+            before=cmd.before,
+            limit=cmd.limit,
+        )
+        runs = [
+            run.summary().model_copy(
+                update={"waiting_for": WaitData.model_validate(wait) if wait else None}
+            )
+            for run, wait in page
+        ]
+        last = page[-1][0].submit_seq if len(page) == cmd.limit else None
+        return replies.ListReply(runs=runs, next=last)
+
     async def resume(self, tenant: str, cmd: commands.ResumeCommand) -> replies.ResumeReply:
         answer, xact = await self._answer(
             cmd.run_id,

@@ -98,6 +98,12 @@ class SubmitterService(Service[SubmitterSettings]):
             """An operator's: cancel every active and queued run of the tenant."""
             return await self.submitter.end_tenant(tenant(), body)
 
+        @command("list", max_bytes=settings.max_input_bytes)
+        async def list_runs(body: commands.ListCommand) -> replies.ListReply:
+            """The tenant's runs, newest first, a page at a time: by status, runner or
+            session when given."""
+            return await self.submitter.list_runs(tenant(), body)
+
         @command("resume", max_bytes=settings.max_input_bytes)
         async def resume(body: commands.ResumeCommand) -> replies.ResumeReply:
             """Answer the interrupt a waiting run waits for: its next attempt is queued at

@@ -415,3 +415,54 @@ async def test_a_signal_url_takes_a_third_partys_post_without_an_api_key(
         assert second.json()["delivered"] is True
         _, transcript = await collect(client, run_id)
     assert transcript.text == "paid 3 then 4"
+
+
+@WAITING
+async def test_list_shows_the_tenants_runs_newest_first_and_what_waiting_ones_wait_for(
+    stack: InProcessStack, tmp_path: Path
+) -> None:
+    client = stack.client
+    done = (await client.submit({"tokens": ["x"]})).run.run_id
+    await collect(client, done)
+    asking = [(await client.submit({}, runner="asks")).run.run_id for _ in range(3)]
+    for run_id in asking:
+        await _waiting(stack, run_id)
+    waiting = await client.list_runs(status=RunStatus.WAITING, limit=2)
+    assert [r.run_id for r in waiting.runs] == asking[::-1][:2]
+    assert all(r.waiting_for is not None for r in waiting.runs)
+    assert waiting.runs[0].waiting_for is not None
+    assert waiting.runs[0].waiting_for.payload == {"question": "may I?"}
+    assert waiting.next is not None
+    rest = await client.list_runs(status="waiting", limit=2, before=waiting.next)
+    assert ([r.run_id for r in rest.runs], rest.next) == ([asking[0]], None)
+    every = await client.list_runs()
+    assert [r.run_id for r in every.runs] == [*asking[::-1], done]
+    assert every.runs[-1].waiting_for is None
+    assert [r.run_id for r in (await client.list_runs(runner="scripted")).runs] == [done]
+    # The CLI says it in a line each; the gateway as JSON.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNWIRE_")}
+    env |= {"RUNWIRE_NATS_URL": stack.nats_url, "RUNWIRE_PREFIX": stack.prefix}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "runwire.client.cli",
+        "list",
+        "--status",
+        "waiting",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 30)
+    lines = out.decode().splitlines()
+    assert [line.split()[0] for line in lines] == asking[::-1]
+    assert all('waits (interrupt interrupt-1): {"question": "may I?"}' in line for line in lines)
+    key = "rw_test-list-key"
+    async with (
+        serve_gateway(stack.nats_url, stack.prefix, {key: "default"}, tmp_path) as url,
+        httpx.AsyncClient(base_url=url, headers={"x-api-key": key}, timeout=10) as http,
+    ):
+        page = await http.get("/v1/runs", params={"status": "waiting", "limit": "1"})
+        assert page.status_code == 200, page.text
+        assert [r["run_id"] for r in page.json()["runs"]] == [asking[-1]]
+        bad = await http.get("/v1/runs", params={"status": "asleep"})
+        assert bad.status_code == 400

@@ -250,3 +250,21 @@ SELECT node_id, slot, node_run_id, status::text AS status, attempt, version, out
 -- name: active_node_runs
 -- The node runs' runs of a workflow run that an executor may still be running.
 SELECT run_id FROM runs WHERE parent_run_id = $1 AND status = 'running';
+
+-- name: list_runs
+-- A page of the tenant's runs (not node runs), newest first: of status $2, runner $3 and
+-- session $4 when given, submitted before seq $5; a waiting one with what it waits for.
+SELECT r.*, w.wait_id AS wait_id, w.kind AS wait_kind, w.name AS wait_name,
+       w.payload AS wait_payload, w.timeout_at AS wait_timeout_at
+  FROM runs r
+  LEFT JOIN LATERAL (
+        SELECT wait_id, kind, name, payload, timeout_at FROM run_waits
+         WHERE run_id = r.run_id AND outcome IS NULL AND r.status = 'waiting'
+         ORDER BY created_at DESC LIMIT 1) w ON true
+ WHERE r.tenant = $1 AND r.parent_run_id IS NULL
+   AND ($2::run_status IS NULL OR r.status = $2)
+   AND ($3::text IS NULL OR r.runner = $3)
+   AND ($4::text IS NULL OR r.session_id = $4)
+   AND ($5::bigint IS NULL OR r.submit_seq < $5)
+ ORDER BY r.submit_seq DESC
+ LIMIT $6;

@@ -115,6 +115,35 @@ class WaitQueries(Queries):
         rec = await self._fetchrow("waiting_for", uuid.UUID(run_id))
         return dict(rec) if rec is not None else None
 
+    async def list_runs(
+        self,
+        tenant: str,
+        *,
+        status: str | None,
+        runner: str | None,
+        session_id: str | None,
+        before: int | None,
+        limit: int,
+    ) -> list[tuple[Run, dict[str, Any] | None]]:
+        """A page of the tenant's runs, newest first, each with the wait it waits for
+        (a waiting run's)."""
+        rows = await self._fetch("list_runs", tenant, status, runner, session_id, before, limit)
+        return [
+            (
+                Run.from_record(r),
+                {
+                    "wait_id": r["wait_id"],
+                    "kind": r["wait_kind"],
+                    "name": r["wait_name"],
+                    "payload": r["wait_payload"],
+                    "timeout_at": r["wait_timeout_at"],
+                }
+                if r["wait_id"] is not None
+                else None,
+            )
+            for r in rows
+        ]
+
     async def time_out_waits(self, limit: int, actor: str) -> list[Run]:
         """Decide the waits past their timeout; the waiting runs woken by it."""
         return [Run.from_record(r) for r in await self._fetch("time_out_waits", limit, actor)]
