@@ -12,7 +12,11 @@ from pydantic import Field, StringConstraints, field_validator, model_validator
 
 from runwire.contracts.base import Versioned
 from runwire.contracts.status import RunStatus
-from runwire.contracts.subjects import EFFECT_KIND_PATTERN, RUNNER_NAME_PATTERN
+from runwire.contracts.subjects import (
+    EFFECT_KIND_PATTERN,
+    RUNNER_NAME_PATTERN,
+    SIGNAL_NAME_PATTERN,
+)
 from runwire.contracts.workflows import (
     MAX_VERSION,
     RELEASE_ID_PATTERN,
@@ -22,7 +26,6 @@ from runwire.contracts.workflows import (
 
 MAX_ID_LENGTH = 200
 # A signal's name: what a runner's `ctx.wait_for_signal(name)` waits for.
-SIGNAL_NAME_PATTERN = r"^[A-Za-z0-9_.:-]{1,100}$"
 # The largest integer every JSON client holds exactly (2^53 - 1): the most a budget (tokens
 # or cost units) or a frame cursor may be. Integers are checked before they reach SQL.
 MAX_SAFE_INTEGER = 2**53 - 1

@@ -33,7 +33,8 @@ class RunEventName(StrEnum):
     NODE_READY = "node_ready"  # created: every node before it ended
     NODE_STARTED = "node_started"  # an attempt of it started
     NODE_RETRYING = "node_retrying"  # an attempt failed; another follows after a backoff
-    NODE_WAITING = "node_waiting"  # its executor stopped; it resumes elsewhere
+    NODE_WAITING = "node_waiting"  # its executor stopped, or its run waits (an answer)
+    NODE_RESUMED = "node_resumed"  # the wait of its run was decided: next attempt queued
     NODE_COMPLETED = "node_completed"
     NODE_FAILED = "node_failed"
     NODE_FELL_BACK = "node_fell_back"  # failed; its fallback node runs in its place

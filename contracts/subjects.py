@@ -14,6 +14,8 @@ PREFIX_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 RUNNER_NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
 # An effect kind names an adapter (`http`, `noop`, one in the group `runwire.effects`).
 EFFECT_KIND_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
+# A signal's name (commands.SignalCommand, a workflow's signal node).
+SIGNAL_NAME_PATTERN = r"^[A-Za-z0-9_.:-]{1,100}$"
 COMMANDS = (
     "submit",
     "release",

@@ -19,6 +19,12 @@ passed): `on_failure`
   by its deadline), which its fallback would repeat, unless the node sets
   `fallback_after_effect`: then the workflow run fails as with `retry`.
 
+A node may wait (its run waits, holding no executor): its runner asks
+(`ctx.interrupt`, answered by `resume` of its node run) or waits for a signal; a node
+with `signal` instead of a runner waits for the signal of that name sent to its
+workflow run (kept in the workflow run's mailbox until a node takes it), and the
+signal's payload is its output. Its `deadline_ms` still ends it as `timed_out`, once.
+
 A node that is some node's `fallback` runs only in that case: it has no edges of its
 own, and its input may only use the workflow input and the nodes before the node it
 stands in for.
@@ -30,7 +36,11 @@ from typing import Annotated, Any, Self
 from pydantic import Field, StringConstraints, model_validator
 
 from runwire.contracts.base import WireModel
-from runwire.contracts.subjects import EFFECT_KIND_PATTERN, RUNNER_NAME_PATTERN
+from runwire.contracts.subjects import (
+    EFFECT_KIND_PATTERN,
+    RUNNER_NAME_PATTERN,
+    SIGNAL_NAME_PATTERN,
+)
 
 NODE_ID_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
 NodeId = Annotated[str, StringConstraints(pattern=NODE_ID_PATTERN)]
@@ -41,6 +51,8 @@ MAX_VERSION = 2**31 - 1
 REF_ROOTS = ("input", "nodes")
 # The runner that performs a node's side effect (a node with `effect` instead of `runner`).
 EFFECT_RUNNER = "effect"
+# The runner that waits for a node's signal (a node with `signal` instead of `runner`).
+SIGNAL_RUNNER = "signal"
 
 
 class OnFailure(StrEnum):
@@ -53,8 +65,9 @@ class OnFailure(StrEnum):
 
 
 class NodeStatus(StrEnum):
-    """Where a node run stands. `ready`: created, waiting for an executor; `running`: an
-    attempt runs; `waiting`: between attempts (a backoff, or resuming after a crash)."""
+    """Where a node run stands. `ready`: created (or answered), waiting for an executor;
+    `running`: an attempt runs; `waiting`: between attempts (a backoff, or resuming after
+    a crash), or its run waits for an answer, a signal or a timer (`waiting_for`)."""
 
     READY = "ready"
     RUNNING = "running"
@@ -78,9 +91,12 @@ class NodeSpec(WireModel):
 
     id: NodeId
     # The runner of its runs; or `effect`, an effect adapter that performs the node's
-    # input as its request once (through the side-effect fence), the receipt its output.
+    # input as its request once (through the side-effect fence), the receipt its output;
+    # or `signal`, the name of a signal to the workflow run that the node waits for (its
+    # payload the node's output; `input` is not used).
     runner: str | None = Field(default=None, pattern=RUNNER_NAME_PATTERN)
     effect: str | None = Field(default=None, pattern=EFFECT_KIND_PATTERN)
+    signal: str | None = Field(default=None, pattern=SIGNAL_NAME_PATTERN)
     input: dict[str, Any] = Field(default_factory=lambda: {"$ref": "input"})
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     on_failure: OnFailure = OnFailure.RETRY
@@ -96,8 +112,8 @@ class NodeSpec(WireModel):
 
     @model_validator(mode="after")
     def _one_kind(self) -> Self:
-        if (self.runner is None) == (self.effect is None):
-            raise ValueError(f"node {self.id!r}: give exactly one of runner or effect")
+        if [self.runner, self.effect, self.signal].count(None) != 2:
+            raise ValueError(f"node {self.id!r}: give exactly one of runner, effect or signal")
         if (self.on_failure == OnFailure.FALLBACK) != (self.fallback is not None):
             raise ValueError(
                 f"node {self.id!r}: fallback names the node to run when on_failure is "
@@ -108,6 +124,8 @@ class NodeSpec(WireModel):
     @property
     def runs_with(self) -> str:
         """The runner of the node's runs."""
+        if self.signal is not None:
+            return SIGNAL_RUNNER
         return self.runner or EFFECT_RUNNER
 
 
@@ -162,6 +180,8 @@ class NodeRunData(WireModel):
     version: int
     output: Any = None
     error: dict[str, Any] | None = None
+    # What its run waits for, while it waits (frames.WaitData's fields).
+    waiting_for: dict[str, Any] | None = None
 
 
 class NodeAction(StrEnum):
@@ -169,7 +189,8 @@ class NodeAction(StrEnum):
 
     STARTED = "started"  # an attempt of the node run started
     RETRYING = "retrying"  # an attempt failed; another follows after a backoff
-    WAITING = "waiting"  # its executor stopped; the attempt resumes elsewhere
+    WAITING = "waiting"  # its executor stopped, or its run waits (an answer, a signal)
+    RESUMED = "resumed"  # the wait of its run was decided: its next attempt is queued
     COMPLETED = "completed"
     FAILED = "failed"
     FELL_BACK = "fell_back"  # it failed; its fallback runs in its place

@@ -100,6 +100,8 @@ def repeated_blocks(paths: Iterable[Path], root: Path = ROOT) -> list[Repeat]:
                 (fa, ia), (fb, ib) = sorted((places[a], places[b]))
                 if fa == fb and abs(ia - ib) < REPEAT_LINES:
                     continue  # a block overlapping itself
+                if MIGRATION.match(fa) and MIGRATION.match(fb):
+                    continue  # a migration restating an older one's list: both stay as they are
                 runs[(fa, fb, ib - ia)].append(ia)
     found = []
     for (fa, fb, offset), starts in runs.items():

@@ -200,9 +200,24 @@ def _node_tree(run: RunSummary) -> str:
                 f"{'  ' * (depth + 1)}{'└─ ' if depth else ''}{node.node_id:<20} "
                 f"{node.status:<10} attempt {node.attempt}{code}{stands_in}"
             )
+            if node.waiting_for is not None:
+                lines.append(f"{'  ' * (depth + 3)}{_node_wait_line(run.run_id, node)}")
     if run.workflow is not None and not run.nodes:
         lines.append("  (no node has started)")
     return "\n".join(lines)
+
+
+def _node_wait_line(run_id: str, node: NodeRunData) -> str:
+    """What a waiting node waits for, and how to answer it: a question to its node run,
+    a signal to the workflow run (which keeps it for the node)."""
+    wait = WaitData.model_validate(node.waiting_for)
+    if wait.kind == WaitKind.SLEEP:
+        return f"sleeps until {wait.timeout_at.isoformat() if wait.timeout_at else '?'}"
+    if wait.kind == WaitKind.SIGNAL:
+        return (
+            f"waits for the signal {wait.name}: runwire signal {run_id} {wait.name} --payload JSON"
+        )
+    return f"asks {json.dumps(wait.payload)}: runwire resume {node.node_run_id} --value JSON"
 
 
 async def _watch_nodes(client: Client, run_id: str) -> int:

@@ -26,7 +26,6 @@ from pydantic import ValidationError
 from runwire.client.sdk import Client, ClientError
 from runwire.contracts.commands import (
     MAX_SEQ,
-    SIGNAL_NAME_PATTERN,
     ListCommand,
     ResumeCommand,
     SignalCommand,
@@ -35,6 +34,7 @@ from runwire.contracts.commands import (
 from runwire.contracts.errors import ErrorBody, ErrorCode, ErrorReply
 from runwire.contracts.frames import Frame, FrameType
 from runwire.contracts.replies import AbortSessionReply, ResumeReply, RunReply, SignalReply
+from runwire.contracts.subjects import SIGNAL_NAME_PATTERN
 from runwire.gateway import langgraph
 from runwire.gateway.errors import described, status_of
 from runwire.gateway.keys import ApiKeys

@@ -231,6 +231,77 @@ BEGIN
 END
 $$;
 
+CREATE TABLE public.run_waits (
+    run_id uuid NOT NULL,
+    wait_id text NOT NULL,
+    kind text NOT NULL,
+    name text,
+    payload jsonb,
+    timeout_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    outcome text,
+    value jsonb,
+    request_id text,
+    decided_at timestamp with time zone,
+    CONSTRAINT run_waits_kind_check CHECK ((kind = ANY (ARRAY['interrupt'::text, 'signal'::text, 'sleep'::text]))),
+    CONSTRAINT run_waits_outcome_check CHECK ((outcome = ANY (ARRAY['answered'::text, 'timed_out'::text])))
+);
+
+CREATE FUNCTION public.decide_by_parent_signal(p_parent uuid, p_wait public.run_waits) RETURNS public.run_waits
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    v_signal run_signals := take_parent_signal(p_parent, p_wait.run_id, p_wait.wait_id,
+                                               p_wait.name);
+    v_wait run_waits := p_wait;
+BEGIN
+    IF v_signal.seq IS NOT NULL THEN
+        UPDATE run_waits
+           SET outcome = 'answered', value = v_signal.payload,
+               request_id = v_signal.request_id, decided_at = now()
+         WHERE run_id = p_wait.run_id AND wait_id = p_wait.wait_id AND outcome IS NULL
+        RETURNING * INTO v_wait;
+    END IF;
+    RETURN v_wait;
+END
+$$;
+
+CREATE FUNCTION public.deliver_kept_signal(p_tenant text, p_run_id uuid, p_actor text) RETURNS text
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    v_due record;
+    v_wait run_waits;
+    v_signal run_signals;
+BEGIN
+    SELECT w.run_id, w.wait_id INTO v_due
+      FROM run_signals s
+      JOIN runs c ON c.parent_run_id = s.run_id AND run_active(c.status)
+      JOIN run_waits w ON w.run_id = c.run_id AND w.outcome IS NULL AND w.kind = 'signal'
+                      AND w.name = s.name
+     WHERE s.run_id = p_run_id AND s.taken_by IS NULL
+       AND EXISTS (SELECT 1 FROM runs p WHERE p.run_id = p_run_id AND p.tenant = p_tenant)
+     ORDER BY s.seq, w.created_at LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN 'none';
+    END IF;
+    PERFORM 1 FROM runs WHERE run_id = v_due.run_id FOR UPDATE;
+    SELECT * INTO v_wait FROM run_waits
+     WHERE run_id = v_due.run_id AND wait_id = v_due.wait_id AND outcome IS NULL;
+    IF NOT FOUND THEN
+        RETURN 'again';
+    END IF;
+    v_wait := decide_by_parent_signal(p_run_id, v_wait);
+    IF v_wait.outcome IS NULL THEN
+        RETURN 'again';
+    END IF;
+    PERFORM wake_run(v_due.run_id, p_actor, 'signaled');
+    RETURN 'delivered';
+END
+$$;
+
 CREATE FUNCTION public.effect_budget_close() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
@@ -280,15 +351,22 @@ CREATE FUNCTION public.enter_waiting(p_run_id uuid, p_generation integer, p_wait
 DECLARE
     v_run runs;
     v_decided boolean;
+    v_parent uuid;
+    v_wait run_waits;
 BEGIN
-    PERFORM 1 FROM runs
-      WHERE run_id = p_run_id AND generation = p_generation AND status = 'running'
-        FOR UPDATE;
+    SELECT parent_run_id INTO v_parent FROM runs
+     WHERE run_id = p_run_id AND generation = p_generation AND status = 'running'
+       FOR UPDATE;
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    SELECT outcome IS NOT NULL INTO v_decided FROM run_waits
-     WHERE run_id = p_run_id AND wait_id = p_wait_id;
+    SELECT * INTO v_wait FROM run_waits WHERE run_id = p_run_id AND wait_id = p_wait_id;
+    -- A node's signal sent to its workflow run since the wait began (see
+    -- deliver_kept_signal: one of the two always sees the other).
+    IF v_wait.outcome IS NULL AND v_wait.kind = 'signal' AND v_parent IS NOT NULL THEN
+        v_wait := decide_by_parent_signal(v_parent, v_wait);
+    END IF;
+    v_decided := v_wait.outcome IS NOT NULL;
     UPDATE runs
        SET status = CASE WHEN cancel_requested THEN 'canceled'::run_status
                          WHEN v_decided THEN 'queued'::run_status
@@ -712,6 +790,41 @@ BEGIN
 END
 $$;
 
+CREATE TABLE public.run_signals (
+    run_id uuid NOT NULL,
+    seq bigint NOT NULL,
+    name text NOT NULL,
+    payload jsonb,
+    request_id text NOT NULL,
+    sent_at timestamp with time zone DEFAULT now() NOT NULL,
+    taken_by text
+);
+
+CREATE FUNCTION public.take_parent_signal(p_parent uuid, p_run_id uuid, p_wait_id text, p_name text) RETURNS public.run_signals
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    v_seq bigint;
+    v_signal run_signals;
+BEGIN
+    LOOP
+        SELECT seq INTO v_seq FROM run_signals
+         WHERE run_id = p_parent AND name = p_name AND taken_by IS NULL
+         ORDER BY seq LIMIT 1;
+        IF NOT FOUND THEN
+            RETURN NULL;
+        END IF;
+        UPDATE run_signals SET taken_by = p_run_id || '/' || p_wait_id
+         WHERE run_id = p_parent AND seq = v_seq AND taken_by IS NULL
+        RETURNING * INTO v_signal;
+        IF FOUND THEN
+            RETURN v_signal;
+        END IF;
+    END LOOP;
+END
+$$;
+
 CREATE FUNCTION public.time_out_waits(p_limit integer, p_actor text) RETURNS SETOF public.runs
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
@@ -743,10 +856,11 @@ CREATE FUNCTION public.wait_begin(p_run_id uuid, p_generation integer, p_wait_id
 DECLARE
     v_wait run_waits;
     v_signal run_signals;
+    v_parent uuid;
 BEGIN
-    PERFORM 1 FROM runs
-      WHERE run_id = p_run_id AND generation = p_generation AND status = 'running'
-        FOR UPDATE;
+    SELECT parent_run_id INTO v_parent FROM runs
+     WHERE run_id = p_run_id AND generation = p_generation AND status = 'running'
+       FOR UPDATE;
     IF NOT FOUND THEN
         RETURN QUERY SELECT 'lost'::text, NULL::jsonb, NULL::timestamptz;
         RETURN;
@@ -773,6 +887,9 @@ BEGIN
              WHERE run_id = p_run_id AND wait_id = p_wait_id
             RETURNING * INTO v_wait;
         END IF;
+    END IF;
+    IF v_wait.outcome IS NULL AND v_wait.kind = 'signal' AND v_parent IS NOT NULL THEN
+        v_wait := decide_by_parent_signal(v_parent, v_wait);
     END IF;
     IF v_wait.outcome IS NULL AND v_wait.timeout_at <= now() THEN
         -- A sleep's timeout is its end: it is answered by the time.
@@ -1000,6 +1117,8 @@ BEGIN
     END IF;
     IF v_spec->>'effect' IS NOT NULL THEN
         v_input := jsonb_build_object('kind', v_spec->>'effect', 'request', v_input);
+    ELSIF v_spec->>'signal' IS NOT NULL THEN
+        v_input := jsonb_build_object('name', v_spec->>'signal');
     END IF;
     INSERT INTO node_runs (node_run_id, run_id, node_id, slot, deadline_at)
     VALUES (v_id, p_run.run_id, p_node, p_slot,
@@ -1015,7 +1134,9 @@ BEGIN
                       auth_fence, parent_run_id, node_id, retry_base_ms)
     -- Its request_id comes from its random id: no client's submit can take it first.
     VALUES (v_id, p_run.tenant, 'node:' || v_id, 'enqueue',
-            coalesce(v_spec->>'runner', 'effect'), v_input,
+            coalesce(v_spec->>'runner',
+                     CASE WHEN v_spec->>'signal' IS NOT NULL THEN 'signal' ELSE 'effect' END),
+            v_input,
             jsonb_build_object('workflow_run', p_run.run_id, 'node', p_node),
             CASE WHEN v_spec->>'on_failure' = 'fail_run' THEN 1  -- fails the run at once
                  ELSE coalesce((v_spec #>> '{retry,max_attempts}')::integer, 3) END,
@@ -1150,6 +1271,7 @@ DECLARE
     v_run runs;
     v_node node_runs;
     v_actor text := coalesce(NEW.lease_owner, 'workflow');
+    v_reason text;
 BEGIN
     SELECT * INTO v_run FROM runs WHERE run_id = NEW.parent_run_id FOR UPDATE;
     SELECT * INTO v_node FROM node_runs WHERE node_run_id = NEW.run_id;
@@ -1168,6 +1290,20 @@ BEGIN
         PERFORM workflow_node_move(v_run, v_node, 'running', 'started', NEW.attempts, NULL,
                                    NULL, 'attempt ' || NEW.attempts, NULL, false, v_actor,
                                    false);
+    ELSIF NEW.status = 'waiting' THEN
+        -- Its runner waits (an answer, a signal, a timer): what for, in words.
+        SELECT CASE kind WHEN 'interrupt' THEN 'its run asks: ' || left(payload::text, 500)
+                         WHEN 'signal' THEN 'its run waits for the signal ' || name
+                         ELSE 'its run sleeps until ' || timeout_at END
+          INTO v_reason
+          FROM run_waits WHERE run_id = NEW.run_id AND outcome IS NULL
+         ORDER BY created_at DESC LIMIT 1;
+        PERFORM workflow_node_move(v_run, v_node, 'waiting', 'waiting', NEW.attempts, NULL,
+                                   NULL, coalesce(v_reason, 'its run waits'), NULL, false,
+                                   v_actor, false);
+    ELSIF NEW.status = 'queued' AND OLD.status = 'waiting' THEN
+        PERFORM workflow_node_move(v_run, v_node, 'ready', 'resumed', NEW.attempts, NULL,
+                                   NULL, 'its wait was decided', NULL, false, v_actor, false);
     ELSIF NEW.status = 'queued' THEN
         PERFORM workflow_node_move(v_run, v_node, 'waiting', 'retrying', NEW.attempts, NULL,
                                    NEW.error, coalesce(NEW.error->>'message', 'retrying'),
@@ -1508,16 +1644,6 @@ CREATE SEQUENCE public.run_events_id_seq
 
 ALTER SEQUENCE public.run_events_id_seq OWNED BY public.run_events.id;
 
-CREATE TABLE public.run_signals (
-    run_id uuid NOT NULL,
-    seq bigint NOT NULL,
-    name text NOT NULL,
-    payload jsonb,
-    request_id text NOT NULL,
-    sent_at timestamp with time zone DEFAULT now() NOT NULL,
-    taken_by text
-);
-
 CREATE SEQUENCE public.run_signals_seq_seq
     START WITH 1
     INCREMENT BY 1
@@ -1526,22 +1652,6 @@ CREATE SEQUENCE public.run_signals_seq_seq
     CACHE 1;
 
 ALTER SEQUENCE public.run_signals_seq_seq OWNED BY public.run_signals.seq;
-
-CREATE TABLE public.run_waits (
-    run_id uuid NOT NULL,
-    wait_id text NOT NULL,
-    kind text NOT NULL,
-    name text,
-    payload jsonb,
-    timeout_at timestamp with time zone,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    outcome text,
-    value jsonb,
-    request_id text,
-    decided_at timestamp with time zone,
-    CONSTRAINT run_waits_kind_check CHECK ((kind = ANY (ARRAY['interrupt'::text, 'signal'::text, 'sleep'::text]))),
-    CONSTRAINT run_waits_outcome_check CHECK ((outcome = ANY (ARRAY['answered'::text, 'timed_out'::text])))
-);
 
 CREATE TABLE public.runners (
     name text NOT NULL,
@@ -1631,7 +1741,7 @@ ALTER TABLE ONLY public.releases
     ADD CONSTRAINT releases_pkey PRIMARY KEY (tenant, release_id, version);
 
 ALTER TABLE public.run_events
-    ADD CONSTRAINT run_events_event_known CHECK ((event = ANY (ARRAY['submitted'::text, 'claimed'::text, 'finished'::text, 'failed'::text, 'canceled'::text, 'retry'::text, 'released'::text, 'cancel_requested'::text, 'session_turn'::text, 'recovering'::text, 'interrupted'::text, 'waiting'::text, 'resumed'::text, 'signaled'::text, 'budget_reserved'::text, 'budget_settled'::text, 'budget_released'::text, 'effect_resolved'::text, 'node_ready'::text, 'node_started'::text, 'node_retrying'::text, 'node_waiting'::text, 'node_completed'::text, 'node_failed'::text, 'node_fell_back'::text, 'node_skipped'::text, 'node_timed_out'::text]))) NOT VALID;
+    ADD CONSTRAINT run_events_event_known CHECK ((event = ANY (ARRAY['submitted'::text, 'claimed'::text, 'finished'::text, 'failed'::text, 'canceled'::text, 'retry'::text, 'released'::text, 'cancel_requested'::text, 'session_turn'::text, 'recovering'::text, 'interrupted'::text, 'waiting'::text, 'resumed'::text, 'signaled'::text, 'budget_reserved'::text, 'budget_settled'::text, 'budget_released'::text, 'effect_resolved'::text, 'node_ready'::text, 'node_started'::text, 'node_retrying'::text, 'node_waiting'::text, 'node_resumed'::text, 'node_completed'::text, 'node_failed'::text, 'node_fell_back'::text, 'node_skipped'::text, 'node_timed_out'::text]))) NOT VALID;
 
 ALTER TABLE ONLY public.run_events
     ADD CONSTRAINT run_events_pkey PRIMARY KEY (id);
@@ -1767,6 +1877,16 @@ GRANT SELECT,UPDATE ON TABLE public.runs TO runwire_recovery;
 REVOKE ALL ON FUNCTION public.claim_runs(p_runs uuid[], p_generations integer[], p_owner text, p_lease_ms integer, p_job_acks text[], p_presence integer) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.claim_runs(p_runs uuid[], p_generations integer[], p_owner text, p_lease_ms integer, p_job_acks text[], p_presence integer) TO runwire_executor;
 
+GRANT SELECT ON TABLE public.run_waits TO runwire_submitter;
+GRANT SELECT ON TABLE public.run_waits TO runwire_executor;
+GRANT SELECT ON TABLE public.run_waits TO runwire_relay;
+GRANT SELECT ON TABLE public.run_waits TO runwire_recovery;
+
+REVOKE ALL ON FUNCTION public.decide_by_parent_signal(p_parent uuid, p_wait public.run_waits) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.deliver_kept_signal(p_tenant text, p_run_id uuid, p_actor text) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.deliver_kept_signal(p_tenant text, p_run_id uuid, p_actor text) TO runwire_submitter;
+
 REVOKE ALL ON FUNCTION public.effect_budget_close() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION public.enter_waiting(p_run_id uuid, p_generation integer, p_wait_id text, p_text text, p_actor text, p_close_seq integer, p_trace_parent text, p_cancel_error jsonb) FROM PUBLIC;
@@ -1807,6 +1927,13 @@ GRANT ALL ON FUNCTION public.start_session_turn(p_tenant text, p_session text, p
 
 REVOKE ALL ON FUNCTION public.submit_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[]) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.submit_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[]) TO runwire_submitter;
+
+GRANT SELECT ON TABLE public.run_signals TO runwire_submitter;
+GRANT SELECT ON TABLE public.run_signals TO runwire_executor;
+GRANT SELECT ON TABLE public.run_signals TO runwire_relay;
+GRANT SELECT ON TABLE public.run_signals TO runwire_recovery;
+
+REVOKE ALL ON FUNCTION public.take_parent_signal(p_parent uuid, p_run_id uuid, p_wait_id text, p_name text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION public.time_out_waits(p_limit integer, p_actor text) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.time_out_waits(p_limit integer, p_actor text) TO runwire_recovery;
@@ -1886,16 +2013,6 @@ GRANT USAGE ON SEQUENCE public.run_events_id_seq TO runwire_submitter;
 GRANT USAGE ON SEQUENCE public.run_events_id_seq TO runwire_executor;
 GRANT USAGE ON SEQUENCE public.run_events_id_seq TO runwire_relay;
 GRANT USAGE ON SEQUENCE public.run_events_id_seq TO runwire_recovery;
-
-GRANT SELECT ON TABLE public.run_signals TO runwire_submitter;
-GRANT SELECT ON TABLE public.run_signals TO runwire_executor;
-GRANT SELECT ON TABLE public.run_signals TO runwire_relay;
-GRANT SELECT ON TABLE public.run_signals TO runwire_recovery;
-
-GRANT SELECT ON TABLE public.run_waits TO runwire_submitter;
-GRANT SELECT ON TABLE public.run_waits TO runwire_executor;
-GRANT SELECT ON TABLE public.run_waits TO runwire_relay;
-GRANT SELECT ON TABLE public.run_waits TO runwire_recovery;
 
 GRANT SELECT ON TABLE public.runners TO runwire_submitter;
 GRANT SELECT,INSERT,UPDATE ON TABLE public.runners TO runwire_executor;

@@ -53,6 +53,9 @@ SUPERSEDED = SUPERSEDED_ERROR
 QUEUE_FULL = QUEUE_FULL_ERROR
 # The runner name of a workflow run (no executor claims one: Postgres drives it).
 WORKFLOW_RUNNER = "workflow"
+# Signals a workflow run keeps handed to its waiting node runs after one signal, at most
+# (each in a transaction of its own).
+MAX_KEPT_DELIVERIES = 50
 
 
 class SessionBusy(RunwireError):
@@ -99,6 +102,8 @@ class Submitter:
             # Left out when not set: a release published before the field keeps its digest.
             if not stored["fallback_after_effect"]:
                 del stored["fallback_after_effect"]
+            if stored["signal"] is None:
+                del stored["signal"]
         digest = hashlib.sha256(
             json.dumps(definition, sort_keys=True, separators=(",", ":")).encode()
         ).hexdigest()
@@ -325,6 +330,7 @@ class Submitter:
                     version=n["version"],
                     output=n["output"],
                     error=n["error"],
+                    waiting_for=_node_wait(n),
                 )
                 for n in await self.store.node_runs(run.run_id)
             ]
@@ -484,11 +490,29 @@ class Submitter:
         if answer == Answer.NOT_WAITING:
             raise NotWaiting(f"run {cmd.run_id} has ended: it takes no signal")
         await self.outbox.dispatch_xact(xact)
+        delivered = answer == Answer.DELIVERED
+        if not delivered:
+            # A workflow run keeps it for its nodes: one that waits for it takes it now.
+            # Also after a duplicate: a submitter that stopped between the two kept it.
+            delivered = await self._deliver_kept(tenant, cmd.run_id)
         return replies.SignalReply(
             run=await self._summary(tenant, cmd.run_id),
-            delivered=answer == Answer.DELIVERED,
+            delivered=delivered,
             duplicate=answer == Answer.DUPLICATE,
         )
+
+    async def _deliver_kept(self, tenant: str, run_id: str) -> bool:
+        """Hand the signals a workflow run keeps to its node runs that wait for them, in
+        transactions after the one that kept them; whether any was handed."""
+        delivered = False
+        for _ in range(MAX_KEPT_DELIVERIES):
+            result, xact = await self.store.deliver_kept_signal(tenant, run_id, ACTOR)
+            if result == "none":
+                break
+            if result == "delivered":
+                delivered = True
+                await self.outbox.dispatch_xact(xact)
+        return delivered
 
     async def _answer(
         self, run_id: str, asking: Coroutine[Any, Any, tuple[Answer, str | None]]
@@ -527,3 +551,17 @@ class Submitter:
         await self._notify_canceled(runs)
         log.info("tenant ended", extra=fields(tenant=tenant, canceled=len(runs)))
         return replies.EndTenantReply(canceled=[run.run_id for run in runs])
+
+
+def _node_wait(node: dict[str, Any]) -> dict[str, Any] | None:
+    """What a waiting node's run waits for (WaitData's fields), or None."""
+    if node["wait_id"] is None:
+        return None
+    wait = WaitData(
+        wait_id=node["wait_id"],
+        kind=node["wait_kind"],
+        payload=node["wait_payload"],
+        name=node["wait_name"],
+        timeout_at=node["wait_timeout_at"],
+    )
+    return wait.model_dump(mode="json")

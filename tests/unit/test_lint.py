@@ -55,3 +55,20 @@ def test_a_block_repeated_in_two_files_counts_once_whatever_its_length(tmp_path:
     (tmp_path / "c.py").write_text("\n".join(shared[:5]))  # five lines: not repeated code
     repeats = lint.repeated_blocks(sorted(tmp_path.glob("*.py")), root=tmp_path)
     assert repeats == [lint.Repeat("a.py:3", "b.py:2", 9)]
+
+
+def test_a_migration_restating_an_older_ones_list_is_not_repeated_code(tmp_path: Path) -> None:
+    # A later migration that widens a CHECK restates its list: neither may be edited.
+    folder = tmp_path / "services/runtime/migrations"
+    folder.mkdir(parents=True)
+    names = [f"    'event_{i}'," for i in range(8)]
+    (folder / "0040_events.sql").write_text("\n".join(["ADD CONSTRAINT c CHECK (", *names, ")"]))
+    (folder / "0041_more.sql").write_text("\n".join(["ADD CONSTRAINT c CHECK (", *names, ")"]))
+    (tmp_path / "code.sql").write_text("\n".join(["SELECT (", *names, ")"]))
+    paths = sorted(tmp_path.rglob("*.sql"))
+    repeats = lint.repeated_blocks(paths, root=tmp_path)
+    # What live code repeats of a migration still counts, once per migration.
+    assert {(r.first.split(":")[0], r.second.split(":")[0]) for r in repeats} == {
+        ("code.sql", "services/runtime/migrations/0040_events.sql"),
+        ("code.sql", "services/runtime/migrations/0041_more.sql"),
+    }

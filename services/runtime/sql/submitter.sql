@@ -243,9 +243,17 @@ SELECT release_id, version, definition, digest FROM releases
  ORDER BY version DESC LIMIT 1;
 
 -- name: node_runs
--- A workflow run's node runs, in the order they were created.
-SELECT node_id, slot, node_run_id, status::text AS status, attempt, version, output, error
-  FROM node_runs WHERE run_id = $1 ORDER BY created_at, node_id;
+-- A workflow run's node runs, in the order they were created; a waiting one with what
+-- its run waits for (wait_id null otherwise).
+SELECT n.node_id, n.slot, n.node_run_id, n.status::text AS status, n.attempt, n.version,
+       n.output, n.error, w.wait_id, w.kind AS wait_kind, w.name AS wait_name,
+       w.payload AS wait_payload, w.timeout_at AS wait_timeout_at
+  FROM node_runs n
+  LEFT JOIN LATERAL (
+      SELECT wait_id, kind, name, payload, timeout_at FROM run_waits
+       WHERE run_id = n.node_run_id AND outcome IS NULL AND n.status = 'waiting'
+       ORDER BY created_at DESC LIMIT 1) w ON true
+ WHERE n.run_id = $1 ORDER BY n.created_at, n.node_id;
 
 -- name: active_node_runs
 -- The node runs' runs of a workflow run that an executor may still be running.

@@ -17,6 +17,9 @@ SELECT resume_run($1, $2, $3, $4, $5, $6) AS result, pg_current_xact_id()::text 
 -- name: signal_run
 SELECT signal_run($1, $2, $3, $4, $5, $6) AS result, pg_current_xact_id()::text AS xact;
 
+-- name: deliver_kept_signal
+SELECT deliver_kept_signal($1, $2, $3) AS result, pg_current_xact_id()::text AS xact;
+
 -- name: waiting_for
 -- What a waiting run waits for: its wait not decided yet.
 SELECT wait_id, kind, name, payload, timeout_at FROM run_waits

@@ -110,6 +110,15 @@ class WaitQueries(Queries):
         assert rec is not None
         return Answer(rec["result"]), rec["xact"]
 
+    async def deliver_kept_signal(
+        self, tenant: str, run_id: str, actor: str
+    ) -> tuple[str, str | None]:
+        """Hand a signal kept by workflow run `run_id` to a node run that waits for it:
+        ('delivered' | 'again' | 'none', the transaction's id)."""
+        rec = await self._fetchrow("deliver_kept_signal", tenant, uuid.UUID(run_id), actor)
+        assert rec is not None
+        return rec["result"], rec["xact"]
+
     async def waiting_for(self, run_id: str) -> dict[str, Any] | None:
         """The wait a run waits for (not decided yet), or None."""
         rec = await self._fetchrow("waiting_for", uuid.UUID(run_id))

@@ -33,6 +33,59 @@ END
 $$;
 REVOKE ALL ON FUNCTION wake_run(uuid, text, text) FROM PUBLIC;
 
+-- Signals sent to a workflow run are kept in its mailbox for its nodes: the oldest of
+-- name `p_name` not taken yet, taken for the wait `p_wait_id` of its node run `p_run_id`
+-- (whose row the caller holds), or null. A signal another taker holds is waited for,
+-- and passed over once taken.
+CREATE OR REPLACE FUNCTION take_parent_signal(p_parent uuid, p_run_id uuid, p_wait_id text,
+    p_name text)
+RETURNS run_signals LANGUAGE plpgsql SECURITY DEFINER SET search_path TO 'public', 'pg_temp'
+AS $$
+DECLARE
+    v_seq bigint;
+    v_signal run_signals;
+BEGIN
+    LOOP
+        SELECT seq INTO v_seq FROM run_signals
+         WHERE run_id = p_parent AND name = p_name AND taken_by IS NULL
+         ORDER BY seq LIMIT 1;
+        IF NOT FOUND THEN
+            RETURN NULL;
+        END IF;
+        UPDATE run_signals SET taken_by = p_run_id || '/' || p_wait_id
+         WHERE run_id = p_parent AND seq = v_seq AND taken_by IS NULL
+        RETURNING * INTO v_signal;
+        IF FOUND THEN
+            RETURN v_signal;
+        END IF;
+    END LOOP;
+END
+$$;
+REVOKE ALL ON FUNCTION take_parent_signal(uuid, uuid, text, text) FROM PUBLIC;
+
+-- The undecided signal wait `p_wait` of a node run (whose row the caller holds) decided
+-- by a signal kept for it in its workflow run's mailbox, when there is one: the wait as
+-- it is now.
+CREATE OR REPLACE FUNCTION decide_by_parent_signal(p_parent uuid, p_wait run_waits)
+RETURNS run_waits LANGUAGE plpgsql SECURITY DEFINER SET search_path TO 'public', 'pg_temp'
+AS $$
+DECLARE
+    v_signal run_signals := take_parent_signal(p_parent, p_wait.run_id, p_wait.wait_id,
+                                               p_wait.name);
+    v_wait run_waits := p_wait;
+BEGIN
+    IF v_signal.seq IS NOT NULL THEN
+        UPDATE run_waits
+           SET outcome = 'answered', value = v_signal.payload,
+               request_id = v_signal.request_id, decided_at = now()
+         WHERE run_id = p_wait.run_id AND wait_id = p_wait.wait_id AND outcome IS NULL
+        RETURNING * INTO v_wait;
+    END IF;
+    RETURN v_wait;
+END
+$$;
+REVOKE ALL ON FUNCTION decide_by_parent_signal(uuid, run_waits) FROM PUBLIC;
+
 -- The wait `p_wait_id` of the running attempt (`p_generation`) of a run, begun or found:
 -- ('answered', value) when an answer, or a signal from the run's mailbox, decided it;
 -- ('timed_out', NULL) past its timeout; ('waiting', NULL) when the attempt must end to
@@ -48,10 +101,11 @@ AS $$
 DECLARE
     v_wait run_waits;
     v_signal run_signals;
+    v_parent uuid;
 BEGIN
-    PERFORM 1 FROM runs
-      WHERE run_id = p_run_id AND generation = p_generation AND status = 'running'
-        FOR UPDATE;
+    SELECT parent_run_id INTO v_parent FROM runs
+     WHERE run_id = p_run_id AND generation = p_generation AND status = 'running'
+       FOR UPDATE;
     IF NOT FOUND THEN
         RETURN QUERY SELECT 'lost'::text, NULL::jsonb, NULL::timestamptz;
         RETURN;
@@ -78,6 +132,9 @@ BEGIN
              WHERE run_id = p_run_id AND wait_id = p_wait_id
             RETURNING * INTO v_wait;
         END IF;
+    END IF;
+    IF v_wait.outcome IS NULL AND v_wait.kind = 'signal' AND v_parent IS NOT NULL THEN
+        v_wait := decide_by_parent_signal(v_parent, v_wait);
     END IF;
     IF v_wait.outcome IS NULL AND v_wait.timeout_at <= now() THEN
         -- A sleep's timeout is its end: it is answered by the time.
@@ -106,15 +163,22 @@ AS $$
 DECLARE
     v_run runs;
     v_decided boolean;
+    v_parent uuid;
+    v_wait run_waits;
 BEGIN
-    PERFORM 1 FROM runs
-      WHERE run_id = p_run_id AND generation = p_generation AND status = 'running'
-        FOR UPDATE;
+    SELECT parent_run_id INTO v_parent FROM runs
+     WHERE run_id = p_run_id AND generation = p_generation AND status = 'running'
+       FOR UPDATE;
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    SELECT outcome IS NOT NULL INTO v_decided FROM run_waits
-     WHERE run_id = p_run_id AND wait_id = p_wait_id;
+    SELECT * INTO v_wait FROM run_waits WHERE run_id = p_run_id AND wait_id = p_wait_id;
+    -- A node's signal sent to its workflow run since the wait began (see
+    -- deliver_kept_signal: one of the two always sees the other).
+    IF v_wait.outcome IS NULL AND v_wait.kind = 'signal' AND v_parent IS NOT NULL THEN
+        v_wait := decide_by_parent_signal(v_parent, v_wait);
+    END IF;
+    v_decided := v_wait.outcome IS NOT NULL;
     UPDATE runs
        SET status = CASE WHEN cancel_requested THEN 'canceled'::run_status
                          WHEN v_decided THEN 'queued'::run_status
@@ -223,6 +287,50 @@ END
 $$;
 REVOKE ALL ON FUNCTION signal_run(text, uuid, text, jsonb, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION signal_run(text, uuid, text, jsonb, text, text) TO runwire_submitter;
+
+-- A signal kept in the mailbox of workflow run `p_run_id` handed to a node run that
+-- waits for it: 'delivered' (that node run is queued, or will be as its attempt ends),
+-- 'again' (the one chosen was taken or decided meanwhile: call again), 'none' (no node
+-- run waits for a kept signal). The submitter calls it, in a transaction of its own,
+-- after each signal to a workflow run: a node run's wait that began before that
+-- signal was committed is seen here; one that began after sees the signal itself (in
+-- wait_begin or enter_waiting). One node run's row at most is taken, first (the lock
+-- order: a node run, then its workflow run).
+CREATE OR REPLACE FUNCTION deliver_kept_signal(p_tenant text, p_run_id uuid, p_actor text)
+RETURNS text LANGUAGE plpgsql SECURITY DEFINER SET search_path TO 'public', 'pg_temp'
+AS $$
+DECLARE
+    v_due record;
+    v_wait run_waits;
+    v_signal run_signals;
+BEGIN
+    SELECT w.run_id, w.wait_id INTO v_due
+      FROM run_signals s
+      JOIN runs c ON c.parent_run_id = s.run_id AND run_active(c.status)
+      JOIN run_waits w ON w.run_id = c.run_id AND w.outcome IS NULL AND w.kind = 'signal'
+                      AND w.name = s.name
+     WHERE s.run_id = p_run_id AND s.taken_by IS NULL
+       AND EXISTS (SELECT 1 FROM runs p WHERE p.run_id = p_run_id AND p.tenant = p_tenant)
+     ORDER BY s.seq, w.created_at LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN 'none';
+    END IF;
+    PERFORM 1 FROM runs WHERE run_id = v_due.run_id FOR UPDATE;
+    SELECT * INTO v_wait FROM run_waits
+     WHERE run_id = v_due.run_id AND wait_id = v_due.wait_id AND outcome IS NULL;
+    IF NOT FOUND THEN
+        RETURN 'again';
+    END IF;
+    v_wait := decide_by_parent_signal(p_run_id, v_wait);
+    IF v_wait.outcome IS NULL THEN
+        RETURN 'again';
+    END IF;
+    PERFORM wake_run(v_due.run_id, p_actor, 'signaled');
+    RETURN 'delivered';
+END
+$$;
+REVOKE ALL ON FUNCTION deliver_kept_signal(text, uuid, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION deliver_kept_signal(text, uuid, text) TO runwire_submitter;
 
 -- Waits past their timeout, up to `p_limit`, decided 'timed_out' (a sleep's: 'answered',
 -- its time has come); the waiting runs among theirs queued for their next attempt

@@ -159,6 +159,8 @@ BEGIN
     END IF;
     IF v_spec->>'effect' IS NOT NULL THEN
         v_input := jsonb_build_object('kind', v_spec->>'effect', 'request', v_input);
+    ELSIF v_spec->>'signal' IS NOT NULL THEN
+        v_input := jsonb_build_object('name', v_spec->>'signal');
     END IF;
     INSERT INTO node_runs (node_run_id, run_id, node_id, slot, deadline_at)
     VALUES (v_id, p_run.run_id, p_node, p_slot,
@@ -174,7 +176,9 @@ BEGIN
                       auth_fence, parent_run_id, node_id, retry_base_ms)
     -- Its request_id comes from its random id: no client's submit can take it first.
     VALUES (v_id, p_run.tenant, 'node:' || v_id, 'enqueue',
-            coalesce(v_spec->>'runner', 'effect'), v_input,
+            coalesce(v_spec->>'runner',
+                     CASE WHEN v_spec->>'signal' IS NOT NULL THEN 'signal' ELSE 'effect' END),
+            v_input,
             jsonb_build_object('workflow_run', p_run.run_id, 'node', p_node),
             CASE WHEN v_spec->>'on_failure' = 'fail_run' THEN 1  -- fails the run at once
                  ELSE coalesce((v_spec #>> '{retry,max_attempts}')::integer, 3) END,
@@ -467,6 +471,7 @@ DECLARE
     v_run runs;
     v_node node_runs;
     v_actor text := coalesce(NEW.lease_owner, 'workflow');
+    v_reason text;
 BEGIN
     SELECT * INTO v_run FROM runs WHERE run_id = NEW.parent_run_id FOR UPDATE;
     SELECT * INTO v_node FROM node_runs WHERE node_run_id = NEW.run_id;
@@ -485,6 +490,20 @@ BEGIN
         PERFORM workflow_node_move(v_run, v_node, 'running', 'started', NEW.attempts, NULL,
                                    NULL, 'attempt ' || NEW.attempts, NULL, false, v_actor,
                                    false);
+    ELSIF NEW.status = 'waiting' THEN
+        -- Its runner waits (an answer, a signal, a timer): what for, in words.
+        SELECT CASE kind WHEN 'interrupt' THEN 'its run asks: ' || left(payload::text, 500)
+                         WHEN 'signal' THEN 'its run waits for the signal ' || name
+                         ELSE 'its run sleeps until ' || timeout_at END
+          INTO v_reason
+          FROM run_waits WHERE run_id = NEW.run_id AND outcome IS NULL
+         ORDER BY created_at DESC LIMIT 1;
+        PERFORM workflow_node_move(v_run, v_node, 'waiting', 'waiting', NEW.attempts, NULL,
+                                   NULL, coalesce(v_reason, 'its run waits'), NULL, false,
+                                   v_actor, false);
+    ELSIF NEW.status = 'queued' AND OLD.status = 'waiting' THEN
+        PERFORM workflow_node_move(v_run, v_node, 'ready', 'resumed', NEW.attempts, NULL,
+                                   NULL, 'its wait was decided', NULL, false, v_actor, false);
     ELSIF NEW.status = 'queued' THEN
         PERFORM workflow_node_move(v_run, v_node, 'waiting', 'retrying', NEW.attempts, NULL,
                                    NEW.error, coalesce(NEW.error->>'message', 'retrying'),
