@@ -8,6 +8,7 @@ from typing import Any
 from runwire.contracts.commands import MAX_ID_LENGTH
 from runwire.contracts.frames import FrameType, WaitKind
 from runwire.runners.base import AttemptClosed, RunnerError, Waiting, WaitTimeout
+from runwire.runtime.metrics import WAIT_DURATION
 from runwire.runtime.store import Store
 from runwire.runtime.store.waits import WaitState
 
@@ -62,6 +63,8 @@ class AttemptWaits:
             payload=payload,
             timeout_ms=None if timeout_s is None else round(timeout_s * 1000),
         )
+        if begun.waited_s is not None:
+            WAIT_DURATION.labels(kind.value, begun.state.value).observe(begun.waited_s)
         if begun.state == WaitState.ANSWERED:
             return begun.value
         if begun.state == WaitState.TIMED_OUT:

@@ -107,6 +107,17 @@ ATTEMPT_OUTCOMES = Counter(
     ["outcome", "code"],
     registry=None,
 )
+# Waits last from no time (a signal kept for them) to days (a person's answer).
+WAIT_BUCKETS = (0.01, 0.1, 1, 10, 60, 300, 1800, 3600, 4 * 3600, 86400, 7 * 86400)
+WAIT_DURATION = Histogram(
+    "runwire_wait_duration_seconds",
+    "How long a run's wait lasted, from its start to its answer, signal or timeout, by "
+    "kind (interrupt, signal, sleep) and outcome (answered, timed_out); observed once, by "
+    "the attempt that goes on after it.",
+    ["kind", "outcome"],
+    buckets=WAIT_BUCKETS,
+    registry=None,
+)
 RETRIES = Counter(
     "runwire_retries_total",
     "Attempts that failed and were requeued for another attempt, by error code.",
@@ -211,7 +222,7 @@ def freeze_startup_objects() -> None:
 # submitter (submit, get, cancel, ...) and the relay (join) both run.
 FAMILIES: dict[str, tuple[Collector, ...]] = {
     "submitter": (COMMAND_DURATION, COMMANDS_REFUSED),
-    "executor": (ATTEMPTS_IN_FLIGHT, ATTEMPT_DURATION, ATTEMPT_OUTCOMES, RETRIES),
+    "executor": (ATTEMPTS_IN_FLIGHT, ATTEMPT_DURATION, ATTEMPT_OUTCOMES, RETRIES, WAIT_DURATION),
     "relay": (FRAMES_RELAYED, RELAY_LAG, COMMAND_DURATION, COMMANDS_REFUSED),
     "recovery": (QUEUE, RECOVERIES, INTERRUPTED),
 }

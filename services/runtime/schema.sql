@@ -243,6 +243,7 @@ CREATE TABLE public.run_waits (
     value jsonb,
     request_id text,
     decided_at timestamp with time zone,
+    taken_generation integer,
     CONSTRAINT run_waits_kind_check CHECK ((kind = ANY (ARRAY['interrupt'::text, 'signal'::text, 'sleep'::text]))),
     CONSTRAINT run_waits_outcome_check CHECK ((outcome = ANY (ARRAY['answered'::text, 'timed_out'::text])))
 );
@@ -849,7 +850,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION public.wait_begin(p_run_id uuid, p_generation integer, p_wait_id text, p_kind text, p_name text, p_payload jsonb, p_timeout_ms bigint) RETURNS TABLE(o_state text, o_value jsonb, o_timeout_at timestamp with time zone)
+CREATE FUNCTION public.wait_begin(p_run_id uuid, p_generation integer, p_wait_id text, p_kind text, p_name text, p_payload jsonb, p_timeout_ms bigint) RETURNS TABLE(o_state text, o_value jsonb, o_timeout_at timestamp with time zone, o_waited_s double precision)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     AS $$
@@ -862,7 +863,7 @@ BEGIN
      WHERE run_id = p_run_id AND generation = p_generation AND status = 'running'
        FOR UPDATE;
     IF NOT FOUND THEN
-        RETURN QUERY SELECT 'lost'::text, NULL::jsonb, NULL::timestamptz;
+        RETURN QUERY SELECT 'lost'::text, NULL::jsonb, NULL::timestamptz, NULL::float8;
         RETURN;
     END IF;
     INSERT INTO run_waits (run_id, wait_id, kind, name, payload, timeout_at)
@@ -899,7 +900,15 @@ BEGIN
          WHERE run_id = p_run_id AND wait_id = p_wait_id
         RETURNING * INTO v_wait;
     END IF;
-    RETURN QUERY SELECT coalesce(v_wait.outcome, 'waiting'), v_wait.value, v_wait.timeout_at;
+    IF v_wait.outcome IS NOT NULL AND v_wait.taken_generation IS NULL THEN
+        UPDATE run_waits SET taken_generation = p_generation
+         WHERE run_id = p_run_id AND wait_id = p_wait_id;
+        RETURN QUERY SELECT v_wait.outcome, v_wait.value, v_wait.timeout_at,
+                            extract(epoch FROM v_wait.decided_at - v_wait.created_at)::float8;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT coalesce(v_wait.outcome, 'waiting'), v_wait.value, v_wait.timeout_at,
+                        NULL::float8;
 END
 $$;
 

@@ -32,6 +32,7 @@ OWN_FAMILIES = {
         "runwire_attempt_duration_seconds",
         "runwire_attempt_outcomes",
         "runwire_retries",
+        "runwire_wait_duration_seconds",
     },
     "relay": {
         "runwire_frames_relayed",

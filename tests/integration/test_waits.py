@@ -16,7 +16,7 @@ from runwire.contracts.errors import ErrorCode
 from runwire.contracts.frames import FrameType, WaitKind
 from runwire.contracts.replies import RunSummary
 from runwire.contracts.status import RunStatus
-from runwire.runtime.metrics import QUEUE
+from runwire.runtime.metrics import QUEUE, WAIT_DURATION
 from runwire.testing.waiting import eventually
 from tests.gateway import serve_gateway
 from tests.local_stack import ROOT, client_of, local_stack, stack_command
@@ -64,6 +64,7 @@ async def test_a_run_that_asks_holds_no_worker_and_goes_on_with_the_answer(
     assert waiting.waiting_for.kind == WaitKind.INTERRUPT
     assert waiting.waiting_for.payload == {"question": "may I?"}
 
+    observed_before = _answered_waits()
     answered = await client.resume(first, {"say": "yes"}, request_id="answer-1")
     assert not answered.duplicate
     frames, transcript = await collect(client, first)
@@ -90,6 +91,21 @@ async def test_a_run_that_asks_holds_no_worker_and_goes_on_with_the_answer(
     await client.resume(second, {"say": "no"}, wait_id="interrupt-1")
     _, transcript = await collect(client, second)
     assert transcript.text == "hello you said no"
+    # How long each wait lasted is observed once, by the attempt that went on.
+    count, seconds = _answered_waits()
+    assert count - observed_before[0] == 2
+    assert seconds > observed_before[1]
+
+
+def _answered_waits() -> tuple[float, float]:
+    """runwire_wait_duration_seconds{kind="interrupt",outcome="answered"}: count, sum."""
+    (family,) = WAIT_DURATION.collect()
+    of = {
+        s.name.rpartition("_")[2]: s.value
+        for s in family.samples
+        if s.labels == {"kind": "interrupt", "outcome": "answered"}
+    }
+    return of.get("count", 0.0), of.get("sum", 0.0)
 
 
 @WAITING

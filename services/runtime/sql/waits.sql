@@ -2,8 +2,8 @@
 -- recovery's statements.
 
 -- name: wait_begin
--- The attempt's wait, begun or found as decided: (state, value, timeout_at).
-SELECT o_state AS state, o_value AS value, o_timeout_at AS timeout_at
+-- The attempt's wait, begun or found as decided: (state, value, timeout_at, waited_s).
+SELECT o_state AS state, o_value AS value, o_timeout_at AS timeout_at, o_waited_s AS waited_s
   FROM wait_begin($1, $2, $3, $4, $5, $6, $7);
 
 -- name: enter_waiting

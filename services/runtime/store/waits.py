@@ -27,6 +27,8 @@ class WaitBegun:
     state: WaitState
     value: Any
     timeout_at: datetime | None
+    # How long it lasted, to the first attempt that finds it decided; else None.
+    waited_s: float | None = None
 
 
 class Answer(StrEnum):
@@ -58,7 +60,7 @@ class WaitQueries(Queries):
             "wait_begin", uuid.UUID(run_id), generation, wait_id, kind, name, payload, timeout_ms
         )
         assert rec is not None
-        return WaitBegun(WaitState(rec["state"]), rec["value"], rec["timeout_at"])
+        return WaitBegun(WaitState(rec["state"]), rec["value"], rec["timeout_at"], rec["waited_s"])
 
     async def enter_waiting(
         self,

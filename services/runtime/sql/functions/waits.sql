@@ -92,10 +92,14 @@ REVOKE ALL ON FUNCTION decide_by_parent_signal(uuid, run_waits) FROM PUBLIC;
 -- wait; ('lost', NULL) when the attempt no longer owns the run. A wait begun again by a
 -- later attempt (the runner asking the same question after its resume) is found as it
 -- was decided. (state, value, timeout_at).
+-- `o_waited_s`: how long a decided wait lasted, given to the first attempt that finds
+-- it decided (once per wait: its metric's observation), else null.
+DROP FUNCTION IF EXISTS wait_begin(uuid, integer, text, text, text, jsonb, bigint);
 CREATE OR REPLACE FUNCTION wait_begin(
     p_run_id uuid, p_generation integer, p_wait_id text, p_kind text, p_name text,
     p_payload jsonb, p_timeout_ms bigint
-) RETURNS TABLE(o_state text, o_value jsonb, o_timeout_at timestamptz)
+) RETURNS TABLE(o_state text, o_value jsonb, o_timeout_at timestamptz,
+                o_waited_s double precision)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path TO 'public', 'pg_temp'
 AS $$
 DECLARE
@@ -107,7 +111,7 @@ BEGIN
      WHERE run_id = p_run_id AND generation = p_generation AND status = 'running'
        FOR UPDATE;
     IF NOT FOUND THEN
-        RETURN QUERY SELECT 'lost'::text, NULL::jsonb, NULL::timestamptz;
+        RETURN QUERY SELECT 'lost'::text, NULL::jsonb, NULL::timestamptz, NULL::float8;
         RETURN;
     END IF;
     INSERT INTO run_waits (run_id, wait_id, kind, name, payload, timeout_at)
@@ -144,7 +148,15 @@ BEGIN
          WHERE run_id = p_run_id AND wait_id = p_wait_id
         RETURNING * INTO v_wait;
     END IF;
-    RETURN QUERY SELECT coalesce(v_wait.outcome, 'waiting'), v_wait.value, v_wait.timeout_at;
+    IF v_wait.outcome IS NOT NULL AND v_wait.taken_generation IS NULL THEN
+        UPDATE run_waits SET taken_generation = p_generation
+         WHERE run_id = p_run_id AND wait_id = p_wait_id;
+        RETURN QUERY SELECT v_wait.outcome, v_wait.value, v_wait.timeout_at,
+                            extract(epoch FROM v_wait.decided_at - v_wait.created_at)::float8;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT coalesce(v_wait.outcome, 'waiting'), v_wait.value, v_wait.timeout_at,
+                        NULL::float8;
 END
 $$;
 REVOKE ALL ON FUNCTION wait_begin(uuid, integer, text, text, text, jsonb, bigint) FROM PUBLIC;
