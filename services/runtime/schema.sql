@@ -490,8 +490,15 @@ BEGIN
     UPDATE run_waits
        SET outcome = 'answered', value = p_value, request_id = p_request_id, decided_at = now()
      WHERE run_id = p_run_id AND outcome IS NULL AND kind = 'interrupt'
-       AND (p_wait_id IS NULL OR wait_id = p_wait_id);
+       AND (p_wait_id IS NULL OR wait_id = p_wait_id)
+       AND (timeout_at IS NULL OR timeout_at > now());
     IF NOT FOUND THEN
+        IF EXISTS (SELECT 1 FROM run_waits
+                    WHERE run_id = p_run_id AND outcome IS NULL AND kind = 'interrupt'
+                      AND (p_wait_id IS NULL OR wait_id = p_wait_id))
+        THEN
+            RETURN 'timed_out';
+        END IF;
         RETURN 'not_waiting';
     END IF;
     PERFORM wake_run(p_run_id, p_actor, 'answered');
@@ -623,6 +630,7 @@ BEGIN
     UPDATE run_waits
        SET outcome = 'answered', value = p_payload, request_id = p_request_id, decided_at = now()
      WHERE run_id = p_run_id AND outcome IS NULL AND kind = 'signal' AND name = p_name
+       AND (timeout_at IS NULL OR timeout_at > now())
     RETURNING wait_id INTO v_wait;
     IF v_wait IS NULL THEN
         RETURN 'kept';
@@ -760,7 +768,8 @@ BEGIN
         RAISE EXCEPTION 'wait % of run % was a % wait, not this one', p_wait_id, p_run_id,
             v_wait.kind USING ERRCODE = 'data_exception';
     END IF;
-    IF v_wait.outcome IS NULL AND v_wait.kind = 'signal' THEN
+    IF v_wait.outcome IS NULL AND v_wait.kind = 'signal'
+       AND (v_wait.timeout_at IS NULL OR v_wait.timeout_at > now()) THEN
         SELECT * INTO v_signal FROM run_signals
          WHERE run_id = p_run_id AND name = p_name AND taken_by IS NULL
          ORDER BY seq LIMIT 1;
