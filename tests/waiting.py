@@ -43,3 +43,15 @@ async def naps(ctx: runwire.AttemptContext) -> dict[str, Any]:
     await ctx.sleep(float(ctx.input["seconds"]))
     await ctx.message("good morning")
     return {"attempt": ctx.attempt}
+
+
+@runwire.runner()
+async def expects(ctx: runwire.AttemptContext) -> dict[str, Any]:
+    """Wait `timeout` seconds for a `paid` signal; no payment in time is said so."""
+    try:
+        paid = await ctx.wait_for_signal("paid", timeout=ctx.input.get("timeout"))
+    except runwire.WaitTimeout:
+        await ctx.message("not paid")
+        return {"paid": None}
+    await ctx.message(f"paid {paid['amount']}")
+    return {"paid": paid}

@@ -6,6 +6,7 @@ wait raises WaitTimeout."""
 import logging
 
 from runwire.recovery.decisions import ACTOR, decision_span
+from runwire.runtime import faults
 from runwire.runtime.outbox import Outbox
 from runwire.runtime.settings import RecoverySettings
 from runwire.runtime.store import Store
@@ -28,5 +29,7 @@ class WaitTimeouts:
         for run in runs:
             with decision_span(run, "wait timeout"):
                 log.info("a wait of the run timed out: its next attempt is queued")
+        if runs:
+            await faults.point(faults.WAIT_TIMED_OUT)
         await self.outbox.dispatch(*runs)
         return {"waits_timed_out": len(runs)}

@@ -40,12 +40,16 @@ BUDGET_UNSETTLED = "budget.unsettled"
 NODE_CLAIMED = "node.claimed"
 NODE_SETTLED = "node.settled"
 NODE_TIMED_OUT = "node.timed_out"
+# Waits past their timeout decided `timed_out` by recovery and their runs queued
+# (committed), before the jobs of their next attempts are published.
+WAIT_TIMED_OUT = "wait.timed_out"
 
 KNOWN = frozenset(
     {
         NODE_CLAIMED,
         NODE_SETTLED,
         NODE_TIMED_OUT,
+        WAIT_TIMED_OUT,
         OUTBOX_COMMITTED,
         OUTBOX_SWEPT,
         RELAY_UNWRITTEN,

@@ -253,10 +253,13 @@ CREATE FUNCTION public.decide_by_parent_signal(p_parent uuid, p_wait public.run_
     SET search_path TO 'public', 'pg_temp'
     AS $$
 DECLARE
-    v_signal run_signals := take_parent_signal(p_parent, p_wait.run_id, p_wait.wait_id,
-                                               p_wait.name);
+    v_signal run_signals;
     v_wait run_waits := p_wait;
 BEGIN
+    IF p_wait.timeout_at <= now() THEN
+        RETURN v_wait;  -- past its deadline: it times out (see the top of this file)
+    END IF;
+    v_signal := take_parent_signal(p_parent, p_wait.run_id, p_wait.wait_id, p_wait.name);
     IF v_signal.seq IS NOT NULL THEN
         UPDATE run_waits
            SET outcome = 'answered', value = v_signal.payload,
@@ -281,7 +284,7 @@ BEGIN
       FROM run_signals s
       JOIN runs c ON c.parent_run_id = s.run_id AND run_active(c.status)
       JOIN run_waits w ON w.run_id = c.run_id AND w.outcome IS NULL AND w.kind = 'signal'
-                      AND w.name = s.name
+                      AND w.name = s.name AND (w.timeout_at IS NULL OR w.timeout_at > now())
      WHERE s.run_id = p_run_id AND s.taken_by IS NULL
        AND EXISTS (SELECT 1 FROM runs p WHERE p.run_id = p_run_id AND p.tenant = p_tenant)
      ORDER BY s.seq, w.created_at LIMIT 1;
@@ -569,8 +572,15 @@ BEGIN
     UPDATE run_waits
        SET outcome = 'answered', value = p_value, request_id = p_request_id, decided_at = now()
      WHERE run_id = p_run_id AND outcome IS NULL AND kind = 'interrupt'
-       AND (p_wait_id IS NULL OR wait_id = p_wait_id);
+       AND (p_wait_id IS NULL OR wait_id = p_wait_id)
+       AND (timeout_at IS NULL OR timeout_at > now());
     IF NOT FOUND THEN
+        IF EXISTS (SELECT 1 FROM run_waits
+                    WHERE run_id = p_run_id AND outcome IS NULL AND kind = 'interrupt'
+                      AND (p_wait_id IS NULL OR wait_id = p_wait_id))
+        THEN
+            RETURN 'timed_out';
+        END IF;
         RETURN 'not_waiting';
     END IF;
     PERFORM wake_run(p_run_id, p_actor, 'answered');
@@ -702,6 +712,7 @@ BEGIN
     UPDATE run_waits
        SET outcome = 'answered', value = p_payload, request_id = p_request_id, decided_at = now()
      WHERE run_id = p_run_id AND outcome IS NULL AND kind = 'signal' AND name = p_name
+       AND (timeout_at IS NULL OR timeout_at > now())
     RETURNING wait_id INTO v_wait;
     IF v_wait IS NULL THEN
         RETURN 'kept';
@@ -875,7 +886,8 @@ BEGIN
         RAISE EXCEPTION 'wait % of run % was a % wait, not this one', p_wait_id, p_run_id,
             v_wait.kind USING ERRCODE = 'data_exception';
     END IF;
-    IF v_wait.outcome IS NULL AND v_wait.kind = 'signal' THEN
+    IF v_wait.outcome IS NULL AND v_wait.kind = 'signal'
+       AND (v_wait.timeout_at IS NULL OR v_wait.timeout_at > now()) THEN
         SELECT * INTO v_signal FROM run_signals
          WHERE run_id = p_run_id AND name = p_name AND taken_by IS NULL
          ORDER BY seq LIMIT 1;

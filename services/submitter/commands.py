@@ -474,6 +474,8 @@ class Submitter:
                 tenant, cmd.run_id, cmd.wait_id, cmd.value, cmd.request_id, ACTOR
             ),
         )
+        if answer == Answer.TIMED_OUT:
+            raise NotWaiting(f"the wait of run {cmd.run_id} timed out: the runner sees WaitTimeout")
         if answer == Answer.NOT_WAITING:
             which = f"for {cmd.wait_id!r}" if cmd.wait_id else "for an answer"
             raise NotWaiting(f"run {cmd.run_id} does not wait {which}")

@@ -6,8 +6,11 @@ attempt, which continues where the runner checkpointed, with no text repeated.""
 import asyncio
 import os
 import sys
+import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
+import asyncpg
 import httpx
 import pytest
 
@@ -25,7 +28,10 @@ from tests.services import InProcessStack, collect
 pytestmark = pytest.mark.integration
 
 WAITING = pytest.mark.stack(
-    runners="asks=tests.waiting:asks,collects=tests.waiting:collects,naps=tests.waiting:naps",
+    runners=(
+        "asks=tests.waiting:asks,collects=tests.waiting:collects,naps=tests.waiting:naps,"
+        "expects=tests.waiting:expects"
+    ),
     durable_sleep_s=0.5,
     max_in_flight=1,
     recovery_interval_ms=100,
@@ -223,6 +229,78 @@ async def test_an_answer_racing_the_timeout_is_decided_once(stack: InProcessStac
             assert run.result["answer"] is None
             assert transcript.text == "hello no answer"
     assert all(accepted[::2])
+
+
+async def _past(timeout_at: datetime | None) -> bool:
+    assert timeout_at is not None
+    return datetime.now(UTC) > timeout_at
+
+
+@WAITING
+async def test_an_answer_after_the_timeout_is_refused_while_recovery_is_away(
+    stack: InProcessStack,
+) -> None:
+    """The deadline decides, not recovery's tick: past it, an answer is refused and a
+    signal is kept (not taken by the wait), though no recovery has timed the wait out
+    yet; once recovery is back the runner sees the timeout."""
+    client = stack.client
+    await stack.stop_service("recovery")  # nothing times waits out meanwhile
+    asking = (await client.submit({"timeout": 0.3, "handle_timeout": True}, runner="asks")).run
+    paying = (await client.submit({"timeout": 0.3}, runner="expects")).run
+    for run in (asking, paying):
+        waiting = (await _waiting(stack, run.run_id)).waiting_for
+        assert waiting is not None
+        await eventually(lambda at=waiting.timeout_at: _past(at), timeout=10)
+    with pytest.raises(ClientError) as late:
+        await client.resume(asking.run_id, {"say": "late"})
+    assert late.value.code == ErrorCode.NOT_WAITING
+    assert "timed out" in late.value.message
+    kept = await client.signal(paying.run_id, "paid", {"amount": 5})
+    assert not kept.delivered
+    assert (await client.get(asking.run_id)).status == RunStatus.WAITING
+    stack.start_recovery("recovery")
+    for run, said in ((asking, "hello no answer"), (paying, "not paid")):
+        _, transcript = await collect(client, run.run_id)
+        assert transcript.text == said
+        assert (await client.get(run.run_id)).status == RunStatus.FINISHED
+
+
+@WAITING
+async def test_a_timeout_that_meets_an_answer_in_postgres_leaves_the_answer(
+    stack: InProcessStack,
+) -> None:
+    """An answer's transaction holds the run when recovery's timeout comes due: the
+    timeout, which found the wait undecided, waits for it and then decides nothing."""
+    client = stack.client
+    await stack.stop_service("recovery")
+    run_id = (await client.submit({"timeout": 1.0}, runner="asks")).run.run_id
+    waiting = (await _waiting(stack, run_id)).waiting_for
+    assert waiting is not None
+    # The store's two connections: the answer's, the timeout's; a third looks on.
+    looking = await asyncpg.connect(stack.db_url)
+    try:
+        async with stack.store._pool.acquire() as answering, answering.transaction():
+            answer = "SELECT resume_run('default', $1, NULL, $2, 'meets', 'test')"
+            said = await answering.fetchval(answer, uuid.UUID(run_id), {"say": "first"})
+            assert said == "resumed"
+            await eventually(lambda: _past(waiting.timeout_at), timeout=10)
+            timing_out = asyncio.create_task(stack.store.time_out_waits(10, "recovery"))
+
+            async def blocked() -> bool:
+                return bool(
+                    await looking.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE wait_event_type = 'Lock' AND query LIKE '%time_out_waits%'"
+                    )
+                )
+
+            await eventually(blocked, timeout=10)
+    finally:
+        await looking.close()
+    assert await asyncio.wait_for(timing_out, 10) == []
+    stack.start_recovery("recovery")  # its sweep publishes the answer's job
+    _, transcript = await collect(client, run_id)
+    assert transcript.text == "hello you said first"
 
 
 @WAITING

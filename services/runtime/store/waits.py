@@ -38,6 +38,8 @@ class Answer(StrEnum):
     DELIVERED = "delivered"
     KEPT = "kept"
     DUPLICATE = "duplicate"
+    # Past the wait's timeout, not yet timed out by recovery: refused as NOT_WAITING.
+    TIMED_OUT = "timed_out"
     NOT_WAITING = "not_waiting"
     NOT_FOUND = "not_found"
 

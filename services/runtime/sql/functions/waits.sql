@@ -6,6 +6,11 @@
 -- Every function that decides a wait locks the run's row first, so a wait is decided by
 -- one writer and the run's status read after it: an answer that comes while the attempt
 -- is still ending is seen by enter_waiting, which then queues the run at once.
+--
+-- A wait's timeout_at is its deadline for every one of them: an answer or a signal that
+-- comes at or after it does not decide the wait, which is timed out (by recovery's
+-- time_out_waits, or by wait_begin when an attempt asks again first). So the winner of an
+-- answer racing the timeout is the same whether or not recovery was there to look.
 
 -- A waiting run whose wait was decided: queued for its next attempt, now. The run as
 -- written, or no row when it does not wait (its attempt is still ending: enter_waiting
@@ -70,10 +75,13 @@ CREATE OR REPLACE FUNCTION decide_by_parent_signal(p_parent uuid, p_wait run_wai
 RETURNS run_waits LANGUAGE plpgsql SECURITY DEFINER SET search_path TO 'public', 'pg_temp'
 AS $$
 DECLARE
-    v_signal run_signals := take_parent_signal(p_parent, p_wait.run_id, p_wait.wait_id,
-                                               p_wait.name);
+    v_signal run_signals;
     v_wait run_waits := p_wait;
 BEGIN
+    IF p_wait.timeout_at <= now() THEN
+        RETURN v_wait;  -- past its deadline: it times out (see the top of this file)
+    END IF;
+    v_signal := take_parent_signal(p_parent, p_wait.run_id, p_wait.wait_id, p_wait.name);
     IF v_signal.seq IS NOT NULL THEN
         UPDATE run_waits
            SET outcome = 'answered', value = v_signal.payload,
@@ -123,7 +131,8 @@ BEGIN
         RAISE EXCEPTION 'wait % of run % was a % wait, not this one', p_wait_id, p_run_id,
             v_wait.kind USING ERRCODE = 'data_exception';
     END IF;
-    IF v_wait.outcome IS NULL AND v_wait.kind = 'signal' THEN
+    IF v_wait.outcome IS NULL AND v_wait.kind = 'signal'
+       AND (v_wait.timeout_at IS NULL OR v_wait.timeout_at > now()) THEN
         SELECT * INTO v_signal FROM run_signals
          WHERE run_id = p_run_id AND name = p_name AND taken_by IS NULL
          ORDER BY seq LIMIT 1;
@@ -222,7 +231,8 @@ GRANT EXECUTE ON FUNCTION enter_waiting(uuid, integer, text, text, text, integer
 
 -- An answer to the interrupt run `p_run_id` (of `p_tenant`) waits for (`p_wait_id`, or
 -- whichever it waits for): 'resumed' (the run is queued, or will be as its attempt ends),
--- 'duplicate' (this request_id answered before), 'not_waiting', 'not_found'.
+-- 'duplicate' (this request_id answered before), 'timed_out' (the wait is past its
+-- timeout, not yet timed out by recovery: it will be), 'not_waiting', 'not_found'.
 CREATE OR REPLACE FUNCTION resume_run(
     p_tenant text, p_run_id uuid, p_wait_id text, p_value jsonb, p_request_id text,
     p_actor text
@@ -246,8 +256,15 @@ BEGIN
     UPDATE run_waits
        SET outcome = 'answered', value = p_value, request_id = p_request_id, decided_at = now()
      WHERE run_id = p_run_id AND outcome IS NULL AND kind = 'interrupt'
-       AND (p_wait_id IS NULL OR wait_id = p_wait_id);
+       AND (p_wait_id IS NULL OR wait_id = p_wait_id)
+       AND (timeout_at IS NULL OR timeout_at > now());
     IF NOT FOUND THEN
+        IF EXISTS (SELECT 1 FROM run_waits
+                    WHERE run_id = p_run_id AND outcome IS NULL AND kind = 'interrupt'
+                      AND (p_wait_id IS NULL OR wait_id = p_wait_id))
+        THEN
+            RETURN 'timed_out';
+        END IF;
         RETURN 'not_waiting';
     END IF;
     PERFORM wake_run(p_run_id, p_actor, 'answered');
@@ -258,9 +275,9 @@ REVOKE ALL ON FUNCTION resume_run(text, uuid, text, jsonb, text, text) FROM PUBL
 GRANT EXECUTE ON FUNCTION resume_run(text, uuid, text, jsonb, text, text) TO runwire_submitter;
 
 -- A signal to run `p_run_id` (of `p_tenant`): kept in its mailbox, and taken at once by
--- a wait of the run for that name: 'delivered' (the run is queued, or will be as its
--- attempt ends), 'kept' (until a wait takes it), 'duplicate', 'not_waiting' (the run
--- ended), 'not_found'.
+-- a wait of the run for that name not past its timeout: 'delivered' (the run is queued,
+-- or will be as its attempt ends), 'kept' (until a wait takes it), 'duplicate',
+-- 'not_waiting' (the run ended), 'not_found'.
 CREATE OR REPLACE FUNCTION signal_run(
     p_tenant text, p_run_id uuid, p_name text, p_payload jsonb, p_request_id text,
     p_actor text
@@ -288,6 +305,7 @@ BEGIN
     UPDATE run_waits
        SET outcome = 'answered', value = p_payload, request_id = p_request_id, decided_at = now()
      WHERE run_id = p_run_id AND outcome IS NULL AND kind = 'signal' AND name = p_name
+       AND (timeout_at IS NULL OR timeout_at > now())
     RETURNING wait_id INTO v_wait;
     IF v_wait IS NULL THEN
         RETURN 'kept';
@@ -320,7 +338,7 @@ BEGIN
       FROM run_signals s
       JOIN runs c ON c.parent_run_id = s.run_id AND run_active(c.status)
       JOIN run_waits w ON w.run_id = c.run_id AND w.outcome IS NULL AND w.kind = 'signal'
-                      AND w.name = s.name
+                      AND w.name = s.name AND (w.timeout_at IS NULL OR w.timeout_at > now())
      WHERE s.run_id = p_run_id AND s.taken_by IS NULL
        AND EXISTS (SELECT 1 FROM runs p WHERE p.run_id = p_run_id AND p.tenant = p_tenant)
      ORDER BY s.seq, w.created_at LIMIT 1;
