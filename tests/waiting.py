@@ -1,6 +1,7 @@
 """Runners that wait (`ctx.interrupt`, `ctx.wait_for_signal`), as tests register them
 through `RUNWIRE_RUNNERS`."""
 
+import json
 from typing import Any
 
 import runwire
@@ -22,6 +23,18 @@ async def asks(ctx: runwire.AttemptContext) -> dict[str, Any]:
         return {"answer": None}
     await ctx.message(f"you said {answer['say']}")
     return {"answer": answer, "attempt": ctx.attempt}
+
+
+@runwire.runner()
+async def hears(ctx: runwire.AttemptContext) -> dict[str, Any]:
+    """Greet (once: checkpointed), ask `{"question": "may I?"}`, and say what the answer
+    was, as JSON: whatever it is (the console's approve, reject or typed answer)."""
+    if not (ctx.checkpoint_state or {}).get("greeted"):
+        await ctx.message("hello ")
+        await ctx.checkpoint({"greeted": True})
+    answer = await ctx.interrupt({"question": "may I?"})
+    await ctx.message(f"got {json.dumps(answer, sort_keys=True)}")
+    return {"answer": answer}
 
 
 @runwire.runner()

@@ -161,8 +161,9 @@ class OpenAIInput(WireModel):
     runwire_tools: list[str] | None = None
     # Registered tools whose every call waits for a person's approval: the run waits (an
     # interrupt carrying the call) until `resume` approves it (`true`, or `{"approve":
-    # true}`, with `"arguments"` to change them) or rejects it (`{"approve": false,
-    # "reason": ...}`: the model reads the reason as the call's error).
+    # true}`, with `"arguments"` to change them; `"approved"`, the console's, is the same)
+    # or rejects it (`{"approve": false, "reason": ...}`: the model reads the reason as the
+    # call's error).
     approve_tools: list[str] = Field(default_factory=list)
     max_steps: int = Field(default=DEFAULT_MAX_STEPS, ge=1, le=100)
     temperature: float | None = Field(default=None, ge=0, le=2)
@@ -501,7 +502,9 @@ async def _approved_call(ctx: AttemptContext, call: dict[str, Any]) -> tuple[str
     """A call of a tool that needs approval: asked (the run waits until answered), then
     made with the arguments approved, or not made; (error, output)."""
     answer = await ctx.interrupt({"tool_call": call}, key=f"approve-{call['id']}")
-    approved = answer is True or (isinstance(answer, dict) and answer.get("approve") is True)
+    # `approved` is what the web console's Approve and Reject send.
+    said = answer.get("approve", answer.get("approved")) if isinstance(answer, dict) else answer
+    approved = said is True
     if not approved:
         reason = answer.get("reason") if isinstance(answer, dict) else None
         error = f"a person rejected the call{f': {reason}' if reason else ''}"

@@ -447,7 +447,9 @@ async def _waiting(stack: InProcessStack, run_id: str) -> runwire.contracts.RunS
     return await eventually(waits, timeout=20)
 
 
-@pytest.mark.parametrize("answer", ["approve with other arguments", "reject"])
+@pytest.mark.parametrize(
+    "answer", ["approve with other arguments", "approve from the console", "reject"]
+)
 async def test_a_tool_that_needs_approval_waits_for_a_person(
     infra: Servers, db_url: str, prefix: str, answer: str
 ) -> None:
@@ -469,6 +471,8 @@ async def test_a_tool_that_needs_approval_waits_for_a_person(
         assert len(WEATHER_CALLS) == called  # not before the answer
         if answer == "reject":
             value: Any = {"approve": False, "reason": "not now"}
+        elif answer == "approve from the console":  # its Approve button's value
+            value = {"approved": True}
         else:
             value = {"approve": True, "arguments": {"city": "Lyon"}}
         await stack.client.resume(run_id, value, wait_id=waiting.waiting_for.wait_id)
@@ -486,6 +490,7 @@ async def test_a_tool_that_needs_approval_waits_for_a_person(
         assert result["error"] == "a person rejected the call: not now"
         assert json.loads(tool["content"]) == {"error": "a person rejected the call: not now"}
     else:
-        assert WEATHER_CALLS[called:] == ["Lyon"]
-        assert result["output"]["city"] == "Lyon"
-        assert json.loads(tool["content"])["city"] == "Lyon"
+        city = "Paris" if answer == "approve from the console" else "Lyon"
+        assert WEATHER_CALLS[called:] == [city]
+        assert result["output"]["city"] == city
+        assert json.loads(tool["content"])["city"] == city
