@@ -43,3 +43,11 @@ async def naps(ctx: runwire.AttemptContext) -> dict[str, Any]:
     await ctx.sleep(float(ctx.input["seconds"]))
     await ctx.message("good morning")
     return {"attempt": ctx.attempt}
+
+
+@runwire.runner()
+async def asks_at_once(ctx: runwire.AttemptContext) -> dict[str, Any]:
+    """Ask at once, with nothing before to checkpoint, and return the answer: the
+    cheapest attempt that ends to wait (`timeout` from the input)."""
+    answer = await ctx.interrupt({"question": "go on?"}, timeout=ctx.input.get("timeout"))
+    return {"answer": answer, "attempt": ctx.attempt}
