@@ -1,6 +1,6 @@
 """`python -m bench` (`make bench`): every scenario of issue 7, then the report.
 
-Quick by default (under 5 minutes on 2 cores); `BENCH_FULL=1` runs larger N. Figures
+Quick by default (about 7 minutes on 2 cores); `BENCH_FULL=1` runs larger N. Figures
 are printed, never asserted: a scenario that fails is recorded as failed and the
 bench goes on.
 """
