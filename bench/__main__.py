@@ -1,6 +1,6 @@
 """`python -m bench` (`make bench`): every scenario of issue 7, then the report.
 
-Quick by default (under 5 minutes on 2 cores); `BENCH_FULL=1` runs larger N. Figures
+Quick by default (about 7 minutes on 2 cores); `BENCH_FULL=1` runs larger N. Figures
 are printed, never asserted: a scenario that fails is recorded as failed and the
 bench goes on.
 """
@@ -29,13 +29,13 @@ from bench import (
     sse,
     streaming,
     throughput,
+    waits,
     workflows,
 )
 from bench.results import Results
-from bench.stack import Servers, Stack, progress, servers
+from bench.stack import BASE_SETTINGS, CONCURRENCY, Servers, Stack, progress, servers
 from runwire.runtime.settings import RecoverySettings
 
-CONCURRENCY = 64
 # Beyond recovery's presence_settle_ms, for its process to start and tick once.
 SETTLE_MARGIN_S = 3.0
 
@@ -60,6 +60,9 @@ class Sizes:
     cluster_streams: int
     # Rounds of the side-by-side throughput (each system once per round).
     throughput_rounds: int = 3
+    # Scenario 11: resumes timed one at a time, and the runs made to wait at once.
+    wait_resumes: int = 200
+    waiting_runs: int = 10_000
 
 
 QUICK = Sizes(
@@ -91,17 +94,9 @@ FULL = Sizes(
     100,
     (10, 25, 50, 100, 250, 500, 1000, 2000),
     1000,
+    wait_resumes=1_000,
+    waiting_runs=100_000,
 )
-
-# Every stack: inputs and runs big enough for the streaming scripts, a queue deep enough
-# for the throughput burst; everything else at the services' defaults.
-BASE_SETTINGS: dict[str, Any] = {
-    "max_input_bytes": 8_000_000,
-    # The one-frame-per-delta stream of the long run, with its `run` and `done` frames.
-    "max_frames_per_run": 2_000_000,
-    "queue_capacity": 100_000,
-    "max_in_flight": CONCURRENCY,
-}
 
 
 async def guarded(results: Results, scenario: str, step: Callable[[], Awaitable[Any]]) -> None:
@@ -285,6 +280,11 @@ async def run(sizes: Sizes) -> Results:
         await guarded(results, "1 throughput", lambda: side_by_side(srv, results, sizes))
         await guarded(results, "runwire (1 executor)", lambda: main_stack(srv, results, sizes))
         await guarded(results, "5/7 faults", lambda: faults(srv, results, sizes))
+        await guarded(
+            results,
+            waits.SCENARIO,
+            lambda: waits.on_own_stack(srv, results, sizes.wait_resumes, sizes.waiting_runs),
+        )
         levels: dict[int, many_streams.Level] = {}
         await guarded(results, "10 many streams", lambda: streams(srv, results, sizes, levels))
         await guarded(

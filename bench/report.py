@@ -103,6 +103,27 @@ TARGETS = (
         "under 1,000 ms",
         lambda v: v < 1000,
     ),
+    Target(
+        "resume_first_frame_p50_ms",
+        "resume of a waiting run → its next attempt's run frame p50, idle stack",
+        "under 50 ms",
+        lambda v: v < 50,
+    ),
+    Target(
+        "resume_first_frame_p99_ms",
+        "resume of a waiting run → its next attempt's run frame p99, idle stack",
+        "(none)",
+    ),
+    Target(
+        "waiting_recovery_cpu_ms_per_s",
+        "recovery's CPU (process and Postgres backends) with 10k (full: 100k) runs waiting",
+        "about as with none waiting (in the table)",
+    ),
+    Target(
+        "waiting_first_frame_p50_ms",
+        "submit → first frame p50 at 50 runs/s with 10k (full: 100k) runs waiting",
+        "about as with none waiting (in the table)",
+    ),
 )
 
 
@@ -154,6 +175,12 @@ def fill_headline(results: Results, long_stream: int) -> None:
         ),
         "rejoin_10k_ms": max(rejoin) if all(r is not None for r in rejoin) else None,
         "recovery_resume_p50_ms": v("5 recovery", "kill → resumed run frame p50"),
+        "resume_first_frame_p50_ms": v("11 waits", "resume → next attempt's run frame p50"),
+        "resume_first_frame_p99_ms": v("11 waits", "resume → next attempt's run frame p99"),
+        "waiting_recovery_cpu_ms_per_s": v("11 waits", "recovery CPU, the runs waiting"),
+        "waiting_first_frame_p50_ms": v(
+            "11 waits", "submit → first frame of a fresh run p50, the runs waiting"
+        ),
     }
 
 

@@ -42,6 +42,16 @@ MODULES = {
 }
 READY_TIMEOUT_S = 60.0
 EXECUTOR_READY = "executor ready"
+CONCURRENCY = 64
+# Every stack: inputs and runs big enough for the streaming scripts, a queue deep enough
+# for the throughput burst; everything else at the services' defaults.
+BASE_SETTINGS: dict[str, Any] = {
+    "max_input_bytes": 8_000_000,
+    # The one-frame-per-delta stream of the long run, with its `run` and `done` frames.
+    "max_frames_per_run": 2_000_000,
+    "queue_capacity": 100_000,
+    "max_in_flight": CONCURRENCY,
+}
 
 
 def progress(message: str) -> None:

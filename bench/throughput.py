@@ -35,15 +35,17 @@ async def submit_many(
     n: int,
     script: dict[str, Any] = NOOP_INPUT,
     outstanding: int = OUTSTANDING,
+    **options: Any,
 ) -> Submitted:
-    """Submit `n` runs with at most `outstanding` requests in flight."""
+    """Submit `n` runs with at most `outstanding` requests in flight; `options` are
+    the submit command's (`runner=...`)."""
     out = Submitted()
     gate = asyncio.Semaphore(outstanding)
 
     async def one() -> None:
         async with gate:
             try:
-                reply = await client.submit(script, request_id=str(uuid.uuid4()))
+                reply = await client.submit(script, request_id=str(uuid.uuid4()), **options)
             except ClientError as exc:
                 out.rejected[str(exc.code)] = out.rejected.get(str(exc.code), 0) + 1
                 return

@@ -68,3 +68,11 @@ async def expects(ctx: runwire.AttemptContext) -> dict[str, Any]:
         return {"paid": None}
     await ctx.message(f"paid {paid['amount']}")
     return {"paid": paid}
+
+
+@runwire.runner()
+async def asks_at_once(ctx: runwire.AttemptContext) -> dict[str, Any]:
+    """Ask at once, with nothing before to checkpoint, and return the answer: the
+    cheapest attempt that ends to wait (`timeout` from the input)."""
+    answer = await ctx.interrupt({"question": "go on?"}, timeout=ctx.input.get("timeout"))
+    return {"answer": answer, "attempt": ctx.attempt}
