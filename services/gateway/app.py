@@ -38,10 +38,10 @@ from runwire.contracts.subjects import SIGNAL_NAME_PATTERN
 from runwire.gateway import langgraph
 from runwire.gateway.errors import described, status_of
 from runwire.gateway.keys import ApiKeys
-from runwire.gateway.langgraph import Threads
 from runwire.gateway.limits import Limits
 from runwire.gateway.settings import GatewaySettings
 from runwire.gateway.signals import signal_token, token_fits
+from runwire.gateway.threads import Threads
 
 log = logging.getLogger(__name__)
 

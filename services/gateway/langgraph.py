@@ -13,6 +13,14 @@ Stream events: `metadata` (`run_id`, `attempt`) first; then, by the modes asked 
 run's result at its end, under the node's or the runner's name), `custom` (every other
 frame: `{"type", "data"}`); `error` when the run did not finish; `end`. Event ids are
 frame seqs: a client that comes back with `Last-Event-ID` misses and repeats nothing.
+
+Interrupts, as LangGraph shows them: a run whose runner asks (`ctx.interrupt`) and now
+waits ends its stream there with `{"__interrupt__": [{"value": <payload>, "id":
+<wait_id>}]}` in `updates` and in its last `values` (and `runs.wait`/`join` answer the
+values with it); the run reads `success` and its thread `interrupted`, with the question
+in the thread's `interrupts`. A run request with `command: {"resume": value}` and no
+input answers it: the thread's waiting run goes on (the same run, where LangGraph makes
+a new one: runwire resumes the run it checkpointed), streamed from the question on.
 """
 
 import asyncio
@@ -21,26 +29,20 @@ import json
 import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-import nats
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
-from nats.js.kv import KeyValue
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from runwire.client.sdk import Client, ClientError
-from runwire.client.settings import server_urls, tls_context
 from runwire.contracts.commands import Multitask, SubmitCommand
 from runwire.contracts.errors import ErrorCode
-from runwire.contracts.frames import FrameType, Transcript
+from runwire.contracts.frames import FrameType, Transcript, WaitKind
 from runwire.contracts.replies import RunSummary
 from runwire.contracts.status import RunStatus
-from runwire.contracts.subjects import GATEWAY_INBOX, Subjects
 from runwire.gateway.errors import described, status_of
+from runwire.gateway.threads import Threads
 
 ClientOf = Callable[[Request], Awaitable[Client]]
 
@@ -62,8 +64,14 @@ RUN_STATUS = {
     RunStatus.FAILED: "error",
     RunStatus.CANCELED: "interrupted",
     RunStatus.INTERRUPTED: "error",
+    # Stopped at an interrupt: LangGraph's run has ended (its thread is `interrupted`).
+    RunStatus.WAITING: "success",
 }
 TIMEOUT_CODES = {ErrorCode.ATTEMPT_TIMEOUT, ErrorCode.QUEUE_TIMEOUT}
+# How long a `wait` frame's attempt may take to end (its run then waits), asked every
+# ASKED_POLL_S, before the stream goes on past it.
+ASKED_WITHIN_S = 10.0
+ASKED_POLL_S = 0.02
 
 
 class RunBody(BaseModel):
@@ -79,6 +87,8 @@ class RunBody(BaseModel):
     if_not_exists: str | None = None
     stream_mode: list[str] | str | None = None
     on_disconnect: str | None = None
+    # `{"resume": value}`: the answer to the thread's interrupt (see the module).
+    command: dict[str, Any] | None = None
 
 
 class ThreadBody(BaseModel):
@@ -87,10 +97,6 @@ class ThreadBody(BaseModel):
     thread_id: str | None = None
     metadata: dict[str, Any] | None = None
     if_exists: str | None = None
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
 class Refused(Exception):
@@ -104,95 +110,6 @@ class Refused(Exception):
 
 
 THREAD_ID_RULE = "thread_id: 1-128 letters, digits, '-' or '_'"
-
-
-class Threads:
-    """Threads of every tenant, in the broker's key-value bucket `<PREFIX>_THREADS`
-    (keys `<tenant>.<thread_id>`), through a connection of the gateway's own."""
-
-    def __init__(
-        self,
-        url: str,
-        prefix: str,
-        user: str | None,
-        password: str | None,
-        replicas: int = 1,
-        *,
-        tls_ca: Path | None = None,
-    ) -> None:
-        self.url, self.prefix, self.user, self.password = url, prefix, user, password
-        self.replicas = replicas
-        self.tls_ca = tls_ca
-        self._kv: KeyValue | None = None
-        self._nc: Any = None
-        self._lock = asyncio.Lock()
-
-    async def _bucket(self) -> KeyValue:
-        if self._kv is not None:
-            return self._kv
-        async with self._lock:
-            if self._kv is None:
-                self._nc = await nats.connect(
-                    server_urls(self.url),
-                    dont_randomize=True,
-                    user=self.user,
-                    password=self.password,
-                    inbox_prefix=GATEWAY_INBOX,
-                    max_reconnect_attempts=-1,
-                    tls=tls_context(self.tls_ca),
-                )
-                js = self._nc.jetstream()
-                self._kv = await js.create_key_value(
-                    bucket=Subjects(self.prefix).threads_bucket,
-                    history=1,
-                    replicas=self.replicas,
-                )
-            return self._kv
-
-    async def get(self, tenant: str, thread_id: str) -> dict[str, Any] | None:
-        try:
-            entry = await (await self._bucket()).get(f"{tenant}.{thread_id}")
-        except KeyNotFoundError:
-            return None
-        if entry.value is None:
-            return None
-        found: dict[str, Any] = json.loads(entry.value)
-        return found
-
-    async def create(
-        self, tenant: str, thread_id: str, metadata: dict[str, Any]
-    ) -> tuple[dict[str, Any], bool]:
-        """The thread, and whether this call created it."""
-        now = _now()
-        thread = {
-            "thread_id": thread_id,
-            "created_at": now,
-            "updated_at": now,
-            "metadata": metadata,
-            "last_run": None,
-        }
-        try:
-            await (await self._bucket()).create(
-                f"{tenant}.{thread_id}", json.dumps(thread).encode()
-            )
-        except KeyWrongLastSequenceError:
-            existing = await self.get(tenant, thread_id)
-            if existing is None:
-                raise
-            return existing, False
-        return thread, True
-
-    async def ran(self, tenant: str, thread: dict[str, Any], run_id: str) -> None:
-        """Remember the thread's newest run (for its status)."""
-        updated = {**thread, "last_run": run_id, "updated_at": _now()}
-        await (await self._bucket()).put(
-            f"{tenant}.{thread['thread_id']}", json.dumps(updated).encode()
-        )
-
-    async def close(self) -> None:
-        if self._nc is not None:
-            with contextlib.suppress(Exception):
-                await self._nc.close()
 
 
 def run_object(run: RunSummary, assistant_id: str | None, strategy: str | None) -> dict[str, Any]:
@@ -213,8 +130,42 @@ def run_object(run: RunSummary, assistant_id: str | None, strategy: str | None) 
     }
 
 
-def final_values(run: RunSummary) -> dict[str, Any]:
-    """What `runs.wait` and `runs.join` answer: the run's result, or `__error__`."""
+def interrupt_of(run: RunSummary) -> list[dict[str, Any]] | None:
+    """The question a run waits for an answer to, as LangGraph's `__interrupt__`; None
+    when it does not wait for one (a signal or a timer goes on by itself)."""
+    wait = run.waiting_for
+    if run.status != RunStatus.WAITING or wait is None or wait.kind != WaitKind.INTERRUPT:
+        return None
+    return [{"value": wait.payload, "id": wait.wait_id}]
+
+
+async def asked_now(
+    client: Client, run_id: str, wait_id: Any, attempt: int | None
+) -> tuple[RunSummary, list[dict[str, Any]] | None]:
+    """At a `wait` frame of attempt `attempt` (None: not known): the run, and its
+    question when the run now waits for the answer to that wait; None when the wait is
+    no interrupt, or was answered already. The frame is published just before its
+    attempt ends to wait: while that attempt still runs, the run is asked again."""
+    deadline = asyncio.get_running_loop().time() + ASKED_WITHIN_S
+    while True:
+        run = await client.get(run_id)
+        interrupt = interrupt_of(run)
+        if interrupt is not None:
+            return run, interrupt if interrupt[0]["id"] == wait_id else None
+        ending = run.status in (RunStatus.RUNNING, RunStatus.RECOVERING) and (
+            attempt is None or run.attempts == attempt
+        )
+        if not ending or asyncio.get_running_loop().time() > deadline:
+            return run, None
+        await asyncio.sleep(ASKED_POLL_S)
+
+
+def final_values(run: RunSummary, text: str = "") -> dict[str, Any]:
+    """What `runs.wait` and `runs.join` answer: the run's result, the text so far and
+    the question of a run stopped at an interrupt, or `__error__`."""
+    interrupt = interrupt_of(run)
+    if interrupt is not None:
+        return {"text": text, "__interrupt__": interrupt}
     if run.status == RunStatus.FINISHED:
         return dict(run.result or {})
     error = run.error
@@ -244,23 +195,34 @@ def _event(name: str, data: Any, event_id: int | None = None) -> bytes:
 
 
 async def stream_events(
-    client: Client, run_id: str, assistant_id: str, modes: list[str], after: int
+    client: Client,
+    run_id: str,
+    assistant_id: str,
+    modes: list[str],
+    after: int,
+    *,
+    metadata: bool = False,
 ) -> AsyncIterator[bytes]:
-    """The run's frames after `after` as LangGraph stream events."""
+    """The run's frames after `after` as LangGraph stream events (first `metadata` from
+    the start, or when asked: a resumed run's stream); ends at `done`, or at the
+    question of an interrupt the run waits for."""
     transcript = Transcript()
     text_modes = {"messages", "messages-tuple"} & set(modes)
-    if after == 0:
-        yield _event("metadata", {"run_id": run_id, "attempt": 1}, 0)
-    elif "values" in modes:
+    if after == 0 or metadata:
+        yield _event("metadata", {"run_id": run_id, "attempt": 1}, after)
+    if after > 0 and "values" in modes:
         # Text before the cursor, so that `values` go on from the text so far.
         async for frame in client.stream(run_id, 0):
             transcript.apply(frame)
             if frame.seq >= after or frame.type == FrameType.DONE:
                 break
+    attempt: int | None = None  # of the frames read, once a `run` frame said
     async for frame in client.stream(run_id, after):
         events: list[tuple[str, Any]] = []
         before = transcript.text
         transcript.apply(frame)
+        if frame.type == FrameType.RUN:
+            attempt = frame.data.get("attempt")
         if frame.type == FrameType.MESSAGE:
             delta = frame.data.get("text", "")
             if text_modes:
@@ -290,6 +252,22 @@ async def stream_events(
                 events.append(("error", final_values(run)["__error__"]))
             events.append(("end", None))
         elif frame.type == FrameType.ERROR:
+            if "custom" in modes:
+                events.append(("custom", {"type": frame.type, "data": frame.data}))
+        elif frame.type == FrameType.WAIT:
+            # The question the run waits for now ends the stream; one answered already
+            # (a stream read again later, or the resumed run's) is passed over.
+            _, interrupt = await asked_now(client, run_id, frame.data.get("wait_id"), attempt)
+            if interrupt is not None:
+                if "updates" in modes:
+                    events.append(("updates", {"__interrupt__": interrupt}))
+                if "values" in modes:
+                    events.append(("values", {"text": transcript.text, "__interrupt__": interrupt}))
+                if "custom" in modes:
+                    events.append(("custom", {"type": frame.type, "data": frame.data}))
+                for i, (name, data) in enumerate(events):
+                    yield _event(name, data, frame.seq if i == len(events) - 1 else None)
+                return
             if "custom" in modes:
                 events.append(("custom", {"type": frame.type, "data": frame.data}))
         elif frame.type == FrameType.NODE and frame.data.get("action") == "completed":
@@ -332,7 +310,9 @@ def mount(
             return None
         return await threads.get(client.tenant, thread_id)
 
-    def thread_object(thread: dict[str, Any], status: str, values: Any) -> dict[str, Any]:
+    def thread_object(
+        thread: dict[str, Any], status: str, values: Any, interrupts: Any = None
+    ) -> dict[str, Any]:
         return {
             "thread_id": thread["thread_id"],
             "created_at": thread["created_at"],
@@ -340,19 +320,25 @@ def mount(
             "metadata": thread.get("metadata") or {},
             "status": status,
             "values": values,
-            "interrupts": {},
+            "interrupts": interrupts or {},
         }
 
-    async def thread_state(client: Client, thread: dict[str, Any]) -> tuple[str, Any]:
+    async def thread_state(client: Client, thread: dict[str, Any]) -> dict[str, Any]:
+        """The thread as LangGraph's Thread: its status and values from its last run."""
         if not thread.get("last_run"):
-            return "idle", None
+            return thread_object(thread, "idle", None)
         try:
             run = await client.get(thread["last_run"])
         except ClientError:
-            return "idle", None
+            return thread_object(thread, "idle", None)
+        interrupt = interrupt_of(run)
+        if interrupt is not None:
+            # Keyed by the run, which stands for LangGraph's task.
+            return thread_object(thread, "interrupted", None, {run.run_id: interrupt})
         if not run.status.terminal:
-            return "busy", None
-        return ("idle" if run.status == RunStatus.FINISHED else "error"), run.result
+            return thread_object(thread, "busy", None)
+        status = "idle" if run.status == RunStatus.FINISHED else "error"
+        return thread_object(thread, status, run.result)
 
     @app.post("/threads")
     async def create_thread(request: Request) -> Response:
@@ -367,8 +353,7 @@ def mount(
         thread, created = await threads.create(client.tenant, thread_id, given.metadata or {})
         if not created and (given.if_exists or "raise") == "raise":
             raise Refused(409, f"thread {thread_id} exists")
-        status, values = await thread_state(client, thread)
-        return JSONResponse(thread_object(thread, status, values))
+        return JSONResponse(await thread_state(client, thread))
 
     @app.get("/threads/{thread_id}")
     async def get_thread(thread_id: str, request: Request) -> Response:
@@ -376,16 +361,24 @@ def mount(
         thread = await thread_or_404(client, thread_id)
         if thread is None:
             raise Refused(404, f"no thread {thread_id}")
-        status, values = await thread_state(client, thread)
-        return JSONResponse(thread_object(thread, status, values))
+        return JSONResponse(await thread_state(client, thread))
 
-    async def start(request: Request, thread_id: str | None) -> tuple[Client, RunBody, RunSummary]:
-        """Submit the run a request asks for, on its thread (created if asked)."""
+    async def start(
+        request: Request, thread_id: str | None
+    ) -> tuple[Client, RunBody, RunSummary, int]:
+        """Submit the run a request asks for, on its thread (created if asked), or resume
+        the thread's interrupted run: (client, request, run, the seq its stream goes on
+        after)."""
         client = await client_of(request)
         try:
             given: RunBody = await body(request, RunBody)
         except ValidationError as exc:
             raise Refused(400, described(exc)) from exc
+        if given.command is not None and "resume" in given.command:
+            if thread_id is None:
+                raise Refused(400, "command: resume answers a thread's interrupt; name the thread")
+            run, after = await resume(client, thread_id, given.command["resume"])
+            return client, given, run, after
         strategy = STRATEGIES.get(given.multitask_strategy or "enqueue")
         if strategy is None:
             raise Refused(400, f"multitask_strategy: one of {', '.join(STRATEGIES)}")
@@ -417,7 +410,23 @@ def mount(
             raise Refused(status_of(exc.error), exc.message) from exc
         if thread is not None:
             await threads.ran(client.tenant, thread, reply.run.run_id)
-        return client, given, reply.run
+        return client, given, reply.run, 0
+
+    async def resume(client: Client, thread_id: str, value: Any) -> tuple[RunSummary, int]:
+        """Answer the interrupt of the thread's last run: the run, and the seq of its
+        question (its stream goes on after it)."""
+        thread = await thread_or_404(client, thread_id)
+        if thread is None:
+            raise Refused(404, f"no thread {thread_id}")
+        run = await client.get(thread["last_run"]) if thread.get("last_run") else None
+        interrupt = interrupt_of(run) if run is not None else None
+        if run is None or interrupt is None:
+            raise Refused(409, f"thread {thread_id} is not interrupted: nothing to resume")
+        try:
+            await client.resume(run.run_id, value, wait_id=interrupt[0]["id"])
+        except ClientError as exc:
+            raise Refused(status_of(exc.error), exc.message) from exc
+        return run, run.last_seq
 
     def locations(thread_id: str | None, run_id: str, tail: str) -> dict[str, str]:
         base = f"/threads/{thread_id}/runs/{run_id}" if thread_id else f"/runs/{run_id}"
@@ -432,7 +441,7 @@ def mount(
 
     async def create_run(request: Request, thread_id: str | None) -> Response:
         started = await start(request, thread_id)
-        _, given, run = started
+        _, given, run, _ = started
         return JSONResponse(
             run_object(run, given.assistant_id, given.multitask_strategy),
             headers=locations(thread_id, run.run_id, ""),
@@ -440,21 +449,43 @@ def mount(
 
     async def stream_run(request: Request, thread_id: str | None) -> Response:
         started = await start(request, thread_id)
-        client, given, run = started
-        events = stream_events(client, run.run_id, given.assistant_id, _modes(given.stream_mode), 0)
+        client, given, run, after = started
+        modes = _modes(given.stream_mode)
+        events = stream_events(client, run.run_id, given.assistant_id, modes, after, metadata=True)
         return sse(events, locations(thread_id, run.run_id, "/stream"))
 
     async def wait_run(request: Request, thread_id: str | None) -> Response:
         started = await start(request, thread_id)
-        client, _, run = started
-        final = await finished(client, run.run_id)
-        return JSONResponse(final_values(final), headers=locations(thread_id, run.run_id, "/join"))
+        client, _, run, after = started
+        final = await ended_values(client, run.run_id, after)
+        return JSONResponse(final, headers=locations(thread_id, run.run_id, "/join"))
 
-    async def finished(client: Client, run_id: str) -> RunSummary:
+    async def finished(client: Client, run_id: str, after: int = 0) -> RunSummary:
+        """The run once it ended, or stopped at the question of an interrupt."""
+        run, _ = await stopped(client, run_id, after)
+        return run
+
+    async def stopped(client: Client, run_id: str, after: int) -> tuple[RunSummary, str]:
+        """The run once it ended or stopped at an interrupt it waits for (one met after
+        `after`), and its text."""
+        transcript = Transcript()
+        attempt: int | None = None
         async for frame in client.stream(run_id):
-            if frame.type == FrameType.DONE:
+            transcript.apply(frame)
+            if frame.type == FrameType.RUN:
+                attempt = frame.data.get("attempt")
+            elif frame.type == FrameType.DONE:
                 break
-        return await client.get(run_id)
+            elif frame.type == FrameType.WAIT and frame.seq > after:
+                wait_id = frame.data.get("wait_id")
+                run, interrupt = await asked_now(client, run_id, wait_id, attempt)
+                if interrupt is not None:
+                    return run, transcript.text
+        return await client.get(run_id), transcript.text
+
+    async def ended_values(client: Client, run_id: str, after: int = 0) -> dict[str, Any]:
+        run, text = await stopped(client, run_id, after)
+        return final_values(run, text)
 
     @app.post("/threads/{thread_id}/runs")
     async def thread_run(thread_id: str, request: Request) -> Response:
@@ -526,4 +557,4 @@ def mount(
     async def join_run(thread_id: str, run_id: str, request: Request) -> Response:
         found = await thread_run_of(request, thread_id, run_id)
         client, _ = found
-        return JSONResponse(final_values(await finished(client, run_id)))
+        return JSONResponse(await ended_values(client, run_id))

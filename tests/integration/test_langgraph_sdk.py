@@ -166,3 +166,55 @@ async def test_unknown_threads_and_missing_keys_are_refused(
         assert refused.value.response.status_code == 401
     finally:
         await stranger.http.client.aclose()
+
+
+@pytest.mark.stack(runners="asks=tests.waiting:asks")
+async def test_an_interrupt_stops_the_stream_and_a_resume_command_goes_on(
+    sdk: LangGraphClient,
+) -> None:
+    """As LangGraph's own server shows an `interrupt()`: `__interrupt__` in the last
+    `updates` and `values`, the run `success`, the thread `interrupted` with the question;
+    `command={"resume": ...}` answers it and the thread's text goes on, repeating nothing."""
+    thread = await sdk.threads.create()
+    tid = thread["thread_id"]
+    modes = ["values", "updates"]
+    parts = [part async for part in sdk.runs.stream(tid, "asks", input={}, stream_mode=modes)]
+    run_id = parts[0].data["run_id"]
+    question = [{"value": {"question": "may I?"}, "id": "interrupt-1"}]
+    assert parts[-2].event == "updates"
+    assert parts[-2].data == {"__interrupt__": question}
+    assert parts[-1].event == "values"
+    assert parts[-1].data == {"text": "hello ", "__interrupt__": question}
+    assert (await sdk.runs.get(tid, run_id))["status"] == "success"
+    interrupted = await sdk.threads.get(tid)
+    assert interrupted["status"] == "interrupted"
+    assert interrupted["interrupts"] == {run_id: question}
+    # `runs.join` of it answers the values so far, with the question.
+    assert await sdk.runs.join(tid, run_id) == {"text": "hello ", "__interrupt__": question}
+
+    resumed = [
+        part
+        async for part in sdk.runs.stream(
+            tid, "asks", command={"resume": {"say": "yes"}}, stream_mode=modes
+        )
+    ]
+    assert resumed[0].event == "metadata"
+    assert resumed[0].data["run_id"] == run_id  # the run goes on (LangGraph: a new run)
+    values = [p.data for p in resumed if p.event == "values"]
+    assert values[-1] == {"text": "hello you said yes"}
+    assert [p.event for p in resumed][-1] == "end"
+    done = await sdk.threads.get(tid)
+    assert (done["status"], done["interrupts"]) == ("idle", {})
+    # Nothing to resume now: refused, not a run without input.
+    with pytest.raises(ConflictError):
+        await sdk.runs.create(tid, "asks", command={"resume": "again"})
+
+
+@pytest.mark.stack(runners="asks=tests.waiting:asks")
+async def test_wait_answers_an_interrupt_then_its_resume(sdk: LangGraphClient) -> None:
+    thread = await sdk.threads.create()
+    tid = thread["thread_id"]
+    asked = await sdk.runs.wait(tid, "asks", input={})
+    assert asked["__interrupt__"][0]["value"] == {"question": "may I?"}
+    answered = await sdk.runs.wait(tid, "asks", command={"resume": {"say": "no"}})
+    assert answered["text"] == "hello you said no"
