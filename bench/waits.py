@@ -13,8 +13,9 @@ otherwise idle stack:
   stack before they were made: CPU per second of each service process, of nats-server,
   of Postgres and of the Postgres backends serving recovery's connections, over an
   idle window; RSS of each process; Postgres's private memory and the size of the
-  tables that hold runs and their waits; the time of recovery's two statements that
-  read waits (`time_out_waits`, `queue_stats`), run as recovery runs them; submit →
+  tables that hold runs and their waits; the time of recovery's statements that read
+  waits (`time_out_waits` and `queue_stats` at each tick, `waiting_stats` every
+  `waiting_gauges_interval_ms`), run as recovery runs them; submit →
   first frame of fresh runs; resume → first frame again.
 
 `python -m bench.waits` runs this scenario alone (its own servers) and prints its table;
@@ -59,7 +60,7 @@ LATE_MS = 500
 RESUMES_WHILE_WAITING = 50
 # Timed executions of each of recovery's statements that read waits.
 STATEMENT_REPEATS = 20
-STATEMENTS = ("time_out_waits", "queue_stats")
+STATEMENTS = ("time_out_waits", "queue_stats", "waiting_stats")
 RECOVERY_BACKENDS = "postgres (recovery's backends)"
 # The figures the headline reads (by these names: report.fill_headline).
 RESUME_FIRST_FRAME = "resume → next attempt's run frame"
@@ -188,6 +189,8 @@ async def usage(stack: Stack, label: str) -> Usage:
     statements = {
         "time_out_waits": await statement_ms(stack, "time_out_waits", BATCH_SIZE, "bench"),
         "queue_stats": await statement_ms(stack, "queue_stats"),
+        # Not a tick's: every waiting_gauges_interval_ms.
+        "waiting_stats": await statement_ms(stack, "waiting_stats"),
     }
     return Usage(cpu, rss, private_mib(pg_pid), round(tables / 2**20, 1), statements)
 

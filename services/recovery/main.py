@@ -74,8 +74,11 @@ def duties(
     ]
 
 
-async def tick(all_duties: list[Duty], store: Store) -> dict[str, int]:
-    """Run every duty once; one that fails does not keep the others from their turn."""
+async def tick(
+    all_duties: list[Duty], store: Store, *, count_waiting: bool = False
+) -> dict[str, int]:
+    """Run every duty once; one that fails does not keep the others from their turn;
+    measure the queue's gauges (and, with `count_waiting`, the waiting runs')."""
     report: dict[str, int] = {}
     for duty in all_duties:
         try:
@@ -85,6 +88,8 @@ async def tick(all_duties: list[Duty], store: Store) -> dict[str, int]:
     # Measured after the tick's changes, so the gauges show what is left waiting.
     try:
         QUEUE.update(await store.queue_stats())
+        if count_waiting:
+            QUEUE.update_waiting(await store.waiting_stats())
     except RunwireError as exc:
         log.warning("queue gauges not measured, the next tick tries again: %s", exc.message)
     return report
@@ -122,6 +127,7 @@ class RecoveryService(Service[RecoverySettings]):
         settings, broker = self.settings, self.broker
         loop = asyncio.get_running_loop()
         streams_checked = loop.time()
+        waiting_counted = -float("inf")
         while not stop.is_set():
             if loop.time() - streams_checked > STREAM_CHECK_S:
                 # A stream deleted on the server comes back, so lost jobs can be queued again.
@@ -130,7 +136,11 @@ class RecoveryService(Service[RecoverySettings]):
                     await broker.ensure_streams(StreamLimits.of(settings))
                 except RunwireError as exc:
                     log.warning("streams not checked: %s", exc.message)
-            report = await tick(all_duties, self.store)
+            every = settings.waiting_gauges_interval_ms / 1000
+            count_waiting = loop.time() - waiting_counted >= every
+            if count_waiting:
+                waiting_counted = loop.time()
+            report = await tick(all_duties, self.store, count_waiting=count_waiting)
             if any(report.values()):
                 log.info("recovery tick", extra=fields(**report))
             with contextlib.suppress(TimeoutError):

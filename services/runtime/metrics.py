@@ -47,13 +47,19 @@ class QueueCollector(Collector):
     """
 
     def __init__(self) -> None:
-        self._snapshot: list[tuple[str, int, float, int, float]] = []
+        self._queued: list[tuple[str, int, float]] = []
+        self._waiting: list[tuple[str, int, float]] = []
 
-    def update(self, rows: Iterable[tuple[str, int, float, int, float]]) -> None:
-        self._snapshot = list(rows)
+    def update(self, rows: Iterable[tuple[str, int, float]]) -> None:
+        """Runs waiting for an attempt: (tenant, how many, the oldest's age)."""
+        self._queued = list(rows)
+
+    def update_waiting(self, rows: Iterable[tuple[str, int, float]]) -> None:
+        """Runs waiting for an answer: (tenant, how many, how long the oldest waited)."""
+        self._waiting = list(rows)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        snapshot = self._snapshot
+        queued, waiting_now = self._queued, self._waiting
         depth = GaugeMetricFamily(
             "runwire_queue_depth",
             "Runs waiting for an attempt (queued or recovering), per tenant.",
@@ -74,9 +80,10 @@ class QueueCollector(Collector):
             "Seconds the run that has waited longest for its answer has waited, per tenant.",
             labels=["tenant"],
         )
-        for tenant, count, oldest_s, waits, oldest_wait_s in snapshot:
+        for tenant, count, oldest_s in queued:
             depth.add_metric([tenant], count)
             age.add_metric([tenant], oldest_s)
+        for tenant, waits, oldest_wait_s in waiting_now:
             waiting.add_metric([tenant], waits)
             waited.add_metric([tenant], oldest_wait_s)
         yield depth

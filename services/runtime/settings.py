@@ -289,6 +289,10 @@ class RecoverySettings(CommonSettings):
     ended (Postgres has it all)."""
     recovery_interval_ms: int = Field(default=DEFAULT_RECOVERY_INTERVAL_MS, ge=10)
     """Time between ticks."""
+    waiting_gauges_interval_ms: int = Field(default=15_000, ge=10)
+    """How often the gauges of waiting runs (`runwire_waiting_runs`,
+    `runwire_waiting_oldest_seconds`) are measured: their query reads every waiting run,
+    so it is not run at each tick (a tick's cost does not grow with runs that wait)."""
     lease_watch_ms: int = Field(default=DEFAULT_LEASE_WATCH_MS, ge=10)
     """How often, besides its tick, recovery looks for runs whose executor is gone (its
     presence lock freed) or whose lease ran out (one query each time)."""

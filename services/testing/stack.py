@@ -48,6 +48,7 @@ FAST = {
     "drain_ms": 5000,
     "segment_flush_ms": 20,
     "recovery_interval_ms": 100,
+    "waiting_gauges_interval_ms": 100,
     "effect_reconcile_ms": 100,
     "recovery_backoff_ms": 50,
     "republish_after_ms": 2000,

@@ -162,6 +162,17 @@ async def test_ten_thousand_waiting_runs_hold_no_slot_and_finish_once_answered(
             # The statement itself and the one query it runs (nothing is due).
             assert len(plans) == 2, plans
 
+        # And a tick's queue gauges read the runs waiting for an attempt, not the 10,000
+        # waiting for an answer (their gauges are measured every 15 s, not each tick).
+        await conn.execute("ANALYZE runs")
+        (explained,) = json.loads(
+            await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + QUERIES["queue_stats"])
+        )
+        scans = [n for n in _nodes(explained["Plan"]) if n.get("Relation Name") == "runs"]
+        read = sum(n["Actual Rows"] + n.get("Rows Removed by Filter", 0) for n in scans)
+        assert scans, explained
+        assert read < WAITING_RUNS / 10, explained
+
         answers = await _all(
             [client.resume(run_id, {"say": "yes"}, request_id=f"a-{run_id}") for run_id in run_ids]
         )

@@ -138,17 +138,21 @@ SELECT k.run_id FROM unnest($1::uuid[]) AS k(run_id)
                     WHERE r.run_id = k.run_id AND NOT run_terminal(r.status));
 
 -- name: queue_stats
--- Per tenant: runs waiting for an attempt, and the age of the oldest (since its submit);
--- runs waiting for an answer (status 'waiting'), and how long the oldest has waited.
-SELECT tenant,
-       count(*) FILTER (WHERE status <> 'waiting') AS depth,
-       coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE status <> 'waiting')),
-                0)::float8 AS oldest_age_s,
-       count(*) FILTER (WHERE status = 'waiting') AS waiting,
-       coalesce(extract(epoch FROM now() - min(updated_at) FILTER (WHERE status = 'waiting')),
-                0)::float8 AS oldest_wait_s
+-- Per tenant: runs waiting for an attempt, and the age of the oldest (since its submit).
+SELECT tenant, count(*) AS depth,
+       extract(epoch FROM now() - min(created_at))::float8 AS oldest_age_s
   FROM runs
- WHERE status IN ('queued', 'recovering', 'waiting')
+ WHERE status IN ('queued', 'recovering')
+ GROUP BY tenant;
+
+-- name: waiting_stats
+-- Per tenant: runs waiting for an answer (status 'waiting'), and how long the oldest has
+-- waited. It reads every waiting run: measured every waiting_gauges_interval_ms, not at
+-- each tick.
+SELECT tenant, count(*) AS waiting,
+       extract(epoch FROM now() - min(updated_at))::float8 AS oldest_wait_s
+  FROM runs
+ WHERE status = 'waiting'
  GROUP BY tenant;
 
 -- name: purge_due

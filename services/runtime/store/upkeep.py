@@ -76,14 +76,16 @@ class RecoveryQueries(Queries):
         rows = await self._fetch("reissue_jobs", [uuid.UUID(r) for r in run_ids])
         return rows[0]["xact"] if rows else None
 
-    async def queue_stats(self) -> list[tuple[str, int, float, int, float]]:
-        """Per tenant: (tenant, runs waiting for an attempt, oldest one's age in seconds,
-        runs waiting for an answer, how long the oldest of them has waited)."""
+    async def queue_stats(self) -> list[tuple[str, int, float]]:
+        """Per tenant: (tenant, runs waiting for an attempt, oldest one's age in seconds)."""
         rows = await self._fetch("queue_stats")
-        return [
-            (r["tenant"], r["depth"], r["oldest_age_s"], r["waiting"], r["oldest_wait_s"])
-            for r in rows
-        ]
+        return [(r["tenant"], r["depth"], r["oldest_age_s"]) for r in rows]
+
+    async def waiting_stats(self) -> list[tuple[str, int, float]]:
+        """Per tenant: (tenant, runs waiting for an answer, a signal or a timer, how long
+        the oldest of them has waited in seconds)."""
+        rows = await self._fetch("waiting_stats")
+        return [(r["tenant"], r["waiting"], r["oldest_wait_s"]) for r in rows]
 
     async def expire_queue(self, *, limit: int, error: ErrorBody, actor: str) -> list[Run]:
         rows = await self._fetch("expire_queue", limit, error.model_dump(mode="json"), actor)
