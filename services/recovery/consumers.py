@@ -13,7 +13,10 @@ and removes at once any consumer of a tenant that:
 - delivers outside the tenant's inbox (`_INBOX_<tenant>.` or NATS's default `_INBOX.`);
 - is acknowledged and may be delivered more than `tenant_consumer_max_deliver` times
   (or without end);
-- is one more than `tenant_max_consumers` of the tenant's on that stream.
+- is one more than `tenant_max_consumers` of the tenant's on that stream, once no
+  room can be made: a push consumer no client subscribes to any more (its client
+  stopped reading; the server removes it after its inactive threshold) goes first, so
+  that what a tenant's clients left behind never cuts off one they are reading.
 
 Every `consumer_sweep_ms` it also lists the streams' consumers, to count them afresh and
 catch what an advisory missed (one lost, or sent while no replica listened). Every
@@ -41,6 +44,9 @@ from runwire.runtime.settings import RecoverySettings
 log = logging.getLogger(__name__)
 
 ADVISORY = "$JS.EVENT.ADVISORY.CONSUMER"
+# Over the limit, how many of a tenant's oldest consumers are looked at for one its
+# client no longer reads, before the newest is removed instead.
+ROOM_CHECKS = 4
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,13 @@ def broken_rule(config: ConsumerConfig, tenant: str, rules: ConsumerRules) -> st
     return None
 
 
+def unread(info: ConsumerInfo) -> bool:
+    """A push consumer no client subscribes to: its client stopped reading (a client
+    that follows a run leaves its consumer behind until the server removes it, after
+    its inactive threshold)."""
+    return bool(info.config.deliver_subject) and not info.push_bound
+
+
 class TenantConsumers:
     """The watch over tenants' consumers of the frames and events streams."""
 
@@ -100,8 +113,9 @@ class TenantConsumers:
         self.rules = ConsumerRules.of(settings)
         subjects = broker.subjects
         self.streams = (subjects.run_frames_stream, subjects.events_stream)
-        # The consumers of each tenant on each stream that keep the rules, as counted.
-        self._known: dict[tuple[str, str], set[str]] = defaultdict(set)
+        # The consumers of each tenant on each stream that keep the rules, as counted,
+        # the oldest first (as far as this replica knows: see `_make_room`).
+        self._known: dict[tuple[str, str], dict[str, None]] = defaultdict(dict)
 
     async def watch(self, stop: asyncio.Event) -> None:
         """Act on the advisories and sweep every `consumer_sweep_ms` until `stop`."""
@@ -123,7 +137,7 @@ class TenantConsumers:
         """Look at every consumer of the streams; how many were removed."""
         removed = 0
         for stream in self.streams:
-            known: dict[tuple[str, str], set[str]] = defaultdict(set)
+            known: dict[tuple[str, str], dict[str, None]] = defaultdict(dict)
             consumers = sorted(await self.broker.consumers_of(stream), key=_created_at)
             for info in consumers:
                 if await self._judge(stream, info, known):
@@ -134,7 +148,7 @@ class TenantConsumers:
         return removed
 
     async def _judge(
-        self, stream: str, info: ConsumerInfo, known: dict[tuple[str, str], set[str]]
+        self, stream: str, info: ConsumerInfo, known: dict[tuple[str, str], dict[str, None]]
     ) -> bool:
         """Remove the consumer if it breaks a rule (counting it against `known`);
         whether it was removed."""
@@ -144,12 +158,17 @@ class TenantConsumers:
             return False
         mine = known[(stream, tenant)]
         why = broken_rule(config, tenant, self.rules)
-        if why is None and info.name not in mine and len(mine) >= self.rules.max_per_tenant:
+        if (
+            why is None
+            and info.name not in mine
+            and len(mine) >= self.rules.max_per_tenant
+            and not await self._make_room(stream, tenant, mine)
+        ):
             why = f"the tenant has {len(mine)} consumers of the stream already"
         if why is None:
-            mine.add(info.name)
+            mine.setdefault(info.name)
             return False
-        mine.discard(info.name)
+        mine.pop(info.name, None)
         log.warning(
             "a tenant's consumer removed: %s",
             why,
@@ -157,6 +176,25 @@ class TenantConsumers:
         )
         await self.broker.delete_consumer(stream, info.name)
         return True
+
+    async def _make_room(self, stream: str, tenant: str, mine: dict[str, None]) -> bool:
+        """Remove the oldest of the tenant's consumers that its client no longer reads,
+        looking at ROOM_CHECKS at most; whether there is room now. One still read goes
+        to the back of `mine`, so that the next look starts with others."""
+        for name in list(mine)[:ROOM_CHECKS]:
+            info = await self.broker.consumer_of(stream, name)
+            mine.pop(name, None)
+            if info is None:
+                return True  # gone already
+            if unread(info):
+                log.info(
+                    "a tenant's consumer no client reads removed to make room",
+                    extra=fields(tenant=tenant, stream=stream, consumer=name),
+                )
+                await self.broker.delete_consumer(stream, name)
+                return True
+            mine[name] = None
+        return False
 
     async def _created(self, msg: Msg) -> None:
         stream, name = _stream_and_consumer(msg)
@@ -171,7 +209,7 @@ class TenantConsumers:
         stream, name = _stream_and_consumer(msg)
         for (of_stream, _), names in self._known.items():
             if of_stream == stream:
-                names.discard(name)
+                names.pop(name, None)
 
 
 def _stream_and_consumer(msg: Msg) -> tuple[str, str]:

@@ -315,8 +315,10 @@ class RecoverySettings(CommonSettings):
     """Runs handled per step of a tick."""
     tenant_max_consumers: int = Field(default=DEFAULT_TENANT_MAX_CONSUMERS, ge=1)
     """JetStream consumers one tenant may hold on the frames stream, and on the events
-    stream; recovery removes the newest past it (and any consumer that breaks the rules
-    of the next three settings, as soon as it is created)."""
+    stream. Past it, recovery first removes one that no client reads any more (a client
+    that stopped following a run leaves its consumer for a few seconds), else the newest
+    (and any consumer that breaks the rules of the next three settings, as soon as it
+    is created)."""
     tenant_consumer_max_inactive_ms: int = Field(
         default=DEFAULT_TENANT_CONSUMER_MAX_INACTIVE_MS, ge=1_000
     )

@@ -121,11 +121,18 @@ async def test_a_tenants_consumers_that_break_the_rules_are_removed(
             for name in names:
                 await eventually(lambda n=name: _gone(operator, s.events_stream, n), timeout=15)
 
-            # Keeping the rules, a tenant may hold three; the fourth and fifth go.
+            # Keeping the rules, a tenant may hold three it reads; the fourth and fifth go.
+            frames = s.run_frames_stream
             kept = []
-            for i in range(5):
+            reading = []
+            for i in range(6):
+                if i == 5:
+                    # The first one's client stops reading: it makes room for a sixth.
+                    await reading[0].unsubscribe()
+                    await attacker.flush()
+                reading.append(await attacker.subscribe(f"{mine}.{i}"))
                 info = await js.add_consumer(
-                    s.run_frames_stream,
+                    frames,
                     ConsumerConfig(
                         name=f"ok-{i}",
                         filter_subject=s.run_frames("acme", done.run.run_id),
@@ -135,16 +142,21 @@ async def test_a_tenants_consumers_that_break_the_rules_are_removed(
                     ),
                 )
                 kept.append(info.name)
+                if i == 4:
+                    await eventually(
+                        lambda: _left(operator, frames, kept, [1, 1, 1, 0, 0]), timeout=15
+                    )
 
-            async def three_left() -> bool:
-                alive = [await _alive(operator, s.run_frames_stream, n) for n in kept]
-                return alive == [True, True, True, False, False]
-
-            await eventually(three_left, timeout=15)
+            await eventually(lambda: _left(operator, frames, kept, [0, 1, 1, 0, 0, 1]), timeout=15)
         finally:
             await operator.close()
             await attacker.close()
             await acme.close()
+
+
+async def _left(nc: NatsClient, stream: str, names: list[str], alive: list[int]) -> bool:
+    """Whether the consumers `names` of `stream` are alive (1) or gone (0) as `alive` says."""
+    return [int(await _alive(nc, stream, name)) for name in names] == alive
 
 
 async def _gone(nc: NatsClient, stream: str, name: str) -> bool:

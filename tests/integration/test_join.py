@@ -8,9 +8,11 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from runwire.client import Client
+from runwire.client.follow import FRESH_IDLE_S
 from runwire.contracts.commands import JoinCommand
 from runwire.contracts.frames import Frame, FrameType
 from runwire.contracts.headers import REPLAY_NEXT
+from runwire.contracts.status import RunStatus
 from runwire.relay.join import FIRST_SEGMENTS
 from runwire.runtime.metrics import COMMAND_DURATION
 from runwire.testing.servers import Servers
@@ -328,3 +330,37 @@ async def test_the_followers_limit_is_the_setting(stack: InProcessStack) -> None
     assert frames[-1].type == FrameType.DONE
     info = await stack.client.nc.jetstream().stream_info(stack.client.subjects.run_frames_stream)
     assert info.config.max_consumers == 3
+
+
+@pytest.mark.stack(runners="asks=tests.waiting:asks", tenant_max_consumers=3)
+async def test_a_client_following_runs_one_after_another_sees_each_resume_at_once(
+    stack: InProcessStack,
+) -> None:
+    # Each run followed leaves its consumer on the server for a while after the client
+    # stops reading (its inactive threshold), and counts toward the tenant's limit: the
+    # fourth run's consumer, the one the client reads, was removed by recovery as it was
+    # created, and the resumed attempt reached the client only when it joined again.
+    client = stack.client
+    run_ids = [(await client.submit({}, runner="asks")).run.run_id for _ in range(6)]
+
+    async def all_waiting() -> bool:
+        runs = [await client.get(run_id) for run_id in run_ids]
+        return all(run.status == RunStatus.WAITING for run in runs)
+
+    await eventually(all_waiting, timeout=20)
+    loop = asyncio.get_running_loop()
+    for run_id in run_ids:
+        frames = client.stream(run_id)
+        async for frame in frames:
+            if frame.type == FrameType.WAIT:
+                break
+        began = loop.time()
+        await client.resume(run_id, {"say": "yes"})
+        first = await anext(frames)
+        took = loop.time() - began
+        assert first.type == FrameType.RUN
+        # A frame the live consumer missed comes only after FRESH_IDLE_S and a join.
+        assert took < FRESH_IDLE_S, f"run {run_ids.index(run_id) + 1}: {took:.2f} s"
+        async for frame in frames:
+            if frame.type == FrameType.DONE:
+                break
