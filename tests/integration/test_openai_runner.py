@@ -23,7 +23,9 @@ from runwire.contracts.status import RunStatus
 from runwire.runners.openai_chat import RESUME_INSTRUCTION, OpenAISettings, make_runner
 from runwire.testing.servers import Servers
 from runwire.testing.waiting import eventually
+from tests.effect_server import EffectServer
 from tests.openai_server import OpenAIServer, Status, Stream, text_answer, tool_call_answer
+from tests.runners import MAIL_API, send_email
 from tests.services import InProcessStack, collect
 from tests.traces import InProcessSpans
 
@@ -59,6 +61,7 @@ async def openai_stack(
     server: OpenAIServer,
     *,
     executors: int = 1,
+    tools: dict[str, Any] | None = None,
     **overrides: Any,
 ) -> AsyncIterator[InProcessStack]:
     stack = InProcessStack(
@@ -68,7 +71,7 @@ async def openai_stack(
         overrides=overrides,
         executors=executors,
         runners={"openai": make_runner(settings(server))},
-        tools={"get_weather": get_weather},
+        tools={"get_weather": get_weather, **(tools or {})},
     )
     async with stack:
         yield stack
@@ -494,3 +497,41 @@ async def test_a_tool_that_needs_approval_waits_for_a_person(
         assert WEATHER_CALLS[called:] == [city]
         assert result["output"]["city"] == city
         assert json.loads(tool["content"])["city"] == city
+
+
+async def test_an_approved_call_that_sends_an_email_sends_it_once(
+    infra: Servers, db_url: str, prefix: str
+) -> None:
+    """A tool that performs a side effect, approved by a person: the email goes once,
+    although the attempt after the approval fails and the next one goes on."""
+    call = {"to": "ada@example.com", "subject": "hello"}
+    async with (
+        EffectServer() as mail,
+        OpenAIServer() as server,
+        openai_stack(infra, db_url, prefix, server, tools={"send_email": send_email}) as stack,
+    ):
+        MAIL_API.update(url=mail.url, status="")
+        await stack.allow_effects("http")
+        await stack.client.set_budget(cost=10)
+        server.queue(
+            Stream(tool_call_answer("call_1", "send_email", json.dumps(call))),
+            # The answer after the email's result is cut: the attempt fails, the next
+            # one goes on from the conversation rebuilt from the frames.
+            Stream(text_answer("Sent", " it."), cut_after=2),
+            Stream(text_answer(" it.")),
+        )
+        body = {**HELLO, "approve_tools": ["send_email"]}
+        run_id = (await stack.client.submit(body, runner="openai")).run.run_id
+        waiting = await _waiting(stack, run_id)
+        assert waiting.waiting_for is not None
+        assert mail.emails == {}  # nothing sent before the answer
+        await stack.client.resume(run_id, {"approved": True})
+        frames, transcript = await collect(stack.client, run_id)
+        run = await stack.client.get(run_id)
+    assert run.status == RunStatus.FINISHED, run.error
+    assert transcript.text == "Sent it."
+    assert run.attempts == 3  # asked, approved and cut, went on
+    assert list(mail.emails.values()) == [1]
+    (result,) = of_type(frames, FrameType.TOOL_RESULT)
+    assert result["output"] == {"sent": "em_1"}
+    assert [e.key for e in run.effects] == ["call_1:email"]
