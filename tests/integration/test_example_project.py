@@ -200,8 +200,8 @@ async def test_the_example_runner_runs_through_the_local_stack_beside_an_executo
     assert done.returncode == 0, done.stderr + (tmp_path / "project-executor.log").read_text()
     seen = json.loads(done.stdout)
     assert seen["executors"] == [
-        ["effect", "openai", "scripted"],
-        ["effect", "openai", "scripted", "support-answer"],
+        ["effect", "openai", "scripted", "signal"],
+        ["effect", "openai", "scripted", "signal", "support-answer"],
     ]
     assert seen["texts"] == [
         "Order 1042 is shipped, with DHL." if i % 2 == 0 else "Order 1043 is being packed."

@@ -137,10 +137,10 @@ async def test_executors_and_the_submitter_report_their_runners(
         (submitter,) = await stack.client.health("submitter")
 
     assert executors == [
-        ["echo", "effect", "openai", "scripted"],
-        ["effect", "openai", "scripted", "slow"],
+        ["echo", "effect", "openai", "scripted", "signal"],
+        ["effect", "openai", "scripted", "signal", "slow"],
     ]
-    assert submitter.runners == ["echo", "effect", "openai", "scripted", "slow"]
+    assert submitter.runners == ["echo", "effect", "openai", "scripted", "signal", "slow"]
 
 
 async def test_a_runner_named_in_the_setting_is_registered(
