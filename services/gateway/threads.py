@@ -1,10 +1,14 @@
 """LangGraph threads of every tenant, kept in the broker's key-value bucket
 `<PREFIX>_THREADS` (keys `<tenant>.<thread_id>`), so that any gateway replica knows them:
-id, metadata, times, and the thread's newest run (its status comes from that run)."""
+id, metadata, times, the values of its settled runs, and the runs not yet settled
+(`runs`: what each added to the values; the thread's status and values come from them,
+see gateway/lgvalues.py)."""
 
 import asyncio
 import contextlib
 import json
+import re
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -16,9 +20,24 @@ from nats.js.kv import KeyValue
 from runwire.client.settings import server_urls, tls_context
 from runwire.contracts.subjects import GATEWAY_INBOX, Subjects
 
+# Thread ids are keys of the bucket: letters, digits, '-' and '_'.
+THREAD_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+
+
+def valid_thread_id(thread_id: str) -> bool:
+    return THREAD_ID.match(thread_id) is not None
+
 
 def _now() -> str:
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+def upgraded(thread: dict[str, Any]) -> dict[str, Any]:
+    """A thread as kept by an older gateway (only its newest run) in today's form."""
+    if "runs" not in thread:
+        last = thread.pop("last_run", None)
+        thread.update(values=None, runs=[{"run_id": last}] if last else [], deleted=[])
+    return thread
 
 
 class Threads:
@@ -71,20 +90,21 @@ class Threads:
             return None
         if entry.value is None:
             return None
-        found: dict[str, Any] = json.loads(entry.value)
-        return found
+        return upgraded(json.loads(entry.value))
 
     async def create(
         self, tenant: str, thread_id: str, metadata: dict[str, Any]
     ) -> tuple[dict[str, Any], bool]:
         """The thread, and whether this call created it."""
         now = _now()
-        thread = {
+        thread: dict[str, Any] = {
             "thread_id": thread_id,
             "created_at": now,
             "updated_at": now,
             "metadata": metadata,
-            "last_run": None,
+            "values": None,
+            "runs": [],
+            "deleted": [],
         }
         try:
             await (await self._bucket()).create(
@@ -97,12 +117,54 @@ class Threads:
             return existing, False
         return thread, True
 
-    async def ran(self, tenant: str, thread: dict[str, Any], run_id: str) -> None:
-        """Remember the thread's newest run (for its status)."""
-        updated = {**thread, "last_run": run_id, "updated_at": _now()}
-        await (await self._bucket()).put(
-            f"{tenant}.{thread['thread_id']}", json.dumps(updated).encode()
-        )
+    async def change(
+        self,
+        tenant: str,
+        thread_id: str,
+        how: Callable[[dict[str, Any]], dict[str, Any] | None],
+        *,
+        tries: int = 20,
+    ) -> dict[str, Any] | None:
+        """Change the thread by `how` (given the thread, it returns the thread changed, or
+        None to leave it), against concurrent changes (compare and set, tried again on a
+        conflict); the thread as it now is, None when there is none."""
+        kv = await self._bucket()
+        key = f"{tenant}.{thread_id}"
+        for _ in range(tries):
+            try:
+                entry = await kv.get(key)
+            except KeyNotFoundError:
+                return None
+            if entry.value is None:
+                return None
+            thread = upgraded(json.loads(entry.value))
+            changed = how(thread)
+            if changed is None:
+                return thread
+            changed["updated_at"] = _now()
+            try:
+                await kv.update(key, json.dumps(changed).encode(), last=entry.revision)
+            except KeyWrongLastSequenceError:
+                continue
+            return changed
+        raise RuntimeError(f"thread {thread_id}: too many concurrent changes")
+
+    async def delete(self, tenant: str, thread_id: str) -> None:
+        await (await self._bucket()).delete(f"{tenant}.{thread_id}")
+
+    async def all(self, tenant: str) -> list[dict[str, Any]]:
+        """Every thread of the tenant."""
+        watcher = await (await self._bucket()).watch(f"{tenant}.*", ignore_deletes=True)
+        found = []
+        try:
+            async for entry in watcher:
+                if entry is None:
+                    break
+                if entry.value:
+                    found.append(upgraded(json.loads(entry.value)))
+        finally:
+            await watcher.stop()  # type: ignore[no-untyped-call]
+        return found
 
     async def close(self) -> None:
         if self._nc is not None:

@@ -58,18 +58,19 @@ async def test_a_streamed_answer_arrives_as_message_chunks_then_the_final_values
     run_id = parts[0].data["run_id"]
     assert created[0]["run_id"] == run_id
     assert created[0]["thread_id"] == thread["thread_id"]
-    assert _texts(parts) == TOKENS
-    values = [p.data["text"] for p in parts if p.event == "values"]
-    assert values[-1] == "".join(TOKENS)
-    assert [p.data for p in parts if p.event == "updates"] == [
-        {"scripted": {"text": "".join(TOKENS)}}
-    ]
-    assert parts[-1].event == "end"
+    # Each token a chunk of one AI message, then the closing empty chunk.
+    assert _texts(parts) == [*TOKENS, ""]
+    values = [p.data for p in parts if p.event == "values"]
+    assert values[0] == {"tokens": TOKENS, "messages": []}
+    answer = values[-1]["messages"][-1]
+    assert (answer["type"], answer["content"]) == ("ai", "".join(TOKENS))
+    assert [p.data for p in parts if p.event == "updates"] == [{"scripted": {"messages": [answer]}}]
+    assert parts[-1].event == "values"
     run = await sdk.runs.get(thread["thread_id"], run_id)
     assert run["status"] == "success"
     again = await sdk.threads.get(thread["thread_id"])
-    assert again["metadata"] == {"user": "ada"}
-    assert again["values"] == {"text": "".join(TOKENS)}
+    assert again["metadata"]["user"] == "ada"
+    assert again["values"] == values[-1]
 
 
 async def test_join_stream_after_a_disconnect_misses_and_repeats_nothing(
@@ -105,7 +106,7 @@ async def test_join_stream_after_a_disconnect_misses_and_repeats_nothing(
 
 async def test_wait_returns_the_final_values_or_the_error(sdk: LangGraphClient) -> None:
     values = await sdk.runs.wait(None, "scripted", input={"tokens": ["done"]})
-    assert values == {"text": "done"}
+    assert [m["content"] for m in values["messages"]] == ["done"]
     thread = await sdk.threads.create()
     failing = {"tokens": ["x"], "fail": [{"attempt": 1, "after_tokens": 0, "kind": "fatal"}]}
     answer = await sdk.runs.wait(thread["thread_id"], "scripted", input=failing, raise_error=False)
@@ -124,10 +125,12 @@ async def test_cancel_stops_a_run_and_reject_is_a_conflict(sdk: LangGraphClient)
     assert busy["status"] == "busy"
     with pytest.raises(ConflictError):
         await sdk.runs.create(tid, "scripted", input={"tokens": ["y"]}, multitask_strategy="reject")
-    await sdk.runs.cancel(tid, run["run_id"])
-    final = await sdk.runs.cancel(tid, run["run_id"], wait=True)
-    assert final["status"] == "interrupted"
+    assert await sdk.runs.cancel(tid, run["run_id"], wait=True) == {}
     assert (await sdk.runs.get(tid, run["run_id"]))["status"] == "interrupted"
+    # An ended run is not canceled again: 404, as LangGraph's server answers.
+    with pytest.raises(httpx.HTTPStatusError) as ended:
+        await sdk.runs.cancel(tid, run["run_id"])
+    assert ended.value.response.status_code == 404
 
 
 async def test_a_threads_enqueued_runs_run_in_order(sdk: LangGraphClient) -> None:
@@ -143,7 +146,9 @@ async def test_a_threads_enqueued_runs_run_in_order(sdk: LangGraphClient) -> Non
         for i in range(3)
     ]
     results = [await sdk.runs.join(tid, r["run_id"]) for r in runs]
-    assert results == [{"text": f"run{i}"} for i in range(3)]
+    # Each run's answer is added to the thread's messages, in the order of the runs.
+    assert [m["content"] for m in results[-1]["messages"]] == ["run0", "run1", "run2"]
+    assert [r["messages"][-1]["content"] for r in results] == ["run0", "run1", "run2"]
 
 
 async def test_unknown_threads_and_missing_keys_are_refused(
@@ -181,16 +186,17 @@ async def test_an_interrupt_stops_the_stream_and_a_resume_command_goes_on(
     parts = [part async for part in sdk.runs.stream(tid, "asks", input={}, stream_mode=modes)]
     run_id = parts[0].data["run_id"]
     question = [{"value": {"question": "may I?"}, "id": "interrupt-1"}]
+    asked = [{**question[0], "response_schema": None}]
     assert parts[-2].event == "updates"
-    assert parts[-2].data == {"__interrupt__": question}
+    assert parts[-2].data == {"__interrupt__": asked}
     assert parts[-1].event == "values"
-    assert parts[-1].data == {"text": "hello ", "__interrupt__": question}
+    assert parts[-1].data == {"messages": [], "__interrupt__": asked}
     assert (await sdk.runs.get(tid, run_id))["status"] == "success"
     interrupted = await sdk.threads.get(tid)
     assert interrupted["status"] == "interrupted"
-    assert interrupted["interrupts"] == {run_id: question}
-    # `runs.join` of it answers the values so far, with the question.
-    assert await sdk.runs.join(tid, run_id) == {"text": "hello ", "__interrupt__": question}
+    assert list(interrupted["interrupts"].values()) == [question]
+    # `runs.join` of it answers the question.
+    assert await sdk.runs.join(tid, run_id) == {"__interrupt__": question}
 
     resumed = [
         part
@@ -201,8 +207,8 @@ async def test_an_interrupt_stops_the_stream_and_a_resume_command_goes_on(
     assert resumed[0].event == "metadata"
     assert resumed[0].data["run_id"] == run_id  # the run goes on (LangGraph: a new run)
     values = [p.data for p in resumed if p.event == "values"]
-    assert values[-1] == {"text": "hello you said yes"}
-    assert [p.event for p in resumed][-1] == "end"
+    assert [m["content"] for m in values[-1]["messages"]] == ["hello you said yes"]
+    assert [p.event for p in resumed][-1] == "values"
     done = await sdk.threads.get(tid)
     assert (done["status"], done["interrupts"]) == ("idle", {})
     # Nothing to resume now: refused, not a run without input.
@@ -217,4 +223,4 @@ async def test_wait_answers_an_interrupt_then_its_resume(sdk: LangGraphClient) -
     asked = await sdk.runs.wait(tid, "asks", input={})
     assert asked["__interrupt__"][0]["value"] == {"question": "may I?"}
     answered = await sdk.runs.wait(tid, "asks", command={"resume": {"say": "no"}})
-    assert answered["text"] == "hello you said no"
+    assert answered["messages"][-1]["content"] == "hello you said no"

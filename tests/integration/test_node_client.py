@@ -5,41 +5,24 @@ says `frames_complete`; and the official LangGraph JavaScript client against the
 gateway."""
 
 import asyncio
-import fcntl
 import json
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.gateway import serve_gateway
+from tests.nodejs import NODE_DIR, install_node_modules
 from tests.services import InProcessStack
 
 pytestmark = pytest.mark.integration
 
-NODE_DIR = Path(__file__).resolve().parent.parent / "node"
 TOKENS = ["Grüße ", "from ", "🚀 ", "JavaScript"]
 
 
-def _install() -> None:
-    """`npm ci` from the committed lock file, once (one pytest worker at a time)."""
-    with (NODE_DIR / ".install.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        modules = NODE_DIR / "node_modules"
-        if not all((modules / name).is_dir() for name in ("nats", "@langchain/langgraph-sdk")):
-            subprocess.run(
-                ["npm", "ci", "--ignore-scripts", "--no-audit", "--no-fund"],
-                cwd=NODE_DIR,
-                check=True,
-                capture_output=True,
-                timeout=300,
-            )
-
-
 async def _follow(stack: InProcessStack, *args: str) -> dict[str, Any]:
-    await asyncio.to_thread(_install)
+    await asyncio.to_thread(install_node_modules)
     node = await asyncio.create_subprocess_exec(
         "node",
         "follow_run.mjs",
@@ -91,7 +74,7 @@ async def test_a_javascript_client_keeps_a_resumed_runs_text_exact_after_emoji(
 async def test_the_langgraph_javascript_client_streams_waits_and_conflicts(
     stack: InProcessStack, tmp_path: Path
 ) -> None:
-    await asyncio.to_thread(_install)
+    await asyncio.to_thread(install_node_modules)
     key = "rw_test-javascript-key"
     async with serve_gateway(stack.nats_url, stack.prefix, {key: "default"}, tmp_path) as url:
         node = await asyncio.create_subprocess_exec(
@@ -107,9 +90,9 @@ async def test_the_langgraph_javascript_client_streams_waits_and_conflicts(
     assert node.returncode == 0, err.decode()
     seen = json.loads(out)
     assert seen["events"][0] == "metadata"
-    assert seen["chunks"] == ["Grüße ", "aus ", "JavaScript"]
-    assert seen["events"][-1] == "end"
+    assert seen["chunks"] == ["Grüße ", "aus ", "JavaScript", ""]
+    assert seen["events"][-1] == "values"
     assert seen["run"] == "success"
-    assert seen["waited"] == {"text": "waited"}
+    assert [m["content"] for m in seen["waited"]["messages"]] == ["waited"]
     assert seen["conflict"] == 409
     assert seen["canceled"] == "interrupted"

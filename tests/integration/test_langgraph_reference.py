@@ -1,0 +1,400 @@
+"""The gateway's LangGraph face measured against the real thing: the same calls of the
+official Python `langgraph-sdk` go to LangGraph's own server (the in-memory `langgraph-api`
+that `langgraph dev` runs, with tests/reference/chat_graph.py) and to the gateway (with
+the runner `chat` of tests/reference/twin.py, which does what the graph does), and what
+the client sees must be the same: event names and order, payloads, run and thread
+statuses, status codes, ids (each side's ids numbered in the order they appear).
+
+Where runwire differs on purpose, the test says so by name (DELIBERATE below, listed in
+docs/langgraph-sdk.md)."""
+
+import asyncio
+import json
+import re
+import shutil
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from langgraph_sdk import get_client
+from langgraph_sdk.client import LangGraphClient
+
+from tests.gateway import serve_gateway
+from tests.nodejs import NODE_DIR, install_node_modules
+from tests.reference.server import langgraph_server
+from tests.services import InProcessStack
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.stack(runners="chat=tests.reference.twin:chat", coalesce_text=False),
+]
+
+KEY = "rw_test-reference-key"
+HELLO = {"messages": [{"role": "user", "content": "hi"}], "reply": ["Hel", "lo"]}
+SLOW = {"reply": ["x"] * 40, "delay_ms": 100}
+MODES = ["values", "updates", "messages-tuple"]
+# The keys of a message's metadata (`messages-tuple`) the gateway reproduces.
+METADATA_KEYS = ("graph_id", "assistant_id", "langgraph_node", "thread_id", "run_id")
+ID = re.compile(
+    r"lc_run--[0-9a-f-]+(-\d+)?|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+    r"|^[0-9a-f]{32}$|^interrupt-\d+$"
+)
+TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")
+
+Scenario = Callable[[LangGraphClient, httpx.AsyncClient], Awaitable[list[tuple[str, Any]]]]
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """LangGraph's own server, one per test process."""
+    with langgraph_server(tmp_path_factory.mktemp("langgraph") / "server.log") as url:
+        yield url
+
+
+@pytest.fixture
+async def gateway(stack: InProcessStack, tmp_path: Path) -> AsyncIterator[str]:
+    async with serve_gateway(stack.nats_url, stack.prefix, {KEY: "default"}, tmp_path) as url:
+        yield url
+
+
+class Names:
+    """Each id a side shows, named by the order it first appeared: `<id3>`."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, str] = {}
+
+    def __call__(self, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {self(k): self(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return type(value)(self(v) for v in value)
+        if isinstance(value, str):
+            if TIME.match(value):
+                return "<time>"
+            return ID.sub(lambda m: self.seen.setdefault(m[0], f"<id{len(self.seen) + 1}>"), value)
+        return value
+
+
+def unnamed(value: Any) -> Any:
+    """Named ids as one: for comparing what two different runs show."""
+    if isinstance(value, dict):
+        return {k: unnamed(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(unnamed(v) for v in value)
+    return re.sub(r"<id\d+>", "<id>", value) if isinstance(value, str) else value
+
+
+def thread_view(thread: dict[str, Any]) -> dict[str, Any]:
+    keys = ("thread_id", "status", "values", "metadata", "interrupts", "error")
+    return {k: thread.get(k) for k in keys}
+
+
+def run_view(run: dict[str, Any]) -> dict[str, Any]:
+    metadata = {k: v for k, v in run["metadata"].items() if k != "created_by"}
+    keys = ("run_id", "thread_id", "assistant_id", "status", "multitask_strategy")
+    return {**{k: run[k] for k in keys}, "metadata": metadata}
+
+
+def event_view(part: Any) -> tuple[str, Any]:
+    data = part.data
+    if part.event == "messages":
+        chunk, metadata = data
+        data = [chunk, {k: metadata.get(k) for k in METADATA_KEYS}]
+    if part.event == "messages/metadata":
+        data = {k: {kk: v["metadata"].get(kk) for kk in METADATA_KEYS} for k, v in data.items()}
+    return part.event, data
+
+
+async def stream(sdk: LangGraphClient, *args: Any, **kwargs: Any) -> list[tuple[str, Any]]:
+    return [event_view(part) async for part in sdk.runs.stream(*args, **kwargs)]
+
+
+async def until_running(sdk: LangGraphClient, thread_id: str, run_id: str) -> None:
+    for _ in range(300):
+        if (await sdk.runs.get(thread_id, run_id))["status"] == "running":
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the run did not start")
+
+
+async def both(
+    reference: str, gateway: str, scenario: Scenario
+) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
+    """The scenario's observations on LangGraph's server and on the gateway, ids named."""
+
+    async def on(url: str, key: str | None) -> list[tuple[str, Any]]:
+        sdk = get_client(url=url, api_key=key)
+        headers = {"x-api-key": key} if key else {}
+        try:
+            async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as http:
+                return Names()(await scenario(sdk, http))  # type: ignore[no-any-return]
+        finally:
+            await sdk.http.client.aclose()
+
+    theirs, ours = await asyncio.gather(on(reference, None), on(gateway, KEY))
+    return theirs, ours
+
+
+def same(theirs: list[tuple[str, Any]], ours: list[tuple[str, Any]]) -> None:
+    """Each observation the same, compared one by one (the first difference named)."""
+    for (label, want), (label_ours, got) in zip(theirs, ours, strict=True):
+        assert label == label_ours
+        assert got == want, f"{label}: LangGraph's server {want!r}, the gateway {got!r}"
+
+
+async def test_a_streamed_chat_its_thread_and_a_second_turn(reference: str, gateway: str) -> None:
+    async def scenario(sdk: LangGraphClient, http: httpx.AsyncClient) -> list[tuple[str, Any]]:
+        seen: list[tuple[str, Any]] = []
+        thread = await sdk.threads.create(metadata={"user": "ada"})
+        tid = thread["thread_id"]
+        seen.append(("created", thread_view(thread)))
+        seen.append(("stream", await stream(sdk, tid, "chat", input=HELLO, stream_mode=MODES)))
+        seen.append(("thread", thread_view(await sdk.threads.get(tid))))
+        state = await sdk.threads.get_state(tid)
+        seen.append(("state", {k: state[k] for k in ("values", "next", "tasks", "interrupts")}))
+        second = {"messages": [{"role": "user", "content": "again"}], "reply": ["ok"]}
+        seen.append(("wait", await sdk.runs.wait(tid, "chat", input=second)))
+        runs = await sdk.runs.list(tid)
+        seen.append(("runs", [run_view(r) for r in runs]))
+        seen.append(("get", run_view(await sdk.runs.get(tid, runs[0]["run_id"]))))
+        seen.append(("values", (await sdk.threads.get(tid))["values"]))
+        found = await sdk.threads.search(metadata={"user": "ada"}, limit=5)
+        seen.append(("search", [thread_view(t) for t in found if t["thread_id"] == tid]))
+        return seen
+
+    same(*await both(reference, gateway, scenario))
+
+
+# Differences kept on purpose: a resumed run goes on from its question, where LangGraph
+# starts a new run that runs the interrupted node again from its start.
+DELIBERATE_RESUME = "a resume goes on in the same run and repeats no token"
+
+
+async def test_an_interrupt_and_its_resume(reference: str, gateway: str) -> None:
+    async def scenario(sdk: LangGraphClient, http: httpx.AsyncClient) -> list[tuple[str, Any]]:
+        seen: list[tuple[str, Any]] = []
+        tid = (await sdk.threads.create())["thread_id"]
+        asking = {**HELLO, "ask": {"question": "may I?"}}
+        seen.append(("stream", await stream(sdk, tid, "chat", input=asking, stream_mode=MODES)))
+        seen.append(("thread", thread_view(await sdk.threads.get(tid))))
+        state = await sdk.threads.get_state(tid)
+        tasks = [{k: t[k] for k in ("name", "interrupts")} for t in state["tasks"]]
+        seen.append(("state", {"next": state["next"], "tasks": tasks}))
+        run_id = (await sdk.runs.list(tid))[0]["run_id"]
+        seen.append(("run", (await sdk.runs.get(tid, run_id))["status"]))
+        seen.append(("join", await sdk.runs.join(tid, run_id)))
+        resumed = await stream(sdk, tid, "chat", command={"resume": "yes"}, stream_mode=MODES)
+        seen.append(("resumed", resumed))
+        seen.append(("thread after", thread_view(await sdk.threads.get(tid))))
+        return seen
+
+    theirs, ours = await both(reference, gateway, scenario)
+    # DELIBERATE_RESUME: the server streams the node again (its tokens before the
+    # question, then the answer, as a new run); the gateway streams the same run on, after
+    # the question. Both end with the same values.
+    after_theirs, after_ours = theirs.pop(), ours.pop()
+    assert unnamed(after_ours) == unnamed(after_theirs)  # the answer's id: the run's
+    resumed_theirs, resumed_ours = theirs.pop()[1], ours.pop()[1]
+    shape = ["metadata", "values", "messages", "messages", "updates", "values"]
+    assert [e for e, _ in resumed_ours] == shape
+    assert unnamed(resumed_ours[-2:]) == unnamed(resumed_theirs[-2:])
+    assert "".join(d[0]["content"] for e, d in resumed_ours if e == "messages") == " you said yes"
+    same(theirs, ours)
+
+
+async def test_a_failed_run_its_thread_and_wait(reference: str, gateway: str) -> None:
+    async def scenario(sdk: LangGraphClient, http: httpx.AsyncClient) -> list[tuple[str, Any]]:
+        seen: list[tuple[str, Any]] = []
+        tid = (await sdk.threads.create())["thread_id"]
+        failing = {**HELLO, "fail": "boom"}
+        seen.append(("stream", await stream(sdk, tid, "chat", input=failing, stream_mode=MODES)))
+        thread = await sdk.threads.get(tid)
+        seen.append(("thread", (thread["status"], thread["values"], sorted(thread["error"]))))
+        run = (await sdk.runs.list(tid))[0]
+        seen.append(("run", run["status"]))
+        waited = await sdk.runs.wait(tid, "chat", input={"fail": "again"}, raise_error=False)
+        seen.append(("wait", sorted(waited["__error__"])))
+        return seen
+
+    theirs, ours = await both(reference, gateway, scenario)
+    # The error event names the error: LangGraph the exception's class and its text,
+    # runwire its error code and message (a runner's exception text is never shown).
+    for side in (theirs, ours):
+        events = side[0][1]
+        assert events[-1][0] == "error"
+        assert sorted(events[-1][1]) == ["error", "message"]
+        events[-1] = ("error", "<error>")
+    same(theirs, ours)
+
+
+async def test_multitask_strategies(reference: str, gateway: str) -> None:
+    async def scenario(sdk: LangGraphClient, http: httpx.AsyncClient) -> list[tuple[str, Any]]:
+        seen: list[tuple[str, Any]] = []
+        for strategy in ("reject", "interrupt", "rollback", "enqueue"):
+            tid = (await sdk.threads.create())["thread_id"]
+            first = await sdk.runs.create(tid, "chat", input=SLOW)
+            await until_running(sdk, tid, first["run_id"])
+            second = {"reply": ["second"]}
+            response = await http.post(
+                f"/threads/{tid}/runs",
+                json={"assistant_id": "chat", "input": second, "multitask_strategy": strategy},
+            )
+            if response.status_code != 200:
+                seen.append((strategy, (response.status_code, response.json())))
+                await sdk.runs.cancel(tid, first["run_id"], wait=True)
+                continue
+            values = await sdk.runs.join(tid, response.json()["run_id"])
+            got = await http.get(f"/threads/{tid}/runs/{first['run_id']}")
+            first_status = got.json()["status"] if got.status_code == 200 else got.status_code
+            runs = [r["status"] for r in await sdk.runs.list(tid)]
+            thread = await sdk.threads.get(tid)
+            seen.append((strategy, (first_status, values, runs, thread["status"])))
+        return seen
+
+    same(*await both(reference, gateway, scenario))
+
+
+async def test_cancel_and_rollback_of_a_background_run(reference: str, gateway: str) -> None:
+    async def scenario(sdk: LangGraphClient, http: httpx.AsyncClient) -> list[tuple[str, Any]]:
+        seen: list[tuple[str, Any]] = []
+        tid = (await sdk.threads.create())["thread_id"]
+        run = await sdk.runs.create(tid, "chat", input=SLOW)
+        await until_running(sdk, tid, run["run_id"])
+        seen.append(("cancel wait", await sdk.runs.cancel(tid, run["run_id"], wait=True)))
+        seen.append(("run", (await sdk.runs.get(tid, run["run_id"]))["status"]))
+        thread = await sdk.threads.get(tid)
+        seen.append(("thread", (thread["status"], thread["error"]["error"])))
+        again = await http.post(f"/threads/{tid}/runs/{run['run_id']}/cancel")
+        seen.append(("cancel ended", again.status_code))
+        run = await sdk.runs.create(tid, "chat", input=SLOW)
+        await until_running(sdk, tid, run["run_id"])
+        rolled = await http.post(f"/threads/{tid}/runs/{run['run_id']}/cancel?action=rollback")
+        seen.append(("rollback", (rolled.status_code, rolled.text)))
+        for _ in range(100):
+            gone = await http.get(f"/threads/{tid}/runs/{run['run_id']}")
+            if gone.status_code == 404:
+                break
+            await asyncio.sleep(0.05)
+        seen.append(("rolled back", gone.status_code))
+        seen.append(("runs", [r["status"] for r in await sdk.runs.list(tid)]))
+        return seen
+
+    same(*await both(reference, gateway, scenario))
+
+
+async def test_bad_requests_are_answered_as_langgraph_answers(reference: str, gateway: str) -> None:
+    async def scenario(sdk: LangGraphClient, http: httpx.AsyncClient) -> list[tuple[str, Any]]:
+        seen: list[tuple[str, Any]] = []
+        tid = (await sdk.threads.create())["thread_id"]
+        unknown = "00000000-0000-0000-0000-000000000000"
+        asks: list[tuple[str, str, Any]] = [
+            ("unknown graph", "/runs/wait", {"assistant_id": "nope", "input": {}}),
+            ("unknown assistant", "/runs/wait", {"assistant_id": unknown, "input": {}}),
+            ("stream_mode", f"/threads/{tid}/runs", {"assistant_id": "chat", "stream_mode": "x"}),
+            (
+                "multitask",
+                f"/threads/{tid}/runs",
+                {"assistant_id": "chat", "multitask_strategy": "x"},
+            ),
+            ("if_not_exists", f"/threads/{tid}/runs", {"assistant_id": "chat", "if_not_exists": 1}),
+            ("no assistant", f"/threads/{tid}/runs", {"input": {}}),
+            ("unknown thread", f"/threads/{unknown}/runs", {"assistant_id": "chat"}),
+            ("not json", f"/threads/{tid}/runs", None),
+        ]
+        for label, path, body in asks:
+            if body is None:
+                response = await http.post(path, content=b"{nope")
+            else:
+                response = await http.post(path, json=body)
+            seen.append((label, (response.status_code, sorted(response.json()))))
+            if label in ("unknown graph", "unknown assistant", "unknown thread", "not json"):
+                # The registered graphs are runwire's runners: its built-in ones too.
+                said = response.json()["detail"].replace(", effect, openai, scripted, signal", "")
+                seen.append((label + " says", said))
+        missing = await http.get(f"/threads/{unknown}")
+        seen.append(("get unknown thread", (missing.status_code, missing.json())))
+        missing = await http.get(f"/threads/{tid}/runs/{unknown}")
+        seen.append(("get unknown run", missing.status_code))
+        missing = await http.post(f"/threads/{tid}/runs/{unknown}/cancel")
+        seen.append(("cancel unknown run", missing.status_code))
+        return seen
+
+    same(*await both(reference, gateway, scenario))
+
+
+async def test_a_background_run_joined_and_the_messages_mode(reference: str, gateway: str) -> None:
+    async def scenario(sdk: LangGraphClient, http: httpx.AsyncClient) -> list[tuple[str, Any]]:
+        seen: list[tuple[str, Any]] = []
+        tid = (await sdk.threads.create())["thread_id"]
+        seen.append(
+            ("messages", await stream(sdk, tid, "chat", input=HELLO, stream_mode="messages"))
+        )
+        run = await sdk.runs.create(
+            tid, "chat", input={"reply": ["x", "y"], "delay_ms": 50}, stream_mode=MODES
+        )
+        seen.append(("created", run_view(run)))
+        seen.append(
+            ("joined", [event_view(p) async for p in sdk.runs.join_stream(tid, run["run_id"])])
+        )
+        # runwire's built-in runners are assistants too: only `chat` is compared.
+        found = await sdk.assistants.search(graph_id="chat")
+        seen.append(("assistants", [(a["assistant_id"], a["graph_id"], a["name"]) for a in found]))
+        got = await sdk.assistants.get(found[0]["assistant_id"])
+        seen.append(("assistant", (got["assistant_id"], got["graph_id"])))
+        return seen
+
+    same(*await both(reference, gateway, scenario))
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+async def test_the_javascript_client_sees_the_same(reference: str, gateway: str) -> None:
+    """The official JavaScript client (@langchain/langgraph-sdk), the same calls on both
+    servers (tests/node/langgraph_reference.mjs)."""
+    await asyncio.to_thread(install_node_modules)
+
+    async def run(url: str, key: str) -> list[tuple[str, Any]]:
+        node = await asyncio.create_subprocess_exec(
+            "node",
+            "langgraph_reference.mjs",
+            url,
+            key,
+            cwd=NODE_DIR,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(node.communicate(), 120)
+        assert node.returncode == 0, err.decode()
+        return Names()([tuple(pair) for pair in json.loads(out)])  # type: ignore[no-any-return]
+
+    theirs, ours = await asyncio.gather(run(reference, ""), run(gateway, KEY))
+    same(theirs, ours)
+
+
+async def test_the_events_mode_is_a_subset_of_the_servers(reference: str, gateway: str) -> None:
+    """`events`: runwire sends the graph's start and end, the model's deltas and its end
+    (not the node's own chain events, nor the model's start), each as the server does."""
+
+    async def scenario(sdk: LangGraphClient, http: httpx.AsyncClient) -> list[tuple[str, Any]]:
+        tid = (await sdk.threads.create())["thread_id"]
+        parts = [p async for p in sdk.runs.stream(tid, "chat", input=HELLO, stream_mode="events")]
+        kinds = [(p.data["event"], p.data["data"]) for p in parts if p.event == "events"]
+        return [("events", kinds)]
+
+    theirs, ours = await both(reference, gateway, scenario)
+    mine = ours[0][1]
+    assert [k for k, _ in mine] == [
+        "on_chain_start",
+        *["on_chat_model_stream"] * 3,
+        "on_chat_model_end",
+        "on_chain_end",
+    ]
+    # Each of runwire's events is one of the server's, in the same order, with its data
+    # (the server's may say more: the model's end its input too).
+    rest = iter(theirs[0][1])
+    for kind, data in mine:
+        assert any(
+            k == kind and all(unnamed(d.get(key)) == unnamed(v) for key, v in data.items())
+            for k, d in rest
+        ), (kind, data)
