@@ -321,8 +321,9 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
 
     @app.get("/v1/runs")
     async def list_runs(request: Request) -> Response:
-        """The tenant's runs, newest first: `?status=`, `runner`, `session_id`, `limit`
-        (50), `before` (the `next` of the page before)."""
+        """The tenant's runs, newest first: `?status=`, `runner`, `session_id`,
+        `created_after` and `created_before` (RFC 3339), `limit` (50), `before` (the
+        `next` of the page before)."""
         client = await client_of(request)
         query: dict[str, Any] = dict(request.query_params)
         try:
@@ -338,6 +339,8 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
             status=cmd.status,
             runner=cmd.runner,
             session_id=cmd.session_id,
+            created_after=cmd.created_after,
+            created_before=cmd.created_before,
             limit=cmd.limit,
             before=cmd.before,
         )
