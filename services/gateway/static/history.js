@@ -5,7 +5,6 @@
 
 import { $, RUN_ID, STATUSES, call, el, errorText, readable, sse, when } from "./api.js";
 
-const PAGE = 20;
 // The filters and the page shown: `cursors` holds the `before` of each page seen
 // (null: the newest), so "Newer" goes back one.
 let cursors = [null], next = null, loading = 0;
@@ -22,7 +21,7 @@ export function setupHistory() {
   for (const s of STATUSES) status.append(el("option", { value: s, text: s }));
   $("f-apply").addEventListener("click", () => firstPage());
   $("filters").addEventListener("submit", (ev) => { ev.preventDefault(); firstPage(); });
-  status.addEventListener("change", () => firstPage());
+  for (const id of ["f-status", "f-limit"]) $(id).addEventListener("change", () => firstPage());
   $("f-clear").addEventListener("click", () => {
     for (const id of ["f-status", "f-runner", "f-session", "f-after", "f-before"]) $(id).value = "";
     firstPage();
@@ -55,7 +54,7 @@ function instant(id) {
 }
 
 function query() {
-  const params = new URLSearchParams({ limit: String(PAGE) });
+  const params = new URLSearchParams({ limit: $("f-limit").value });
   const status = $("f-status").value, runner = $("f-runner").value.trim();
   const session = $("f-session").value.trim();
   if (status) params.set("status", status);
