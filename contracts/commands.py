@@ -5,6 +5,7 @@ The tenant is taken from the subject, never from the body. Numbers are JSON numb
 schema says.
 """
 
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Self
 
@@ -128,6 +129,15 @@ class ListCommand(Command):
     created_before: AwareDatetime | None = None
     limit: int = Field(default=50, ge=1, le=500, strict=True)
     before: int | None = Field(default=None, ge=1, le=MAX_SEQ, strict=True)
+
+    @field_validator("created_after", "created_before")
+    @classmethod
+    def _in_utc(cls, value: datetime | None) -> datetime | None:
+        # A time that is no time in UTC (year 1 at +14:00) is no time Postgres can take.
+        try:
+            return value.astimezone(UTC) if value is not None else None
+        except OverflowError:
+            raise ValueError("the time is out of range in UTC") from None
 
     @model_validator(mode="after")
     def _a_time_range(self) -> Self:

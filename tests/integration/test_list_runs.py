@@ -62,6 +62,7 @@ async def test_list_keeps_the_runs_created_in_a_time_range(
             {"created_after": "2026-01-02T03:04:05"},  # no time zone
             {"created_after": "yesterday"},
             {"created_after": before, "created_before": after},  # the wrong way round
+            {"created_before": "0001-01-01T00:00:00+14:00"},  # no time in UTC
         ):
             refused = await http.get("/v1/runs", params=bad)
             assert (refused.status_code, refused.json()["error"]["code"]) == (
