@@ -15,14 +15,16 @@ export const view = { shown: null, state: null, summary: null, gotWait: null };
 let framesAbort = null, refreshTimer = null;
 
 function saved(runId) {
-  const state = { ...freshState(), ...JSON.parse(sessionStorage.getItem("runwire.run." + runId) || "{}") };
-  return state;
+  return { ...freshState(), ...JSON.parse(sessionStorage.getItem("runwire.run." + runId) || "{}") };
 }
-function save(runId, state) {
+export function save(runId, state) {
   try {
     sessionStorage.setItem("runwire.run." + runId, JSON.stringify(state));
   } catch (err) {
-    sessionStorage.clear();  // full: the page reads the run again from its first frame
+    // Full: forget the runs kept (not the key); a run's page then reads it again from
+    // its first frame.
+    for (const name of Object.keys(sessionStorage))
+      if (name.startsWith("runwire.run.")) sessionStorage.removeItem(name);
   }
 }
 

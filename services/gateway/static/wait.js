@@ -4,7 +4,7 @@
 "use strict";
 
 import { $, call, errorText, readable, waitKind } from "./api.js";
-import { refreshRun, view } from "./run.js";
+import { refreshRun, save, view } from "./run.js";
 
 const BUTTONS = ["approve", "reject", "answer-send", "signal-send"];
 let currentWait = null, waitShown = null;
@@ -58,7 +58,7 @@ async function answer(path, body, done) {
     for (const id of BUTTONS) $(id).disabled = false;
   } else {
     state.passed.push(wait.wait_id);
-    sessionStorage.setItem("runwire.run." + runId, JSON.stringify(state));
+    save(runId, state);
     showWait();
     $("wait-note").textContent = done(reply);
   }
