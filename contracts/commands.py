@@ -5,10 +5,11 @@ The tenant is taken from the subject, never from the body. Numbers are JSON numb
 schema says.
 """
 
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Self
 
-from pydantic import Field, StringConstraints, field_validator, model_validator
+from pydantic import AwareDatetime, Field, StringConstraints, field_validator, model_validator
 
 from runwire.contracts.base import Versioned
 from runwire.contracts.status import RunStatus
@@ -116,14 +117,37 @@ class GetCommand(Command):
 
 class ListCommand(Command):
     """The tenant's runs, newest first, `limit` at a time: those of `status`, `runner`
-    and `session_id` when given (a workflow's node runs are not listed, their workflow
-    run is). `before`: the `next` of the page before, for the page after it."""
+    and `session_id` when given, submitted at or after `created_after` and before
+    `created_before` (RFC 3339 with a time zone) when given (a workflow's node runs are
+    not listed, their workflow run is). `before`: the `next` of the page before, for the
+    page after it."""
 
     status: RunStatus | None = None
     runner: str | None = Field(default=None, pattern=RUNNER_NAME_PATTERN)
     session_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_LENGTH)
+    created_after: AwareDatetime | None = None
+    created_before: AwareDatetime | None = None
     limit: int = Field(default=50, ge=1, le=500, strict=True)
     before: int | None = Field(default=None, ge=1, le=MAX_SEQ, strict=True)
+
+    @field_validator("created_after", "created_before")
+    @classmethod
+    def _in_utc(cls, value: datetime | None) -> datetime | None:
+        # A time that is no time in UTC (year 1 at +14:00) is no time Postgres can take.
+        try:
+            return value.astimezone(UTC) if value is not None else None
+        except OverflowError:
+            raise ValueError("the time is out of range in UTC") from None
+
+    @model_validator(mode="after")
+    def _a_time_range(self) -> Self:
+        if (
+            self.created_after is not None
+            and self.created_before is not None
+            and self.created_after >= self.created_before
+        ):
+            raise ValueError("created_after must be earlier than created_before")
+        return self
 
 
 class ResolveEffectCommand(Command):

@@ -18,6 +18,9 @@ class RunSummary(WireModel):
     tenant: str
     session_id: str | None
     request_id: str
+    # The runner of its attempts (`workflow` for a workflow run; absent from replies of
+    # a runwire before it was given).
+    runner: str | None = None
     status: RunStatus
     attempts: int
     generation: int

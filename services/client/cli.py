@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import sys
+from datetime import datetime
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,8 @@ def _parser() -> argparse.ArgumentParser:
     runs.add_argument("--status", choices=[s.value for s in RunStatus], help="of this status")
     runs.add_argument("--runner", help="of this runner")
     runs.add_argument("--session", help="of this session")
+    for edge, words in (("after", "at or after"), ("before", "before")):
+        runs.add_argument(f"--created-{edge}", type=_time, help=f"created {words} (RFC 3339)")
     runs.add_argument("--limit", type=int, default=20, help="how many (default 20)")
     runs.add_argument("--before", type=int, help="the page after the one that said so")
 
@@ -170,6 +173,17 @@ def _json(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+
+
+def _time(text: str) -> datetime:
+    """An RFC 3339 time with its time zone (`Z` or an offset)."""
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not an RFC 3339 time: {exc}") from None
+    if at.tzinfo is None:
+        raise argparse.ArgumentTypeError("give the time zone: 2026-01-02T03:04:05Z")
+    return at
 
 
 def _submit_input(args: argparse.Namespace) -> dict[str, Any]:
@@ -489,6 +503,8 @@ async def _main(args: argparse.Namespace) -> int:
                 status=args.status,
                 runner=args.runner,
                 session_id=args.session,
+                created_after=args.created_after,
+                created_before=args.created_before,
                 limit=args.limit,
                 before=args.before,
             )

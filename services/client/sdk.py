@@ -11,6 +11,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -301,15 +302,20 @@ class Client(Following):
         status: RunStatus | str | None = None,
         runner: str | None = None,
         session_id: str | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
         limit: int = 50,
         before: int | None = None,
     ) -> replies.ListReply:
         """A page of the tenant's runs, newest first (of `status`, `runner`, `session_id`
-        when given); its `next` gives the page after it as `before`."""
+        when given, created at or after `created_after` and before `created_before`,
+        aware datetimes); its `next` gives the page after it as `before`."""
         cmd = commands.ListCommand(
             status=RunStatus(status) if status is not None else None,
             runner=runner,
             session_id=session_id,
+            created_after=created_after,
+            created_before=created_before,
             limit=limit,
             before=before,
         )

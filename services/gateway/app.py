@@ -15,12 +15,11 @@ import re
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from runwire.client.sdk import Client, ClientError
@@ -35,7 +34,7 @@ from runwire.contracts.errors import ErrorBody, ErrorCode, ErrorReply
 from runwire.contracts.frames import Frame, FrameType
 from runwire.contracts.replies import AbortSessionReply, ResumeReply, RunReply, SignalReply
 from runwire.contracts.subjects import SIGNAL_NAME_PATTERN
-from runwire.gateway import langgraph
+from runwire.gateway import console, langgraph
 from runwire.gateway.errors import described, status_of
 from runwire.gateway.keys import ApiKeys
 from runwire.gateway.limits import Limits
@@ -49,7 +48,6 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 # How long a run's shared feed outlives its last reader (a client that comes back soon
 # finds it).
 FEED_IDLE_S = 5.0
-CONSOLE = Path(__file__).parent / "static" / "console.html"
 
 
 def error_response(code: ErrorCode, message: str, *, retryable: bool = False) -> JSONResponse:
@@ -321,8 +319,9 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
 
     @app.get("/v1/runs")
     async def list_runs(request: Request) -> Response:
-        """The tenant's runs, newest first: `?status=`, `runner`, `session_id`, `limit`
-        (50), `before` (the `next` of the page before)."""
+        """The tenant's runs, newest first: `?status=`, `runner`, `session_id`,
+        `created_after` and `created_before` (RFC 3339), `limit` (50), `before` (the
+        `next` of the page before)."""
         client = await client_of(request)
         query: dict[str, Any] = dict(request.query_params)
         try:
@@ -338,6 +337,8 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
             status=cmd.status,
             runner=cmd.runner,
             session_id=cmd.session_id,
+            created_after=cmd.created_after,
+            created_before=cmd.created_before,
             limit=cmd.limit,
             before=cmd.before,
         )
@@ -494,10 +495,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
             headers=SSE_HEADERS,
         )
 
-    @app.get("/", include_in_schema=False)
-    async def console() -> Response:
-        """The web console: one page, no build step."""
-        return HTMLResponse(CONSOLE.read_text())
+    console.mount(app)
 
     @app.get("/healthz")
     async def health() -> dict[str, Any]:

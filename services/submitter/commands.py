@@ -457,6 +457,8 @@ class Submitter:
             session_id=cmd.session_id,
             before=cmd.before,
             limit=cmd.limit,
+            created_after=cmd.created_after,
+            created_before=cmd.created_before,
         )
         runs = [
             run.summary().model_copy(

@@ -1,9 +1,11 @@
 """Integration fixtures: the four services in this process against real servers."""
 
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from playwright.async_api import Browser, async_playwright
 
 from runwire.testing.servers import Servers
 from tests.secured import Broker
@@ -42,3 +44,29 @@ async def secured(broker: Broker, db_url: str, prefix: str) -> AsyncIterator[InP
         broker.server.url, db_url, prefix, identities=broker.identities
     ) as stack:
         yield stack
+
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# Headless, as root, on a machine without a network beyond loopback.
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    """Headless Chromium (Debian's) for the console's tests."""
+    assert shutil.which(CHROMIUM), "the browser tests need Chromium: `make test` installs it"
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        try:
+            yield launched
+        finally:
+            await launched.close()

@@ -34,7 +34,7 @@ REFUSALS = {
 VALID: dict[str, dict[str, Any]] = {
     "submit": {"v": 1, "request_id": "r", "input": {"tokens": ["ok"]}},
     "get": {"v": 1, "run_id": str(uuid.uuid4())},
-    "list": {"v": 1, "status": "waiting", "limit": 5},
+    "list": {"v": 1, "status": "waiting", "limit": 5, "created_after": "2026-01-02T03:04:05Z"},
     "cancel": {"v": 1, "run_id": str(uuid.uuid4())},
     "join": {"v": 1, "run_id": str(uuid.uuid4()), "after": 0},
     "abort_session": {"v": 1, "session_id": "s"},

@@ -4,12 +4,10 @@ waiting run's question, answer it (approve, reject, typed, a signal) and watch t
 go on to its end."""
 
 import os
-import shutil
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from playwright.async_api import Browser, Page, async_playwright, expect
+from playwright.async_api import Browser, Page, expect
 
 from runwire.contracts.status import RunStatus
 from runwire.testing.waiting import eventually
@@ -19,33 +17,10 @@ from tests.services import InProcessStack, collect
 pytestmark = pytest.mark.integration
 
 KEY = "rw_test-console-key"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-# Headless, as root, on a machine without a network beyond loopback.
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 # A shared, busy machine: give the page time.
 expect.set_options(timeout=20_000)
 # Where the gateway page's screenshot comes from (RUNWIRE_SCREENSHOT=path to write one).
 SCREENSHOT = os.environ.get("RUNWIRE_SCREENSHOT")
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    assert shutil.which(CHROMIUM), "the browser tests need Chromium: `make test` installs it"
-    async with async_playwright() as playwright:
-        launched = await playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        try:
-            yield launched
-        finally:
-            await launched.close()
 
 
 async def test_the_console_streams_a_run_and_goes_on_after_a_reload(

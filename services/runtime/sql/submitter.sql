@@ -261,7 +261,8 @@ SELECT run_id FROM runs WHERE parent_run_id = $1 AND status = 'running';
 
 -- name: list_runs
 -- A page of the tenant's runs (not node runs), newest first: of status $2, runner $3 and
--- session $4 when given, submitted before seq $5; a waiting one with what it waits for.
+-- session $4 when given, submitted before seq $5, created at or after $7 and before $8;
+-- a waiting one with what it waits for.
 SELECT r.*, w.wait_id AS wait_id, w.kind AS wait_kind, w.name AS wait_name,
        w.payload AS wait_payload, w.timeout_at AS wait_timeout_at
   FROM runs r
@@ -274,5 +275,7 @@ SELECT r.*, w.wait_id AS wait_id, w.kind AS wait_kind, w.name AS wait_name,
    AND ($3::text IS NULL OR r.runner = $3)
    AND ($4::text IS NULL OR r.session_id = $4)
    AND ($5::bigint IS NULL OR r.submit_seq < $5)
+   AND ($7::timestamptz IS NULL OR r.created_at >= $7)
+   AND ($8::timestamptz IS NULL OR r.created_at < $8)
  ORDER BY r.submit_seq DESC
  LIMIT $6;

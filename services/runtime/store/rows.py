@@ -157,6 +157,7 @@ class Run:
             tenant=self.tenant,
             session_id=self.session_id,
             request_id=self.request_id,
+            runner=self.runner,
             status=self.status,
             attempts=self.attempts,
             generation=self.generation,

@@ -137,10 +137,22 @@ class WaitQueries(Queries):
         session_id: str | None,
         before: int | None,
         limit: int,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
     ) -> list[tuple[Run, dict[str, Any] | None]]:
         """A page of the tenant's runs, newest first, each with the wait it waits for
-        (a waiting run's)."""
-        rows = await self._fetch("list_runs", tenant, status, runner, session_id, before, limit)
+        (a waiting run's); created in [`created_after`, `created_before`) when given."""
+        rows = await self._fetch(
+            "list_runs",
+            tenant,
+            status,
+            runner,
+            session_id,
+            before,
+            limit,
+            created_after,
+            created_before,
+        )
         return [
             (
                 Run.from_record(r),
