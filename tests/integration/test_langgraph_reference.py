@@ -21,6 +21,7 @@ import pytest
 from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
 
+from runwire.testing.waiting import eventually
 from tests.gateway import serve_gateway
 from tests.nodejs import NODE_DIR, install_node_modules
 from tests.reference.server import langgraph_server
@@ -112,11 +113,10 @@ async def stream(sdk: LangGraphClient, *args: Any, **kwargs: Any) -> list[tuple[
 
 
 async def until_running(sdk: LangGraphClient, thread_id: str, run_id: str) -> None:
-    for _ in range(300):
-        if (await sdk.runs.get(thread_id, run_id))["status"] == "running":
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("the run did not start")
+    async def running() -> bool:
+        return (await sdk.runs.get(thread_id, run_id))["status"] == "running"
+
+    await eventually(running, timeout=15, interval=0.05)
 
 
 async def both(
@@ -272,12 +272,12 @@ async def test_cancel_and_rollback_of_a_background_run(reference: str, gateway: 
         await until_running(sdk, tid, run["run_id"])
         rolled = await http.post(f"/threads/{tid}/runs/{run['run_id']}/cancel?action=rollback")
         seen.append(("rollback", (rolled.status_code, rolled.text)))
-        for _ in range(100):
-            gone = await http.get(f"/threads/{tid}/runs/{run['run_id']}")
-            if gone.status_code == 404:
-                break
-            await asyncio.sleep(0.05)
-        seen.append(("rolled back", gone.status_code))
+
+        async def gone() -> int:
+            answer = await http.get(f"/threads/{tid}/runs/{run['run_id']}")
+            return answer.status_code if answer.status_code == 404 else 0
+
+        seen.append(("rolled back", await eventually(gone, timeout=5, interval=0.05)))
         seen.append(("runs", [r["status"] for r in await sdk.runs.list(tid)]))
         return seen
 
