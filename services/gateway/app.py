@@ -276,7 +276,8 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         app.add_middleware(
             CORSMiddleware,
             allow_origins=settings.gateway_cors_origins,
-            allow_methods=["GET", "POST"],
+            # PATCH and DELETE: the LangGraph runs API's threads and runs.
+            allow_methods=["GET", "POST", "PATCH", "DELETE"],
             allow_headers=["authorization", "x-api-key", "content-type", "last-event-id"],
             expose_headers=["location", "content-location"],
         )

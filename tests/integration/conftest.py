@@ -1,13 +1,14 @@
 """Integration fixtures: the four services in this process against real servers."""
 
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from playwright.async_api import Browser, async_playwright
 
 from runwire.testing.servers import Servers
+from tests.reference.server import langgraph_server
 from tests.secured import Broker
 from tests.services import InProcessStack
 
@@ -25,6 +26,13 @@ async def stack(
         infra.nats_url, db_url, prefix, overrides=overrides, db_roles=infra.service_roles
     ) as running:
         yield running
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """LangGraph's own server (tests/reference/), one per test process."""
+    with langgraph_server(tmp_path_factory.mktemp("langgraph") / "server.log") as url:
+        yield url
 
 
 @pytest.fixture

@@ -297,3 +297,9 @@ async def test_browsers_of_the_allowed_origins_only_may_call_the_api(
             "/v1/runs", headers={"Origin": "http://evil.example", **preflight}
         )
         assert "access-control-allow-origin" not in other.headers
+        # The LangGraph SDK's threads.update and threads.delete, from the browser.
+        for method in ("PATCH", "DELETE"):
+            asked = {**preflight, "Access-Control-Request-Method": method}
+            thread = await http.options("/threads/t1", headers={"Origin": allowed, **asked})
+            assert thread.status_code == 200, method
+            assert method in thread.headers["access-control-allow-methods"]

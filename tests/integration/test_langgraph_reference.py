@@ -12,7 +12,7 @@ import asyncio
 import json
 import re
 import shutil
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from langgraph_sdk.client import LangGraphClient
 from runwire.testing.waiting import eventually
 from tests.gateway import serve_gateway
 from tests.nodejs import NODE_DIR, install_node_modules
-from tests.reference.server import langgraph_server
+from tests.reference import same
 from tests.services import InProcessStack
 
 pytestmark = [
@@ -45,13 +45,6 @@ ID = re.compile(
 TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")
 
 Scenario = Callable[[LangGraphClient, httpx.AsyncClient], Awaitable[list[tuple[str, Any]]]]
-
-
-@pytest.fixture(scope="session")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """LangGraph's own server, one per test process."""
-    with langgraph_server(tmp_path_factory.mktemp("langgraph") / "server.log") as url:
-        yield url
 
 
 @pytest.fixture
@@ -135,13 +128,6 @@ async def both(
 
     theirs, ours = await asyncio.gather(on(reference, None), on(gateway, KEY))
     return theirs, ours
-
-
-def same(theirs: list[tuple[str, Any]], ours: list[tuple[str, Any]]) -> None:
-    """Each observation the same, compared one by one (the first difference named)."""
-    for (label, want), (label_ours, got) in zip(theirs, ours, strict=True):
-        assert label == label_ours
-        assert got == want, f"{label}: LangGraph's server {want!r}, the gateway {got!r}"
 
 
 async def test_a_streamed_chat_its_thread_and_a_second_turn(reference: str, gateway: str) -> None:
@@ -279,6 +265,39 @@ async def test_cancel_and_rollback_of_a_background_run(reference: str, gateway: 
 
         seen.append(("rolled back", await eventually(gone, timeout=5, interval=0.05)))
         seen.append(("runs", [r["status"] for r in await sdk.runs.list(tid)]))
+        return seen
+
+    same(*await both(reference, gateway, scenario))
+
+
+async def test_a_client_that_leaves_a_stream_stops_the_run_when_it_asked_to(
+    reference: str, gateway: str
+) -> None:
+    """`on_disconnect`: "cancel" (what `useStream` sends unless it may reconnect) stops
+    the run when its client goes; "continue" (the default) lets it finish."""
+
+    async def scenario(sdk: LangGraphClient, http: httpx.AsyncClient) -> list[tuple[str, Any]]:
+        seen: list[tuple[str, Any]] = []
+        tid = (await sdk.threads.create())["thread_id"]
+        for leaving in ("cancel", "continue", None):
+            body: dict[str, Any] = {
+                "assistant_id": "chat",
+                "input": {**SLOW, "delay_ms": 50},
+                "stream_mode": ["messages-tuple"],
+            }
+            if leaving:
+                body["on_disconnect"] = leaving
+            async with http.stream("POST", f"/threads/{tid}/runs/stream", json=body) as sent:
+                run_id = sent.headers["content-location"].rsplit("/", 1)[-1]
+                async for line in sent.aiter_lines():
+                    if line.startswith("event: messages"):
+                        break  # the first token came: the client goes
+
+            async def ended(run_id: str = run_id) -> str:
+                status: str = (await sdk.runs.get(tid, run_id))["status"]
+                return status if status not in ("pending", "running") else ""
+
+            seen.append((f"left, on_disconnect={leaving}", await eventually(ended, timeout=20)))
         return seen
 
     same(*await both(reference, gateway, scenario))

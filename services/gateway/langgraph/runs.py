@@ -1,9 +1,12 @@
 """The LangGraph run endpoints (create, stream, wait, join, list, get, delete,
 cancel), the interrupt's resume and the multitask strategies; see the package's note."""
 
+import asyncio
 import json
+import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -37,6 +40,7 @@ STRATEGIES = {
 MODES = {"values", "updates", "messages", "messages-tuple", "custom", "events"}
 OTHER_MODES = {"debug", "tasks", "checkpoints"}
 DEFAULT_MODES = ["values"]
+log = logging.getLogger(__name__)
 # What a run's status is called in the LangGraph API.
 RUN_STATUS = {
     RunStatus.QUEUED: "pending",
@@ -91,6 +95,39 @@ def modes_of(given: list[str] | str | None) -> list[str]:
         if mode not in MODES:
             raise Refused(422, f"stream_mode: {mode!r} is not one of {', '.join(sorted(MODES))}")
     return list(given)
+
+
+async def until_left(
+    body: AsyncIterator[bytes], on_leave: Callable[[], Coroutine[Any, Any, None]]
+) -> AsyncIterator[bytes]:
+    """`body`, and `on_leave` started (not awaited: the stream is being torn down) when
+    the client goes before `body` ends."""
+    ended = False
+    try:
+        async for chunk in body:
+            yield chunk
+        ended = True
+    finally:
+        if not ended:
+            task = asyncio.get_running_loop().create_task(on_leave())
+            LEAVING.add(task)
+            task.add_done_callback(LEAVING.discard)
+
+
+# The cancels of runs whose clients left, kept until done (the loop holds tasks weakly).
+LEAVING: set[asyncio.Task[None]] = set()
+
+
+async def cancel_quietly(client: Client, run_id: str) -> None:
+    """Cancel a run whose client left (one that ended meanwhile stays as it ended)."""
+    try:
+        await client.cancel(run_id)
+    except ClientError as exc:
+        if exc.code != ErrorCode.NOT_FOUND:
+            log.warning(
+                "could not cancel the run its client left",
+                extra={"run_id": run_id, "code": exc.code},
+            )
 
 
 def run_object(
@@ -257,9 +294,14 @@ def mount(
         base = f"/threads/{thread_id}/runs/{run_id}" if thread_id else f"/runs/{run_id}"
         return {"Location": f"{base}{tail}", "Content-Location": base}
 
-    def sse(events: AsyncIterator[bytes], headers: dict[str, str]) -> StreamingResponse:
+    def sse(
+        events: AsyncIterator[bytes],
+        headers: dict[str, str],
+        on_leave: Callable[[], Coroutine[Any, Any, None]] | None = None,
+    ) -> StreamingResponse:
+        body = heartbeats(events)
         return StreamingResponse(
-            heartbeats(events),
+            body if on_leave is None else until_left(body, on_leave),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers},
         )
@@ -305,7 +347,11 @@ def mount(
             thread_id=thread_id,
             metadata=True,
         )
-        return sse(events, locations(thread_id, run.run_id, "/stream"))
+        on_leave = None
+        if given.on_disconnect == "cancel":
+            # As LangGraph's server: the client that leaves before the run ends stops it.
+            on_leave = partial(cancel_quietly, client, run.run_id)
+        return sse(events, locations(thread_id, run.run_id, "/stream"), on_leave)
 
     async def wait_run(request: Request, thread_id: str | None) -> Response:
         client, _, run, after, record = await start(request, thread_id)
