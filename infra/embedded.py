@@ -432,6 +432,11 @@ class EmbeddedNatsCluster:
             time.sleep(POLL_INTERVAL)
         return self.url
 
+    def reload(self) -> None:
+        """Have every server read its configuration again (see `EmbeddedNats.reload`)."""
+        for node in self.nodes:
+            node.reload()
+
     def stop(self, timeout: float = 15.0) -> None:
         """Stop every server (each resumed first, should a test have paused it)."""
         for node in self.nodes:

@@ -35,9 +35,22 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if metafunc.definition.get_closest_marker("on_a_cluster") and (
+        "broker" in metafunc.fixturenames
+    ):
+        metafunc.parametrize(
+            "broker", [1, 3], indirect=True, ids=["one server", "cluster of three"]
+        )
+
+
 @pytest.fixture
-async def broker(tmp_path: Path, prefix: str) -> AsyncIterator[Broker]:
-    running = Broker(tmp_path, prefix)
+async def broker(
+    request: pytest.FixtureRequest, tmp_path: Path, prefix: str
+) -> AsyncIterator[Broker]:
+    """The authenticating broker: one nats-server, or a cluster of `request.param`
+    (a test marked `on_a_cluster` runs on both)."""
+    running = Broker(tmp_path, prefix, getattr(request, "param", 1))
     running.server.start()
     try:
         yield running
@@ -49,7 +62,11 @@ async def broker(tmp_path: Path, prefix: str) -> AsyncIterator[Broker]:
 async def secured(broker: Broker, db_url: str, prefix: str) -> AsyncIterator[InProcessStack]:
     """The four services on the authenticating broker, each as its own identity."""
     async with InProcessStack(
-        broker.server.url, db_url, prefix, identities=broker.identities
+        broker.services_url,
+        db_url,
+        prefix,
+        identities=broker.identities,
+        overrides={"stream_replicas": broker.replicas},
     ) as stack:
         yield stack
 

@@ -16,10 +16,10 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from runwire.contracts.frames import FrameType, Transcript
 from runwire.contracts.identities import OPERATOR, tenant_user
 from runwire.contracts.subjects import inbox_prefix
-from tests.secured import Broker
+from tests.secured import ON_A_CLUSTER, Broker
 from tests.services import InProcessStack, collect, eventually
 
-pytestmark = [pytest.mark.integration, pytest.mark.security]
+pytestmark = [pytest.mark.integration, pytest.mark.security, ON_A_CLUSTER]
 
 
 async def test_a_consumer_delivering_into_another_tenants_run_changes_nothing_it_sees(
@@ -102,9 +102,13 @@ async def test_a_tenants_consumers_that_break_the_rules_are_removed(
             ack_wait=1.0,
         ),
     }
-    overrides = {"tenant_max_consumers": 3, "consumer_sweep_ms": 200}
+    overrides = {
+        "tenant_max_consumers": 3,
+        "consumer_sweep_ms": 200,
+        "stream_replicas": broker.replicas,
+    }
     async with InProcessStack(
-        broker.server.url, db_url, prefix, identities=broker.identities, overrides=overrides
+        broker.services_url, db_url, prefix, identities=broker.identities, overrides=overrides
     ):
         acme = await broker.tenant("acme")
         attacker, _ = await broker.connect(tenant_user("acme"), inbox=inbox_prefix("acme"))

@@ -24,10 +24,11 @@ from runwire.runtime.settings import RelaySettings
 from runwire.runtime.tokens import frame_token
 from runwire.testing.servers import Servers
 from tests.runners import FAKE_SECRET, echo, leaky, leaky_tool, unstorable
+from tests.secured import ON_A_CLUSTER
 from tests.secured import Broker as SecuredBroker
 from tests.services import InProcessStack, all_frames_stored, collect, eventually
 
-pytestmark = [pytest.mark.integration, pytest.mark.security]
+pytestmark = [pytest.mark.integration, pytest.mark.security, ON_A_CLUSTER]
 
 REPLACED = "\ufffd"
 OTHER_TOKENS = [f"w{i} " for i in range(30)]
@@ -403,7 +404,12 @@ async def test_on_a_broker_that_enforces_identities_recovery_removes_such_jobs(
     jobs stream (and nothing else of it)."""
     s = broker.subjects
     stack = InProcessStack(
-        broker.server.url, db_url, prefix, identities=broker.identities, runners={"echo": echo}
+        broker.services_url,
+        db_url,
+        prefix,
+        identities=broker.identities,
+        runners={"echo": echo},
+        overrides={"stream_replicas": broker.replicas},
     )
     await stack.start(executors=0)
     operator, _ = await broker.connect(OPERATOR)

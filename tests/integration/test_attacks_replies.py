@@ -19,10 +19,10 @@ from runwire.contracts.identities import OPERATOR, tenant_user
 from runwire.contracts.status import RunStatus
 from runwire.contracts.subjects import inbox_prefix
 from runwire.runtime.metrics import COMMANDS_REFUSED
-from tests.secured import Broker
+from tests.secured import ON_A_CLUSTER, Broker
 from tests.services import InProcessStack, collect, eventually
 
-pytestmark = [pytest.mark.integration, pytest.mark.security]
+pytestmark = [pytest.mark.integration, pytest.mark.security, ON_A_CLUSTER]
 
 TOKENS = ["tok "] * 30
 

@@ -19,10 +19,10 @@ from runwire.contracts.errors import ErrorCode
 from runwire.contracts.identities import service_user, tenant_user
 from runwire.contracts.status import RunStatus
 from runwire.contracts.subjects import inbox_prefix, service_inbox
-from tests.secured import Broker
+from tests.secured import ON_A_CLUSTER, Broker
 from tests.services import InProcessStack, collect, eventually
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, ON_A_CLUSTER]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -156,10 +156,10 @@ async def test_outsiders_and_stolen_service_identities_are_refused(
     broker: Broker, secured: InProcessStack
 ) -> None:
     with pytest.raises(ClientError) as nobody:
-        await Client.connect(broker.server.url, tenant="acme", prefix=broker.subjects.prefix)
+        await Client.connect(broker.url, tenant="acme", prefix=broker.subjects.prefix)
     with pytest.raises(ClientError) as wrong:
         await Client.connect(
-            broker.server.url,
+            broker.url,
             tenant="acme",
             prefix=broker.subjects.prefix,
             user=tenant_user("acme"),
@@ -211,7 +211,7 @@ async def test_a_removed_tenant_is_cut_off_at_once(broker: Broker, secured: InPr
     await eventually(lambda: not acme.nc.is_connected, timeout=10)
     with pytest.raises(ClientError) as after:
         await Client.connect(
-            broker.server.url,
+            broker.url,
             tenant="acme",
             prefix=broker.subjects.prefix,
             user=tenant_user("acme"),

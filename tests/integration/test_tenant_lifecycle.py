@@ -29,15 +29,15 @@ from runwire.infra.auth import (
     write_env_file,
 )
 from runwire.infra.tenants import end_tenant
-from tests.secured import Broker
+from tests.secured import ON_A_CLUSTER, Broker
 from tests.services import InProcessStack, collect, eventually
 
-pytestmark = [pytest.mark.integration, pytest.mark.security]
+pytestmark = [pytest.mark.integration, pytest.mark.security, ON_A_CLUSTER]
 
 
 async def _connect(broker: Broker, user: str, password: str) -> Client:
     return await Client.connect(
-        broker.server.url,
+        broker.url,
         tenant="acme",
         prefix=broker.subjects.prefix,
         user=user,
@@ -115,7 +115,7 @@ OTHER_GREETING = {"nodes": [{"id": "greet", "runner": "scripted", "input": {"tok
 
 async def _as_operator(broker: Broker, tenant: str) -> Client:
     return await Client.connect(
-        broker.server.url,
+        broker.url,
         tenant=tenant,
         prefix=broker.subjects.prefix,
         user=OPERATOR,
@@ -247,7 +247,7 @@ async def test_a_removed_tenant_is_ended_and_forgotten_and_its_name_inherits_not
     add_tenant(root, "acme")
     new = read_env_file(root / "tenants" / "acme.env")
     again = await Client.connect(
-        broker.server.url,
+        broker.url,
         tenant="acme",
         prefix=prefix,
         user=new["RUNWIRE_NATS_USER"],
