@@ -13,7 +13,7 @@ from langgraph_sdk.client import LangGraphClient
 from langgraph_sdk.errors import ConflictError
 
 from tests.gateway import serve_gateway
-from tests.services import InProcessStack
+from tests.services import InProcessStack, collect
 
 pytestmark = pytest.mark.integration
 
@@ -224,3 +224,17 @@ async def test_wait_answers_an_interrupt_then_its_resume(sdk: LangGraphClient) -
     assert asked["__interrupt__"][0]["value"] == {"question": "may I?"}
     answered = await sdk.runs.wait(tid, "asks", command={"resume": {"say": "no"}})
     assert answered["messages"][-1]["content"] == "hello you said no"
+
+
+async def test_a_run_of_the_threads_session_submitted_through_runwire_shows_its_runner(
+    sdk: LangGraphClient, stack: InProcessStack
+) -> None:
+    """A thread is a session: a run submitted to that session with runwire's own client
+    is one of the thread's runs, its assistant the runner it ran."""
+    tid = (await sdk.threads.create())["thread_id"]
+    reply = await stack.client.submit({"tokens": ["x"]}, runner="scripted", session_id=tid)
+    await collect(stack.client, reply.run.run_id)
+    runs = await sdk.runs.list(tid)
+    assert [(r["run_id"], r["status"]) for r in runs] == [(reply.run.run_id, "success")]
+    scripted = await sdk.assistants.search(graph_id="scripted")
+    assert runs[0]["assistant_id"] == scripted[0]["assistant_id"]

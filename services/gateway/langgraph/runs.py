@@ -138,7 +138,8 @@ def run_object(
     if run.status == RunStatus.FAILED and run.error is not None and run.error.code in TIMEOUT_CODES:
         status = "timeout"
     told = (lgthreads.known(thread, run.run_id) if thread else {}) or fallback or {}
-    assistant = told.get("assistant", "")
+    # A run the thread's session got through runwire's own API is its runner's.
+    assistant = told.get("assistant") or run.runner or ""
     return {
         "run_id": run.run_id,
         "thread_id": run.session_id,
