@@ -298,6 +298,21 @@ async def test_a_client_that_leaves_a_stream_stops_the_run_when_it_asked_to(
                 return status if status not in ("pending", "running") else ""
 
             seen.append((f"left, on_disconnect={leaving}", await eventually(ended, timeout=20)))
+        # Joined with `cancel_on_disconnect`: the joining client's leaving stops it too.
+        for cancel in (True, False):
+            run = await sdk.runs.create(tid, "chat", input={**SLOW, "delay_ms": 50})
+            params = {"cancel_on_disconnect": cancel}
+            path = f"/threads/{tid}/runs/{run['run_id']}/stream"
+            async with http.stream("GET", path, params=params) as joined:
+                async for line in joined.aiter_lines():
+                    if line.startswith("event: values"):
+                        break
+
+            async def over(run_id: str = run["run_id"]) -> str:
+                status: str = (await sdk.runs.get(tid, run_id))["status"]
+                return status if status not in ("pending", "running") else ""
+
+            seen.append((f"joined, cancel_on_disconnect={cancel}", await eventually(over, 20)))
         return seen
 
     same(*await both(reference, gateway, scenario))

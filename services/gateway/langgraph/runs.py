@@ -473,7 +473,11 @@ def mount(
         runner = told.get("assistant", "agent")
         values = start_values(client, thread_id, run_id, None)
         events = stream_events(client, run_id, runner, modes, after, values, thread_id=thread_id)
-        return sse(events, locations(thread_id, run_id, "/stream"))
+        on_leave = None
+        leaving = request.query_params.get("cancel_on_disconnect", "false").lower()
+        if leaving in {"true", "yes", "1"}:
+            on_leave = partial(cancel_quietly, client, run_id)
+        return sse(events, locations(thread_id, run_id, "/stream"), on_leave)
 
     @app.post("/threads/{thread_id}/runs/{run_id}/cancel")
     async def cancel_run(thread_id: str, run_id: str, request: Request) -> Response:
