@@ -150,6 +150,8 @@ async def _left(browser: Browser, site: str, api: str, key: str) -> list[tuple[s
 
             seen.append(("the run, its page gone", await eventually(stopped, timeout=20)))
         await page.reload()
+        # The thread as the stopped run left it: its input, no answer.
+        await expect(page.locator("#messages li")).to_have_text(["hi"])
         await expect(page.locator("#status")).to_have_text("idle")
         seen.append(("reloaded", await _messages(page)))
         await _send(page, "again", ["ok"], delay="0")
