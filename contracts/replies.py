@@ -11,6 +11,20 @@ from runwire.contracts.status import RunStatus
 from runwire.contracts.workflows import NodeRunData, ReleaseRef
 
 
+class RunBudget(WireModel):
+    """A run's budget and its spending: its limits in tokens and in cost units (None: no
+    limit of its own), what its costly calls used (settled) and what they hold reserved
+    now, and how many such calls it made."""
+
+    tokens: int | None = None
+    tokens_used: int = 0
+    tokens_reserved: int = 0
+    cost: int | None = None
+    cost_used: int = 0
+    cost_reserved: int = 0
+    calls: int = 0
+
+
 class RunSummary(WireModel):
     """A run as clients see it. Times are RFC 3339 in UTC."""
 
@@ -47,6 +61,8 @@ class RunSummary(WireModel):
     node_id: str | None = None
     # A waiting run: what it waits for (the data of its `wait` frame).
     waiting_for: WaitData | None = None
+    # Its budget and what it spent (in `get` replies; absent elsewhere).
+    budget: RunBudget | None = None
 
 
 class FrameChannel(WireModel):

@@ -341,7 +341,20 @@ class Submitter:
         if run.status == RunStatus.WAITING:
             wait = await self.store.waiting_for(run.run_id)
             waiting_for = WaitData.model_validate(wait) if wait is not None else None
-        update = {"effects": effects, "nodes": nodes, "waiting_for": waiting_for}
+        spent = await self.store.run_budget(run.run_id)
+        budget = None
+        if spent is not None:
+            budget = replies.RunBudget(
+                tokens=spent["budget_tokens"],
+                cost=spent["budget_cost"],
+                **{k: int(v) for k, v in spent.items() if not k.startswith("budget_")},
+            )
+        update = {
+            "effects": effects,
+            "nodes": nodes,
+            "waiting_for": waiting_for,
+            "budget": budget,
+        }
         return replies.RunReply(run=run.summary().model_copy(update=update))
 
     async def set_budget(self, tenant: str, cmd: commands.SetBudgetCommand) -> replies.BudgetReply:

@@ -10,6 +10,7 @@ import pytest
 
 from runwire import ClientError
 from runwire.contracts.errors import ErrorCode
+from runwire.contracts.replies import RunBudget
 from runwire.contracts.status import RunStatus
 from runwire.runners.openai_chat import OpenAISettings, make_runner
 from tests.openai_server import OpenAIServer, Stream, text_answer
@@ -48,6 +49,9 @@ async def test_the_openai_runner_reserves_and_settles_each_model_call(
 
     assert finished.status == RunStatus.FINISHED
     assert (budget.tokens, budget.used, budget.reserved, budget.left) == (10_000, 9, 0, 9_991)
+    # Each run shows its own budget and what it spent.
+    assert finished.budget == RunBudget(tokens=100, tokens_used=9, calls=1)
+    assert refused.budget == RunBudget(tokens=5)
     assert (refused.status, refused.attempts) == (RunStatus.FAILED, 1)
     assert refused.error is not None
     assert (refused.error.code, refused.error.retryable) == (ErrorCode.BUDGET_EXCEEDED, False)

@@ -1,5 +1,5 @@
 """The console as an operator uses it, in headless Chromium: run history with filters,
-pages and live rows, a run opened by its id, a run's tool calls, usage and side
+pages and live rows, a run opened by its id, a run's tool calls, usage, budget and side
 effects, a workflow's node tree with the fallback that handled a failure, Cancel only
 where it acts, a phone's width, and text that is HTML shown as text under a strict
 Content-Security-Policy. RUNWIRE_SCREENSHOTS=docs writes the screenshots of docs/."""
@@ -22,7 +22,7 @@ pytestmark = [
     pytest.mark.integration,
     pytest.mark.stack(
         runners="hears=tests.waiting:hears,works=tests.console_runners:works,"
-        "tricky=tests.console_runners:tricky"
+        "tricky=tests.console_runners:tricky,spend=tests.runners:spend"
     ),
 ]
 
@@ -223,12 +223,29 @@ async def test_a_run_page_shows_tool_calls_usage_and_effects_and_cancels_only_wh
             await expect(page.locator("#run-result")).to_contain_text('"notified"')
             await expect(page.locator("#text")).to_have_text("Snow in Oslo, -3 °C.")
             await expect(page.locator("#cancel")).to_be_disabled()
+            await expect(page.locator("#budget")).to_have_text(
+                "no budget of its own, no costly calls"
+            )
             if not reloaded:
                 await page.click("#frames-box summary")
                 await expect(page.locator("#frames tr.frame")).to_have_count(10)
                 await expect(page.locator("#frames")).to_contain_text("tool_result")
                 await _screenshot(page, "console-run.png", full_page=True)
                 await page.reload()
+        # A run with a budget that made a costly call: its limits and what it spent.
+        spent = await stack.client.submit(
+            {"reserve": 60, "use": 40, "reserve_cost": 8, "use_cost": 5, "hold_ms": 0},
+            runner="spend",
+            budget_tokens=100,
+            budget_cost=20,
+        )
+        await collect(stack.client, spent.run.run_id)
+        await page.fill("#open-id", spent.run.run_id)
+        await page.press("#open-id", "Enter")
+        await expect(page.locator("#run-status")).to_have_text("finished")
+        await expect(page.locator("#budget")).to_have_text(
+            "1 costly call: 40 of 100 tokens used, 5 of 20 cost units used"
+        )
         # A run that runs can be canceled, and then cannot.
         await page.fill("#runner", "scripted")
         await page.fill("#input", '{"tokens": ["a", "b"], "token_delay_ms": 5000}')

@@ -62,6 +62,24 @@ export function drawUsage(box, usage) {
     box.append(el("div", { class: "muted", text: `${model}: ${total} tokens` }));
 }
 
+// budget: the summary's (a run's own limits, what its costly calls used and hold).
+export function drawBudget(box, budget) {
+  box.replaceChildren();
+  if (!budget) return;
+  const amount = (used, limit, unit) =>
+    limit === null || limit === undefined ? `${used} ${unit} (no limit of its own)` : `${used} of ${limit} ${unit}`;
+  if (!budget.calls && budget.tokens === null && budget.cost === null) {
+    box.append(el("p", { class: "muted", text: "no budget of its own, no costly calls" }));
+    return;
+  }
+  box.append(el("p", { text: `${budget.calls} costly call${budget.calls === 1 ? "" : "s"}: ` +
+    `${amount(budget.tokens_used, budget.tokens, "tokens")} used, ` +
+    `${amount(budget.cost_used, budget.cost, "cost units")} used` }));
+  if (budget.tokens_reserved || budget.cost_reserved)
+    box.append(el("p", { class: "muted", text: `held now: ${budget.tokens_reserved} tokens, ` +
+      `${budget.cost_reserved} cost units` }));
+}
+
 // effects: the frames' (live), and the summary's (where each stands in Postgres; the
 // page reads it again after each effect frame).
 export function drawEffects(box, fromSummary, fromFrames) {

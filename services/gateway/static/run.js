@@ -5,7 +5,7 @@
 "use strict";
 
 import { $, RUN_ID, TERMINAL, call, el, errorText, readable, runLink, sse, waitKind, when } from "./api.js";
-import { drawEffects, drawFrames, drawTools, drawUsage, fold, freshState } from "./details.js";
+import { drawBudget, drawEffects, drawFrames, drawTools, drawUsage, fold, freshState } from "./details.js";
 import { runChanged } from "./history.js";
 import { drawWait, showWait } from "./wait.js";
 import { drawNodes } from "./workflow.js";
@@ -60,6 +60,7 @@ function drawSummary(run) {
   $("workflow-box").hidden = !run.workflow;
   if (run.workflow) drawNodes($("nodes"), run.nodes);
   drawEffects($("effects"), run.effects, view.state ? view.state.effects : {});
+  drawBudget($("budget"), run.budget);
 }
 
 export async function refreshRun() {
@@ -120,6 +121,7 @@ export async function openRun(runId) {
   for (const id of ["wait-error", "wait-note", "run-error", "run-load-error", "run-status", "run-attempts"])
     $(id).textContent = "";
   $("run-meta").replaceChildren();
+  $("budget").replaceChildren();
   $("cancel").disabled = true;  // until the run's summary says it can act
   $("workflow-box").hidden = true;
   $("run-result-box").hidden = true;

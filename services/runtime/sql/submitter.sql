@@ -150,6 +150,19 @@ SELECT name, input_schema FROM runners ORDER BY name;
 SELECT key, kind, state::text AS state, receipt, error
   FROM effects WHERE run_id = $1 ORDER BY created_at, key;
 
+-- name: run_budget
+-- A run's budget (NULL: none of its own) and what its costly calls used (settled) and
+-- hold (reserved now).
+SELECT r.budget_tokens, r.budget_cost,
+       coalesce(sum(b.used) FILTER (WHERE b.state = 'settled'), 0) AS tokens_used,
+       coalesce(sum(b.tokens) FILTER (WHERE b.state = 'reserved'), 0) AS tokens_reserved,
+       coalesce(sum(b.cost_used) FILTER (WHERE b.state = 'settled'), 0) AS cost_used,
+       coalesce(sum(b.cost) FILTER (WHERE b.state = 'reserved'), 0) AS cost_reserved,
+       count(b.key) AS calls
+  FROM runs r LEFT JOIN budget_reservations b ON b.run_id = r.run_id
+ WHERE r.run_id = $1
+ GROUP BY r.run_id;
+
 -- name: resolve_effect
 -- An operator settles an effect whose outcome is not known: `reconciled` with a receipt,
 -- or `failed`. Only an `unknown` or `claimed` effect of the tenant's run moves, or one

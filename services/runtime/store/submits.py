@@ -51,6 +51,11 @@ class SubmitterQueries(Queries):
 
     _inserts: "Batcher[_Submitted, Run | RunwireError | None] | None" = None
 
+    async def run_budget(self, run_id: str) -> dict[str, Any] | None:
+        """The run's budget and what its costly calls used and hold (None: no run)."""
+        row = await self._fetchrow("run_budget", uuid.UUID(run_id))
+        return dict(row) if row is not None else None
+
     async def run_effects(self, run_id: str) -> list[dict[str, Any]]:
         """The run's side effects: key, kind, state, receipt, error."""
         return [dict(r) for r in await self._fetch("run_effects", uuid.UUID(run_id))]
