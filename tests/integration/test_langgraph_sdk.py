@@ -238,3 +238,12 @@ async def test_a_run_of_the_threads_session_submitted_through_runwire_shows_its_
     assert [(r["run_id"], r["status"]) for r in runs] == [(reply.run.run_id, "success")]
     scripted = await sdk.assistants.search(graph_id="scripted")
     assert runs[0]["assistant_id"] == scripted[0]["assistant_id"]
+
+
+async def test_threads_searched_by_their_values(sdk: LangGraphClient) -> None:
+    """`values` in a search: the threads whose values hold each key as given."""
+    ran, idle = (await sdk.threads.create())["thread_id"], (await sdk.threads.create())["thread_id"]
+    await sdk.runs.wait(ran, "scripted", input={"tokens": ["tides"]})
+    found = await sdk.threads.search(values={"tokens": ["tides"]})
+    assert [t["thread_id"] for t in found] == [ran]
+    assert {ran, idle} <= {t["thread_id"] for t in await sdk.threads.search(limit=50)}

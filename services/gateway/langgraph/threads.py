@@ -1,14 +1,13 @@
 """The LangGraph thread endpoints: create, get, update, delete, search, state and
 history (runwire keeps no checkpoint of each step: the history is the state now)."""
 
-import json
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 import runwire.gateway.langgraph.state as lgthreads
 from runwire.client.sdk import Client
@@ -24,6 +23,39 @@ class ThreadBody(BaseModel):
     thread_id: str | None = None
     metadata: dict[str, Any] | None = None
     if_exists: str | None = None
+
+
+class SearchBody(BaseModel):
+    """A thread search, validated as LangGraph's server validates it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    ids: list[str] | None = None
+    metadata: dict[str, Any] | None = None
+    values: dict[str, Any] | None = None
+    status: Literal["idle", "busy", "interrupted", "error"] | None = None
+    limit: int = Field(default=10, ge=1, le=1000, strict=True)
+    offset: int = Field(default=0, ge=0, strict=True)
+    sort_by: (
+        Literal["thread_id", "status", "created_at", "updated_at", "state_updated_at"] | None
+    ) = None
+    sort_order: Literal["asc", "desc"] | None = None
+    select: (
+        list[
+            Literal[
+                "thread_id",
+                "created_at",
+                "updated_at",
+                "state_updated_at",
+                "metadata",
+                "config",
+                "status",
+                "values",
+                "interrupts",
+            ]
+        ]
+        | None
+    ) = None
 
 
 def thread_object(thread: dict[str, Any], view: lgthreads.View) -> dict[str, Any]:
@@ -98,28 +130,40 @@ def mount_threads(
     @app.post("/threads/search")
     async def search_threads(request: Request) -> Response:
         client = await client_of(request)
-        raw = await request.body()
-        try:
-            given = json.loads(raw or b"{}")
-        except ValueError:
-            raise Refused(422, "Invalid JSON in request body") from None
-        if not isinstance(given, dict):
-            raise Refused(422, "the body: an object")
-        metadata = given.get("metadata") or {}
-        wanted = given.get("status")
-        limit, offset = int(given.get("limit") or 10), int(given.get("offset") or 0)
+        given: SearchBody = await body(request, SearchBody)
         every = await threads.all(client.tenant)
-        every.sort(key=lambda t: t["updated_at"], reverse=True)
+        if given.ids is not None:
+            every = [t for t in every if t["thread_id"] in given.ids]
+        metadata = given.metadata or {}
+        every = [
+            t for t in every if all(t.get("metadata", {}).get(k) == v for k, v in metadata.items())
+        ]
+        by = given.sort_by or "updated_at"
+        if by == "state_updated_at":
+            by = "updated_at"
+        descending = (given.sort_order or "desc") == "desc"
+        # What a thread shows is asked only of those the page needs, but for an order by
+        # its status.
+        whole = by == "status"
+        if by != "status":
+            every.sort(key=lambda t: str(t.get(by, "")), reverse=descending)
         found = []
         for thread in every:
-            if any(thread.get("metadata", {}).get(k) != v for k, v in metadata.items()):
-                continue
             shown_thread = await shown(client, thread)
-            if wanted is None or shown_thread["status"] == wanted:
-                found.append(shown_thread)
-            if len(found) >= offset + limit:
+            if given.status is not None and shown_thread["status"] != given.status:
+                continue
+            values = shown_thread.get("values") or {}
+            if any(values.get(k) != v for k, v in (given.values or {}).items()):
+                continue
+            found.append(shown_thread)
+            if not whole and len(found) >= given.offset + given.limit:
                 break
-        return JSONResponse(found[offset : offset + limit])
+        if by == "status":
+            found.sort(key=lambda t: str(t["status"]), reverse=descending)
+        page = found[given.offset : given.offset + given.limit]
+        if given.select:
+            page = [{k: t.get(k) for k in given.select} for t in page]
+        return JSONResponse(page)
 
     async def state_of(client: Client, thread_id: str) -> dict[str, Any]:
         thread = await thread_or_404(client, thread_id)
