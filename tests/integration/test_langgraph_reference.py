@@ -402,6 +402,12 @@ async def test_bad_requests_are_answered_as_langgraph_answers(reference: str, ga
                 # The registered graphs are runwire's runners: its built-in ones too.
                 said = response.json()["detail"].replace(", effect, openai, scripted, signal", "")
                 seen.append((label + " says", said))
+        for query in ("limit=abc", "offset=x", "limit=1e9", "status=x", "limit=-1", "offset=-1"):
+            listed = await http.get(f"/threads/{tid}/runs?{query}")
+            seen.append((f"runs {query}", (listed.status_code, sorted(listed.json()))))
+        for search in ({"limit": "x"}, {"offset": -1}, {"graph_id": 5}, {"sort_by": "x"}):
+            found = await http.post("/assistants/search", json=search)
+            seen.append((f"assistants {search}", found.status_code))
         missing = await http.get(f"/threads/{unknown}")
         seen.append(("get unknown thread", (missing.status_code, missing.json())))
         missing = await http.get(f"/threads/{tid}/runs/{unknown}")

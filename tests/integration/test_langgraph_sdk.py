@@ -247,3 +247,50 @@ async def test_threads_searched_by_their_values(sdk: LangGraphClient) -> None:
     found = await sdk.threads.search(values={"tokens": ["tides"]})
     assert [t["thread_id"] for t in found] == [ran]
     assert {ran, idle} <= {t["thread_id"] for t in await sdk.threads.search(limit=50)}
+
+
+async def test_no_bad_request_to_the_langgraph_api_is_a_server_error(
+    sdk: LangGraphClient,
+) -> None:
+    """Junk in every query parameter and body the LangGraph routes read is answered 4xx
+    with a `detail`, never 500."""
+    http = sdk.http.client
+    tid = (await sdk.threads.create())["thread_id"]
+    await sdk.runs.wait(tid, "scripted", input={"tokens": ["a"]})
+    rid = (await sdk.runs.list(tid))[0]["run_id"]
+    asks: list[tuple[str, str, Any]] = []
+    for junk in ("abc", "-1", "1e99", "", "[]"):
+        for path in (
+            f"/threads/{tid}/runs?limit={junk}",
+            f"/threads/{tid}/runs?offset={junk}",
+            f"/threads/{tid}/runs?status={junk}",
+            f"/threads/{tid}/history?limit={junk}",
+            f"/assistants/{junk or 'x'}",
+            f"/assistants/{junk or 'x'}/graph",
+            f"/threads/{junk or 'x'}",
+            f"/threads/{tid}/runs/{junk or 'x'}",
+        ):
+            asks.append(("GET", path, None))
+        asks.append(("POST", f"/threads/{tid}/runs/{rid}/cancel?wait={junk}", None))
+        asks.append(("POST", f"/threads/{tid}/runs/{rid}/cancel?action={junk}", None))
+    bodies: list[Any] = [{"limit": "x"}, {"limit": -5}, {"offset": "x"}, [], "x", {"metadata": "x"}]
+    bodies += [{"graph_id": 5}, {"status": 5}, {"ids": "x"}, {"sort_by": 1}, {"select": ["x"]}]
+    for body in bodies:
+        for method, path in (
+            ("POST", "/assistants/search"),
+            ("POST", f"/threads/{tid}/history"),
+            ("POST", "/threads"),
+            ("PATCH", f"/threads/{tid}"),
+            ("POST", "/threads/search"),
+            ("POST", f"/threads/{tid}/runs"),
+            ("POST", "/runs/wait"),
+        ):
+            asks.append((method, path, body))
+    answers = []
+    for method, path, body in asks:
+        answer = await http.request(method, path, json=body)
+        answers.append((method, path, body, answer.status_code))
+        if answer.status_code >= 400:
+            assert "detail" in answer.json(), (method, path, body, answer.text)
+    assert [a for a in answers if a[3] >= 500] == []
+    assert sum(a[3] >= 400 for a in answers) > len(answers) // 2  # junk is mostly refused

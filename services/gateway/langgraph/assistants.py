@@ -6,12 +6,14 @@ import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from runwire.client.sdk import Client
+from runwire.gateway.errors import described
 from runwire.gateway.langgraph.refused import Refused
 from runwire.gateway.langgraph.values import assistant_id
 
@@ -57,6 +59,37 @@ class Assistants:
         raise Refused(404, "Thread or assistant not found.")
 
 
+class SearchBody(BaseModel):
+    """An assistants search, validated as LangGraph's server validates it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    metadata: dict[str, Any] | None = None
+    graph_id: str | None = None
+    name: str | None = None
+    limit: int = Field(default=10, ge=1, le=1000, strict=True)
+    offset: int = Field(default=0, ge=0, strict=True)
+    sort_by: Literal["assistant_id", "created_at", "updated_at", "name", "graph_id"] | None = None
+    sort_order: Literal["asc", "desc"] | None = None
+    select: (
+        list[
+            Literal[
+                "assistant_id",
+                "graph_id",
+                "name",
+                "description",
+                "config",
+                "context",
+                "created_at",
+                "updated_at",
+                "metadata",
+                "version",
+            ]
+        ]
+        | None
+    ) = None
+
+
 def assistant(runner: str) -> dict[str, Any]:
     """A runner as LangGraph's Assistant."""
     return {
@@ -82,17 +115,28 @@ def mount_assistants(
     async def search(request: Request) -> Response:
         client = await client_of(request)
         try:
-            given = await request.json() if await request.body() else {}
-        except ValueError:
-            raise Refused(422, "Invalid JSON in request body") from None
-        graph = given.get("graph_id")
-        limit, offset = int(given.get("limit") or 10), int(given.get("offset") or 0)
+            given = SearchBody.model_validate_json(await request.body() or b"{}")
+        except ValidationError as exc:
+            if any(e["type"] == "json_invalid" for e in exc.errors()):
+                raise Refused(422, "Invalid JSON in request body") from exc
+            raise Refused(422, described(exc)) from exc
         found = [
             assistant(name)
             for name in await assistants.runners(client)
-            if graph is None or name == graph
+            if given.graph_id in (None, name) and given.name in (None, name)
         ]
-        return JSONResponse(found[offset : offset + limit])
+        found = [
+            a
+            for a in found
+            if all(a["metadata"].get(k) == v for k, v in (given.metadata or {}).items())
+        ]
+        if given.sort_by is not None:
+            by = given.sort_by
+            found.sort(key=lambda a: str(a[by]), reverse=given.sort_order == "desc")
+        page = found[given.offset : given.offset + given.limit]
+        if given.select:
+            page = [{k: a.get(k) for k in given.select} for a in page]
+        return JSONResponse(page)
 
     @app.get("/assistants/{given}")
     async def get(given: str, request: Request) -> Response:

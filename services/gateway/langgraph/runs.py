@@ -97,6 +97,18 @@ def modes_of(given: list[str] | str | None) -> list[str]:
     return list(given)
 
 
+def count_of(request: Request, name: str, default: int) -> int:
+    """A query parameter that counts (a limit, an offset): 400 unless an integer, as
+    LangGraph's server answers."""
+    given = request.query_params.get(name)
+    if given is None or given == "":
+        return default
+    try:
+        return int(given)
+    except ValueError:
+        raise Refused(400, f"{name}: an integer, not {given[:40]!r}") from None
+
+
 async def until_left(
     body: AsyncIterator[bytes], on_leave: Callable[[], Coroutine[Any, Any, None]]
 ) -> AsyncIterator[bytes]:
@@ -424,9 +436,12 @@ def mount(
     async def list_runs(thread_id: str, request: Request) -> Response:
         client = await client_of(request)
         thread = await thread_or_404(client, thread_id)
-        limit = int(request.query_params.get("limit") or 10)
-        offset = int(request.query_params.get("offset") or 0)
+        limit = count_of(request, "limit", 10)
+        offset = count_of(request, "offset", 0)
+        # An unknown status, or a limit or offset below 0, finds nothing (as the server).
         wanted = request.query_params.get("status")
+        if limit <= 0 or offset < 0:
+            return JSONResponse([])
         found: list[dict[str, Any]] = []
         before = None
         while len(found) < offset + limit:
