@@ -111,9 +111,10 @@ async def test_cancel_stops_a_running_attempt(stack: InProcessStack) -> None:
     assert run.status == RunStatus.CANCELED
     # Cancelling a terminal run answers with the run unchanged (the relay may still be
     # writing its last frames: last_seq and frames_complete, which are not changes of the
-    # run).
+    # run; its budget is told by `get` only).
     again = await stack.client.cancel(run_id)
-    stored = {"last_seq", "frames_complete"}
+    assert again.budget is None
+    stored = {"last_seq", "frames_complete", "budget"}
     assert again.model_dump(exclude=stored) == run.model_dump(exclude=stored)
 
 
