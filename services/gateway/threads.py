@@ -21,6 +21,8 @@ from runwire.client.settings import server_urls, tls_context
 from runwire.contracts.subjects import GATEWAY_INBOX, Subjects
 
 # Thread ids are keys of the bucket: letters, digits, '-' and '_'.
+# How long the first request waits for the threads bucket to be made or found.
+BUCKET_TIMEOUT_S = 30.0
 THREAD_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 
 
@@ -75,7 +77,8 @@ class Threads:
                     max_reconnect_attempts=-1,
                     tls=tls_context(self.tls_ca),
                 )
-                js = self._nc.jetstream()
+                # Creating a replicated bucket on a busy cluster can take seconds.
+                js = self._nc.jetstream(timeout=BUCKET_TIMEOUT_S)
                 self._kv = await js.create_key_value(
                     bucket=Subjects(self.prefix).threads_bucket,
                     history=1,
