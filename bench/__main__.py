@@ -19,6 +19,7 @@ from typing import Any
 
 from bench import (
     cluster,
+    flood,
     latency,
     many_streams,
     overload,
@@ -63,6 +64,8 @@ class Sizes:
     # Scenario 11: resumes timed one at a time, and the runs made to wait at once.
     wait_resumes: int = 200
     waiting_runs: int = 10_000
+    # Scenario 12: the runs one tenant floods the queue with.
+    flood_runs: int = 2_000
 
 
 QUICK = Sizes(
@@ -96,6 +99,7 @@ FULL = Sizes(
     1000,
     wait_resumes=1_000,
     waiting_runs=100_000,
+    flood_runs=5_000,
 )
 
 
@@ -284,6 +288,9 @@ async def run(sizes: Sizes) -> Results:
             results,
             waits.SCENARIO,
             lambda: waits.on_own_stack(srv, results, sizes.wait_resumes, sizes.waiting_runs),
+        )
+        await guarded(
+            results, flood.SCENARIO, lambda: flood.measure(srv, results, sizes.flood_runs)
         )
         levels: dict[int, many_streams.Level] = {}
         await guarded(results, "10 many streams", lambda: streams(srv, results, sizes, levels))

@@ -170,12 +170,22 @@ class Stack:
             "database_url": self.db_url,
             "prefix": self.prefix,
             "log_format": "json",
+            **self._one_tenant(),
             **self.settings,
             **extra,
         }
         for key, value in values.items():
             env[f"RUNWIRE_{key.upper()}"] = str(value)
         return env
+
+    def _one_tenant(self) -> dict[str, Any]:
+        """The bench's client is one tenant: its share is every executor slot, and its
+        queue the stack's (as the docs advise: a tenant alone fills the executors)."""
+        slots = int(self.settings.get("max_in_flight", CONCURRENCY)) * self.executors
+        shares = {"tenant_share_runs": slots}
+        if "queue_capacity" in self.settings:
+            shares["tenant_queue_capacity"] = int(self.settings["queue_capacity"])
+        return shares
 
     def start_service(self, name: str, **extra: Any) -> ServiceProcess:
         kind = name.split("-")[0]

@@ -35,6 +35,11 @@ MAX_SEQ = MAX_SAFE_INTEGER
 EffectKind = Annotated[str, StringConstraints(pattern=EFFECT_KIND_PATTERN)]
 
 
+# A run's priority at submit: a small integer, higher first.
+MIN_PRIORITY = -10
+MAX_PRIORITY = 10
+
+
 class Command(Versioned):
     """A command's body."""
 
@@ -80,6 +85,12 @@ class SubmitCommand(Command):
     # at submit: a claim made after the tenant's policy changed fails with
     # AUTHORIZATION_STALE.
     effects: list[EffectKind] | None = Field(default=None, max_length=64)
+    # Among its tenant's runs waiting for their share of executor slots, higher first (a
+    # run that waited longer than the stack's `priority_max_wait_ms` goes first anyway).
+    priority: int = Field(default=0, ge=MIN_PRIORITY, le=MAX_PRIORITY, strict=True)
+    # Runs of one key (a user id, say) hold at most the tenant's `max_runs_per_key` jobs at
+    # once (an operator's `set_budget`); the rest wait, whatever executor is free.
+    concurrency_key: str | None = Field(default=None, min_length=1, max_length=MAX_ID_LENGTH)
 
     @model_validator(mode="after")
     def _runner_or_workflow(self) -> Self:
@@ -173,12 +184,19 @@ class SetBudgetCommand(Command):
     """Set the tenant's limits; a field left out keeps its value, `null` removes it.
     `tokens` and `cost` (units the tenant defines): the budgets (runs keep what they
     reserved; a new reservation must fit); `max_active_runs` and `max_runs_per_day`
-    (UTC): quotas answered at submit."""
+    (UTC): quotas answered at submit. `share`: the tenant's weight in the fair share of
+    executor slots among busy tenants (null: 1); `max_queued_runs`: how many of its runs
+    may wait for an attempt before its submits fail `QUEUE_FULL` (null: the stack's
+    default); `max_runs_per_key`: how many runs of one `concurrency_key` may hold a job
+    (queued for an executor or running) at once (null: no limit)."""
 
     tokens: int | None = Field(default=None, ge=0, le=MAX_BUDGET, strict=True)
     cost: int | None = Field(default=None, ge=0, le=MAX_BUDGET, strict=True)
     max_active_runs: int | None = Field(default=None, ge=0, le=2**31 - 1, strict=True)
     max_runs_per_day: int | None = Field(default=None, ge=0, le=2**31 - 1, strict=True)
+    share: int | None = Field(default=None, ge=1, le=1000, strict=True)
+    max_queued_runs: int | None = Field(default=None, ge=0, le=2**31 - 1, strict=True)
+    max_runs_per_key: int | None = Field(default=None, ge=1, le=2**31 - 1, strict=True)
 
 
 class GetBudgetCommand(Command):

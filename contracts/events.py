@@ -11,7 +11,7 @@ from runwire.contracts.status import RunStatus
 class RunEventName(StrEnum):
     """What happened to a run; a CHECK on `run_events.event` mirrors this list."""
 
-    SUBMITTED = "submitted"  # accepted (queued, or waiting for its session)
+    SUBMITTED = "submitted"  # accepted (queued, or waiting for its session or share)
     CLAIMED = "claimed"  # an attempt started
     FINISHED = "finished"  # the runner returned
     FAILED = "failed"  # a fatal error, attempts exhausted, queue full or queue timeout
@@ -20,6 +20,7 @@ class RunEventName(StrEnum):
     RELEASED = "released"  # an executor shutting down returned its attempt to the queue
     CANCEL_REQUESTED = "cancel_requested"  # a running run was asked to stop
     SESSION_TURN = "session_turn"  # the earlier runs of its session ended: its turn came
+    SHARE_TURN = "share_turn"  # its tenant's share of executor slots had room: job issued
     RECOVERING = "recovering"  # its executor stopped renewing the lease; resumed elsewhere
     INTERRUPTED = "interrupted"  # closed after repeated recoveries without progress
     WAITING = "waiting"  # its attempt ended to wait (an interrupt, a signal): no worker held

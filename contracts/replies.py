@@ -63,6 +63,13 @@ class RunSummary(WireModel):
     waiting_for: WaitData | None = None
     # Its budget and what it spent (in `get` replies; absent elsewhere).
     budget: RunBudget | None = None
+    # Its priority and concurrency key, as submitted.
+    priority: int = 0
+    concurrency_key: str | None = None
+    # A queued run without a job yet (in `get` replies): what it waits for, `session` (an
+    # earlier run of its session is active), `concurrency_key` (its key's runs hold the
+    # tenant's limit) or `share` (its tenant's runs hold its share of executor slots).
+    queued_for: str | None = None
 
 
 class FrameChannel(WireModel):
@@ -183,6 +190,16 @@ class BudgetReply(Versioned):
     max_runs_per_day: int | None = None
     active_runs: int = 0
     runs_today: int = 0
+    # Fair share: the weight an operator set (null: 1), the jobs its runs may hold at once
+    # (queued for an executor or running; the stack's default times the weight), how
+    # many hold one now, and its queue: capacity and runs waiting for an attempt now.
+    share: int | None = None
+    share_runs: int | None = None
+    issued_runs: int = 0
+    max_queued_runs: int | None = None
+    queued_runs: int = 0
+    # Runs of one concurrency key that may hold a job at once (null: no limit).
+    max_runs_per_key: int | None = None
 
 
 class PolicyReply(Versioned):

@@ -56,6 +56,12 @@ def _parser() -> argparse.ArgumentParser:
     submit.add_argument("--multitask", choices=["interrupt", "enqueue", "reject"])
     submit.add_argument("--max-attempts", type=int)
     submit.add_argument("--attempt-timeout-ms", type=int)
+    submit.add_argument(
+        "--priority", type=int, help="among the tenant's waiting runs, higher first (-10..10)"
+    )
+    submit.add_argument(
+        "--concurrency-key", help="runs of one key hold at most the tenant's limit at once"
+    )
     submit.add_argument("--workflow", metavar="RELEASE_ID", help="run this release's workflow")
     submit.add_argument("--version", type=int, help="the release's version (default: highest)")
     submit.add_argument("--watch", action="store_true", help="stream the run's text")
@@ -111,10 +117,21 @@ def _parser() -> argparse.ArgumentParser:
     events.add_argument("--run", dest="run_id", default="*", help="only this run")
 
     budget = sub.add_parser(
-        "budget", help="print the tenant's budget and quotas; with options, set them first"
+        "budget",
+        help="print the tenant's budget, quotas, share and queue; with options, set them first",
     )
     for flag in ("--tokens", "--cost", "--max-active-runs", "--max-runs-per-day"):
         budget.add_argument(flag, help="a limit, or 'none' to remove it")
+    budget.add_argument(
+        "--share", help="its weight in the fair share of executor slots, or 'none' (1)"
+    )
+    budget.add_argument(
+        "--max-queued-runs", help="its queue's capacity, or 'none' (the stack's default)"
+    )
+    budget.add_argument(
+        "--max-runs-per-key",
+        help="runs of one concurrency key holding a job at once, or 'none' (no limit)",
+    )
 
     policy = sub.add_parser(
         "policy", help="print the tenant's policy; with --effects, set it first"
@@ -415,7 +432,15 @@ async def _main(args: argparse.Namespace) -> int:
         if args.command == "submit":
             options = {
                 k: v
-                for k in ("runner", "session_id", "multitask", "max_attempts", "attempt_timeout_ms")
+                for k in (
+                    "runner",
+                    "session_id",
+                    "multitask",
+                    "max_attempts",
+                    "attempt_timeout_ms",
+                    "priority",
+                    "concurrency_key",
+                )
                 if (v := getattr(args, k)) is not None
             }
             if args.workflow is not None:
@@ -468,7 +493,15 @@ async def _main(args: argparse.Namespace) -> int:
         if args.command == "budget":
             limits = {
                 name: None if value.lower() == "none" else int(value)
-                for name in ("tokens", "cost", "max_active_runs", "max_runs_per_day")
+                for name in (
+                    "tokens",
+                    "cost",
+                    "max_active_runs",
+                    "max_runs_per_day",
+                    "share",
+                    "max_queued_runs",
+                    "max_runs_per_key",
+                )
                 if (value := getattr(args, name)) is not None
             }
             budget = await client.set_budget(**limits) if limits else await client.budget()

@@ -265,8 +265,9 @@ class Client(Following):
 
     async def set_budget(self, **limits: int | None) -> replies.BudgetReply:
         """Set the tenant's limits: `tokens`, `cost` (units the tenant defines),
-        `max_active_runs`, `max_runs_per_day` (a limit left out keeps its value; None
-        removes it)."""
+        `max_active_runs`, `max_runs_per_day`, its `share` of executor slots and its
+        queue's capacity `max_queued_runs` (a limit left out keeps its value; None
+        removes it). An operator's command."""
         reply: replies.BudgetReply = await self._request(
             "set_budget", commands.SetBudgetCommand(**limits), replies.BudgetReply
         )

@@ -197,7 +197,9 @@ CREATE TABLE public.runs (
     retry_base_ms integer,
     lease_presence integer,
     prev_close_seq integer,
-    waits integer DEFAULT 0 NOT NULL
+    waits integer DEFAULT 0 NOT NULL,
+    priority smallint DEFAULT 0 NOT NULL,
+    concurrency_key text
 );
 
 CREATE FUNCTION public.claim_runs(p_runs uuid[], p_generations integer[], p_owner text, p_lease_ms integer, p_job_acks text[], p_presence integer) RETURNS SETOF public.runs
@@ -469,7 +471,7 @@ CREATE FUNCTION public.frame_token(p_secret text, p_generation integer) RETURNS 
     SELECT encode(sha256(convert_to(p_secret || ':' || p_generation, 'UTF8')), 'hex')
 $$;
 
-CREATE FUNCTION public.insert_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[]) RETURNS SETOF public.runs
+CREATE FUNCTION public.insert_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[], p_priorities integer[], p_keys text[]) RETURNS SETOF public.runs
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$
@@ -486,23 +488,93 @@ BEGIN
         INSERT INTO runs (run_id, tenant, request_id, session_id, multitask, runner, input,
                           metadata, max_attempts, attempt_timeout_ms, queue_timeout_ms,
                           job_published_at, created_at, updated_at, trace_parent, config_pin,
-                          budget_tokens, budget_cost, effects, auth_fence, workflow)
+                          budget_tokens, budget_cost, effects, auth_fence, workflow,
+                          priority, concurrency_key)
         VALUES (p_run_ids[i], p_tenants[i], p_request_ids[i], NULL, p_multitasks[i],
                 p_runners[i], p_inputs[i]::jsonb, p_metadata[i]::jsonb, p_max_attempts[i],
-                p_attempt_timeouts[i], p_queue_timeouts[i], now(), clock_timestamp(),
-                clock_timestamp(), p_trace_parents[i], p_config_pins[i], p_budget_tokens[i],
-                p_budget_costs[i], v_effects, run_authorization(p_tenants[i], v_effects),
-                p_workflows[i]::jsonb)
+                p_attempt_timeouts[i], p_queue_timeouts[i],
+                CASE WHEN submit_admits(p_tenants[i], NULL, p_keys[i]) THEN now() END,
+                clock_timestamp(), clock_timestamp(), p_trace_parents[i], p_config_pins[i],
+                p_budget_tokens[i], p_budget_costs[i], v_effects,
+                run_authorization(p_tenants[i], v_effects), p_workflows[i]::jsonb,
+                coalesce(p_priorities[i], 0), p_keys[i])
         ON CONFLICT (tenant, request_id) DO NOTHING
         RETURNING * INTO r;
         IF FOUND THEN
             INSERT INTO run_events (run_id, event, status, attempt, actor, reason, at)
-            VALUES (r.run_id, 'submitted', r.status, r.attempts, p_actor, 'submit',
-                    r.created_at);
+            VALUES (r.run_id, 'submitted', r.status, r.attempts, p_actor,
+                    submitted_reason(r), r.created_at);
             RETURN NEXT r;
         END IF;
     END LOOP;
 END
+$$;
+
+CREATE FUNCTION public.issue_turns(p_tenant text, p_session text, p_actor text, p_event text, p_reason text) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+    v_room bigint;
+    v_wait interval;
+    v_run uuid;
+    v_at timestamp with time zone;
+    released integer := 0;
+BEGIN
+    v_room := (SELECT o_share FROM tenant_share(p_tenant)) - tenant_issued(p_tenant);
+    SELECT make_interval(secs => priority_max_wait_ms / 1000.0) INTO v_wait FROM queue_defaults;
+    WHILE released < v_room LOOP
+        v_run := NULL;
+        -- The oldest that may start: first if it waited too long.
+        SELECT run_id, created_at INTO v_run, v_at FROM runs
+         WHERE tenant = p_tenant AND status = 'queued' AND parent_run_id IS NULL
+           AND job_published_at IS NULL AND (p_session IS NULL OR session_id = p_session)
+           AND NOT session_blocked(tenant, session_id, submit_seq)
+           AND NOT key_blocked(tenant, concurrency_key)
+         ORDER BY submit_seq
+         LIMIT 1;
+        EXIT WHEN v_run IS NULL;
+        IF v_at <= now() - v_wait THEN
+            SELECT run_id INTO v_run FROM runs
+             WHERE run_id = v_run AND status = 'queued' AND job_published_at IS NULL
+               FOR UPDATE SKIP LOCKED;
+        ELSE
+            v_run := NULL;
+        END IF;
+        IF v_run IS NULL THEN
+            SELECT run_id INTO v_run FROM runs
+             WHERE tenant = p_tenant AND status = 'queued' AND parent_run_id IS NULL
+               AND job_published_at IS NULL AND (p_session IS NULL OR session_id = p_session)
+               AND NOT session_blocked(tenant, session_id, submit_seq)
+               AND NOT key_blocked(tenant, concurrency_key)
+             ORDER BY priority DESC, submit_seq
+             LIMIT 1
+               FOR UPDATE SKIP LOCKED;
+        END IF;
+        EXIT WHEN v_run IS NULL;
+        UPDATE runs SET job_published_at = now(), updated_at = now() WHERE run_id = v_run;
+        INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
+        SELECT run_id, p_event, status, attempts, p_actor, p_reason FROM runs
+         WHERE run_id = v_run;
+        released := released + 1;
+    END LOOP;
+    RETURN released;
+END
+$$;
+
+CREATE FUNCTION public.key_blocked(p_tenant text, p_key text) RETURNS boolean
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+    SELECT p_key IS NOT NULL AND EXISTS (
+        SELECT 1 FROM tenant_budgets b
+         WHERE b.tenant = p_tenant AND b.max_runs_per_key IS NOT NULL
+           AND (SELECT count(*) FROM runs
+                 WHERE tenant = p_tenant AND concurrency_key = p_key
+                   AND status IN ('queued', 'running', 'recovering')
+                   AND job_published_at IS NOT NULL) >= b.max_runs_per_key)
 $$;
 
 CREATE FUNCTION public.outbox_done(p_ids bigint[]) RETURNS void
@@ -664,8 +736,26 @@ BEGIN
           AND NEW.error IS NOT NULL THEN
         PERFORM outbox_frame(NEW, v_generation, v_seq, 'error', NEW.error);
     END IF;
+    -- A run that stops holding a job (it ended, or waits for an answer) makes room in
+    -- its tenant's share: the tenant's next waiting runs get theirs.
+    IF NEW.parent_run_id IS NULL AND OLD.job_published_at IS NOT NULL
+       AND OLD.status IN ('queued', 'running', 'recovering')
+       AND NOT (NEW.status IN ('queued', 'running', 'recovering')
+                AND NEW.job_published_at IS NOT NULL) THEN
+        PERFORM start_share_turn(NEW.tenant, 'share');
+    END IF;
     RETURN NULL;
 END
+$$;
+
+CREATE FUNCTION public.run_queued_for(r public.runs) RETURNS text
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT CASE WHEN r.status <> 'queued' OR r.job_published_at IS NOT NULL THEN NULL
+                WHEN session_blocked(r.tenant, r.session_id, r.submit_seq) THEN 'session'
+                WHEN key_blocked(r.tenant, r.concurrency_key) THEN 'concurrency_key'
+                ELSE 'share' END
 $$;
 
 CREATE FUNCTION public.run_terminal(p_status public.run_status) RETURNS boolean
@@ -724,31 +814,41 @@ END
 $$;
 
 CREATE FUNCTION public.start_session_turn(p_tenant text, p_session text, p_actor text) RETURNS integer
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT issue_turns(p_tenant, p_session, p_actor, 'session_turn',
+                       'no earlier run of its session is active')
+$$;
+
+CREATE FUNCTION public.start_share_turn(p_tenant text, p_actor text) RETURNS integer
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT issue_turns(p_tenant, NULL, p_actor, 'share_turn', 'its tenant''s share has room')
+$$;
+
+CREATE FUNCTION public.submit_admits(p_tenant text, p_session text, p_key text) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 DECLARE
-    released integer;
+    v_share integer;
+    v_max_queued integer;
+    v_queued bigint;
 BEGIN
-    WITH due AS (
-        SELECT run_id FROM runs
-         WHERE tenant = p_tenant AND session_id = p_session
-           AND status = 'queued' AND job_published_at IS NULL
-           AND NOT session_blocked(tenant, session_id, submit_seq)
-         ORDER BY submit_seq
-           FOR UPDATE SKIP LOCKED
-    ), upd AS (
-        UPDATE runs r SET job_published_at = now(), updated_at = now()
-          FROM due WHERE r.run_id = due.run_id
-        RETURNING r.*
-    )
-    INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
-    SELECT run_id, 'session_turn', status, attempts, p_actor,
-           'no earlier run of its session is active'
-      FROM upd;
-    GET DIAGNOSTICS released = ROW_COUNT;
-    RETURN released;
+    SELECT o_share, o_max_queued INTO v_share, v_max_queued FROM tenant_share(p_tenant);
+    SELECT count(*) INTO v_queued FROM (
+        SELECT 1 FROM runs
+         WHERE tenant = p_tenant AND status = 'queued' AND parent_run_id IS NULL
+         LIMIT v_max_queued) q;
+    IF v_queued >= v_max_queued THEN
+        RAISE EXCEPTION 'tenant % has % runs queued, its queue''s capacity; submit again later',
+            p_tenant, v_queued USING ERRCODE = 'RWQ02';
+    END IF;
+    RETURN NOT session_blocked(p_tenant, p_session, NULL) AND NOT key_blocked(p_tenant, p_key)
+           AND tenant_issued(p_tenant) < v_share;
 END
 $$;
 
@@ -786,7 +886,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION public.submit_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[]) RETURNS TABLE(o_run public.runs, o_messages jsonb)
+CREATE FUNCTION public.submit_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[], p_priorities integer[], p_keys text[]) RETURNS TABLE(o_run public.runs, o_messages jsonb)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$
@@ -796,10 +896,21 @@ BEGIN
           FROM insert_runs(p_run_ids, p_tenants, p_request_ids, p_multitasks, p_runners,
                            p_inputs, p_metadata, p_max_attempts, p_attempt_timeouts,
                            p_queue_timeouts, p_actor, p_trace_parents, p_config_pins,
-                           p_budget_tokens, p_budget_costs, p_effects, p_workflows) r;
+                           p_budget_tokens, p_budget_costs, p_effects, p_workflows,
+                           p_priorities, p_keys) r;
     -- A statement of its own: it sees what the inserts' triggers wrote.
     RETURN QUERY SELECT NULL::runs, xact_messages();
 END
+$$;
+
+CREATE FUNCTION public.submitted_reason(r public.runs) RETURNS text
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT 'submit' || CASE run_queued_for(r)
+                           WHEN 'session' THEN '; waits for its session'
+                           WHEN 'concurrency_key' THEN '; waits for its concurrency key'
+                           WHEN 'share' THEN '; waits for its tenant''s share'
+                           ELSE '' END
 $$;
 
 CREATE TABLE public.run_signals (
@@ -835,6 +946,26 @@ BEGIN
         END IF;
     END LOOP;
 END
+$$;
+
+CREATE FUNCTION public.tenant_issued(p_tenant text) RETURNS bigint
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+    SELECT count(*) FROM runs
+     WHERE tenant = p_tenant AND status IN ('queued', 'running', 'recovering')
+       AND job_published_at IS NOT NULL AND parent_run_id IS NULL
+$$;
+
+CREATE FUNCTION public.tenant_share(p_tenant text, OUT o_share integer, OUT o_max_queued integer) RETURNS record
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+    SELECT least(d.share_runs::bigint * coalesce(b.share, 1), 2147483647)::integer,
+           coalesce(b.max_queued_runs, d.max_queued_runs)
+      FROM queue_defaults d LEFT JOIN tenant_budgets b ON b.tenant = p_tenant
 $$;
 
 CREATE FUNCTION public.time_out_waits(p_limit integer, p_actor text) RETURNS SETOF public.runs
@@ -1631,6 +1762,18 @@ CREATE SEQUENCE public.outbox_id_seq
 
 ALTER SEQUENCE public.outbox_id_seq OWNED BY public.outbox.id;
 
+CREATE TABLE public.queue_defaults (
+    only_row boolean DEFAULT true NOT NULL,
+    share_runs integer NOT NULL,
+    max_queued_runs integer NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    priority_max_wait_ms integer DEFAULT 60000 NOT NULL,
+    CONSTRAINT queue_defaults_max_queued_runs_check CHECK ((max_queued_runs > 0)),
+    CONSTRAINT queue_defaults_only_row_check CHECK (only_row),
+    CONSTRAINT queue_defaults_priority_max_wait_ms_check CHECK ((priority_max_wait_ms > 0)),
+    CONSTRAINT queue_defaults_share_runs_check CHECK ((share_runs > 0))
+);
+
 CREATE TABLE public.releases (
     tenant text NOT NULL,
     release_id text NOT NULL,
@@ -1707,7 +1850,13 @@ CREATE TABLE public.tenant_budgets (
     max_active_runs integer,
     max_runs_per_day integer,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    cost bigint
+    cost bigint,
+    share integer,
+    max_queued_runs integer,
+    max_runs_per_key integer,
+    CONSTRAINT tenant_budgets_max_queued_runs_check CHECK ((max_queued_runs >= 0)),
+    CONSTRAINT tenant_budgets_max_runs_per_key_check CHECK ((max_runs_per_key > 0)),
+    CONSTRAINT tenant_budgets_share_check CHECK ((share > 0))
 );
 
 CREATE TABLE public.tenant_policies (
@@ -1758,11 +1907,14 @@ ALTER TABLE ONLY public.node_runs
 ALTER TABLE ONLY public.outbox
     ADD CONSTRAINT outbox_pkey PRIMARY KEY (id);
 
+ALTER TABLE ONLY public.queue_defaults
+    ADD CONSTRAINT queue_defaults_pkey PRIMARY KEY (only_row);
+
 ALTER TABLE ONLY public.releases
     ADD CONSTRAINT releases_pkey PRIMARY KEY (tenant, release_id, version);
 
 ALTER TABLE public.run_events
-    ADD CONSTRAINT run_events_event_known CHECK ((event = ANY (ARRAY['submitted'::text, 'claimed'::text, 'finished'::text, 'failed'::text, 'canceled'::text, 'retry'::text, 'released'::text, 'cancel_requested'::text, 'session_turn'::text, 'recovering'::text, 'interrupted'::text, 'waiting'::text, 'resumed'::text, 'signaled'::text, 'budget_reserved'::text, 'budget_settled'::text, 'budget_released'::text, 'effect_resolved'::text, 'node_ready'::text, 'node_started'::text, 'node_retrying'::text, 'node_waiting'::text, 'node_resumed'::text, 'node_completed'::text, 'node_failed'::text, 'node_fell_back'::text, 'node_skipped'::text, 'node_timed_out'::text]))) NOT VALID;
+    ADD CONSTRAINT run_events_event_known CHECK ((event = ANY (ARRAY['submitted'::text, 'claimed'::text, 'finished'::text, 'failed'::text, 'canceled'::text, 'retry'::text, 'released'::text, 'cancel_requested'::text, 'session_turn'::text, 'share_turn'::text, 'recovering'::text, 'interrupted'::text, 'waiting'::text, 'resumed'::text, 'signaled'::text, 'budget_reserved'::text, 'budget_settled'::text, 'budget_released'::text, 'effect_resolved'::text, 'node_ready'::text, 'node_started'::text, 'node_retrying'::text, 'node_waiting'::text, 'node_resumed'::text, 'node_completed'::text, 'node_failed'::text, 'node_fell_back'::text, 'node_skipped'::text, 'node_timed_out'::text]))) NOT VALID;
 
 ALTER TABLE ONLY public.run_events
     ADD CONSTRAINT run_events_pkey PRIMARY KEY (id);
@@ -1838,6 +1990,14 @@ CREATE INDEX runs_by_session ON public.runs USING btree (tenant, session_id, cre
 CREATE INDEX runs_by_tenant ON public.runs USING btree (tenant, submit_seq) WHERE (parent_run_id IS NULL);
 
 CREATE INDEX runs_ended_frames ON public.runs USING btree (ended_at) WHERE ((ended_at IS NOT NULL) AND (frames_expired_at IS NULL));
+
+CREATE INDEX runs_issued_by_key ON public.runs USING btree (tenant, concurrency_key) WHERE ((status = ANY (ARRAY['queued'::public.run_status, 'running'::public.run_status, 'recovering'::public.run_status])) AND (job_published_at IS NOT NULL) AND (concurrency_key IS NOT NULL));
+
+CREATE INDEX runs_issued_by_tenant ON public.runs USING btree (tenant) WHERE ((status = ANY (ARRAY['queued'::public.run_status, 'running'::public.run_status, 'recovering'::public.run_status])) AND (job_published_at IS NOT NULL) AND (parent_run_id IS NULL));
+
+CREATE INDEX runs_queued_by_priority ON public.runs USING btree (tenant, priority DESC, submit_seq) WHERE ((status = 'queued'::public.run_status) AND (parent_run_id IS NULL));
+
+CREATE INDEX runs_queued_by_tenant ON public.runs USING btree (tenant, submit_seq) WHERE ((status = 'queued'::public.run_status) AND (parent_run_id IS NULL));
 
 CREATE INDEX runs_session_active ON public.runs USING btree (tenant, session_id, submit_seq) WHERE ((session_id IS NOT NULL) AND (status = ANY (ARRAY['queued'::public.run_status, 'running'::public.run_status, 'recovering'::public.run_status, 'waiting'::public.run_status])));
 
@@ -1922,8 +2082,10 @@ GRANT ALL ON FUNCTION public.finish_runs_told(p_runs uuid[], p_generations integ
 REVOKE ALL ON FUNCTION public.forget_tenant(p_tenant text) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.forget_tenant(p_tenant text) TO runwire_submitter;
 
-REVOKE ALL ON FUNCTION public.insert_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[]) FROM PUBLIC;
-GRANT ALL ON FUNCTION public.insert_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[]) TO runwire_submitter;
+REVOKE ALL ON FUNCTION public.insert_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[], p_priorities integer[], p_keys text[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.insert_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[], p_priorities integer[], p_keys text[]) TO runwire_submitter;
+
+REVOKE ALL ON FUNCTION public.issue_turns(p_tenant text, p_session text, p_actor text, p_event text, p_reason text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION public.outbox_done(p_ids bigint[]) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.outbox_done(p_ids bigint[]) TO runwire_submitter;
@@ -1946,8 +2108,11 @@ GRANT ALL ON FUNCTION public.signal_run(p_tenant text, p_run_id uuid, p_name tex
 REVOKE ALL ON FUNCTION public.start_session_turn(p_tenant text, p_session text, p_actor text) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.start_session_turn(p_tenant text, p_session text, p_actor text) TO runwire_recovery;
 
-REVOKE ALL ON FUNCTION public.submit_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[]) FROM PUBLIC;
-GRANT ALL ON FUNCTION public.submit_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[]) TO runwire_submitter;
+REVOKE ALL ON FUNCTION public.start_share_turn(p_tenant text, p_actor text) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.start_share_turn(p_tenant text, p_actor text) TO runwire_recovery;
+
+REVOKE ALL ON FUNCTION public.submit_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[], p_priorities integer[], p_keys text[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.submit_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[], p_priorities integer[], p_keys text[]) TO runwire_submitter;
 
 GRANT SELECT ON TABLE public.run_signals TO runwire_submitter;
 GRANT SELECT ON TABLE public.run_signals TO runwire_executor;
@@ -2022,6 +2187,11 @@ GRANT USAGE ON SEQUENCE public.outbox_id_seq TO runwire_submitter;
 GRANT USAGE ON SEQUENCE public.outbox_id_seq TO runwire_executor;
 GRANT USAGE ON SEQUENCE public.outbox_id_seq TO runwire_relay;
 GRANT USAGE ON SEQUENCE public.outbox_id_seq TO runwire_recovery;
+
+GRANT SELECT,INSERT,UPDATE ON TABLE public.queue_defaults TO runwire_submitter;
+GRANT SELECT ON TABLE public.queue_defaults TO runwire_executor;
+GRANT SELECT ON TABLE public.queue_defaults TO runwire_relay;
+GRANT SELECT ON TABLE public.queue_defaults TO runwire_recovery;
 
 GRANT SELECT,INSERT ON TABLE public.releases TO runwire_submitter;
 

@@ -30,6 +30,8 @@ DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_ATTEMPT_TIMEOUT_MS = 600_000
 DEFAULT_SUPERSEDE_GRACE_MS = 5_000
 DEFAULT_MAX_IN_FLIGHT = 64
+# A tenant's share of jobs at once: one executor's slots.
+DEFAULT_TENANT_SHARE_RUNS = DEFAULT_MAX_IN_FLIGHT
 DEFAULT_ACK_WAIT_MS = 30_000
 DEFAULT_HEARTBEAT_MS = 2_000
 DEFAULT_CANCEL_POLL_MS = 1_000
@@ -150,6 +152,19 @@ class SubmitterSettings(CommonSettings):
     """How long a canceled or superseded run that is still running may keep its session
     busy: the next run of the session starts when it ends or after this, whichever
     first."""
+    tenant_share_runs: int = Field(default=DEFAULT_TENANT_SHARE_RUNS, ge=1, le=1_000_000)
+    """Fair share: jobs one tenant's runs may hold at once (queued for an executor or
+    running), times the tenant's `share` (an operator's `set_budget`); its further runs
+    wait in Postgres and get their job as its earlier runs end, so a tenant with much
+    queued never keeps another's runs waiting behind its own. Set it to the executors'
+    slots in all (`RUNWIRE_MAX_IN_FLIGHT` of each): a tenant alone can then fill them."""
+    tenant_queue_capacity: int = Field(default=DEFAULT_QUEUE_CAPACITY, ge=1, le=2**31 - 1)
+    """Runs one tenant may have waiting for an attempt; past it its submits fail
+    `QUEUE_FULL` (an operator's `set_budget` `max_queued_runs` sets a tenant's own),
+    whatever other tenants hold."""
+    priority_max_wait_ms: int = Field(default=60_000, ge=1, le=86_400_000)
+    """How long a run waiting for its tenant's share may be passed over by runs of a
+    higher `priority`: past it, it gets the next job of its tenant (no priority starves)."""
 
 
 def _items(value: str) -> list[str]:

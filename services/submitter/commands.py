@@ -288,6 +288,8 @@ class Submitter:
             budget_cost=cmd.budget_cost,
             effects=cmd.effects,
             workflow=workflow,
+            priority=cmd.priority,
+            concurrency_key=cmd.concurrency_key,
         )
         if run is None:
             raise _Duplicate("request_id already used")
@@ -349,11 +351,15 @@ class Submitter:
                 cost=spent["budget_cost"],
                 **{k: int(v) for k, v in spent.items() if not k.startswith("budget_")},
             )
+        queued_for = None
+        if run.status == RunStatus.QUEUED and run.job_published_at is None:
+            queued_for = await self.store.queued_for(run.run_id)
         update = {
             "effects": effects,
             "nodes": nodes,
             "waiting_for": waiting_for,
             "budget": budget,
+            "queued_for": queued_for,
         }
         return replies.RunReply(run=run.summary().model_copy(update=update))
 
@@ -383,6 +389,12 @@ class Submitter:
             max_runs_per_day=state["max_runs_per_day"],
             active_runs=state["active_runs"],
             runs_today=state["runs_today"],
+            share=state["share"],
+            share_runs=state["share_runs"],
+            issued_runs=state["issued_runs"],
+            max_queued_runs=state["max_queued_runs"],
+            queued_runs=state["queued_runs"],
+            max_runs_per_key=state["max_runs_per_key"],
         )
 
     async def set_policy(self, tenant: str, cmd: commands.SetPolicyCommand) -> replies.PolicyReply:

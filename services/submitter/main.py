@@ -140,6 +140,12 @@ class SubmitterService(Service[SubmitterSettings]):
 
     async def work(self, stop: asyncio.Event) -> None:
         assert self.catalog is not None
+        # What a tenant without its own share and queue capacity gets, for every service.
+        await self.store.set_queue_defaults(
+            self.settings.tenant_share_runs,
+            self.settings.tenant_queue_capacity,
+            self.settings.priority_max_wait_ms,
+        )
         await self.catalog.keep_fresh(stop)
 
     def opened(self) -> None:

@@ -130,6 +130,13 @@ async def test_budget_sets_and_shows_the_tenants_limits(
         "max_runs_per_day": None,
         "active_runs": 0,
         "runs_today": 0,
+        # Its share of executor slots and its queue, at the stack's defaults.
+        "share": None,
+        "share_runs": 64,
+        "issued_runs": 0,
+        "max_queued_runs": 10000,
+        "queued_runs": 0,
+        "max_runs_per_key": None,
     }
     code, out, err = await _runwire("budget", "--tokens", "none", cwd=stack_dir, env=_clean_env())
     assert code == 0, err

@@ -255,6 +255,23 @@ async def test_a_run_page_shows_tool_calls_usage_and_effects_and_cancels_only_wh
         await page.click("#cancel")
         await expect(page.locator("#run-status")).to_have_text("canceled")
         await expect(page.locator("#cancel")).to_be_disabled()
+        # A run queued behind another of its concurrency key says so.
+        await stack.client.set_budget(max_runs_per_key=1)
+        slow = {"tokens": ["a"], "token_delay_ms": 5000}
+        ahead = await stack.client.submit(slow, concurrency_key="user-7")
+        behind = await stack.client.submit(slow, concurrency_key="user-7", priority=3)
+        await page.fill("#open-id", behind.run.run_id)
+        await page.press("#open-id", "Enter")
+        meta = page.locator("#run-meta")
+        await expect(meta).to_contain_text("concurrency keyuser-7")
+        await expect(meta).to_contain_text("priority3")
+        await expect(meta).to_contain_text(
+            "waits forits concurrency key: its runs hold the tenant's limit"
+        )
+        for run in (behind, ahead):
+            await stack.client.cancel(run.run.run_id)
+        await expect(page.locator("#run-status")).to_have_text("canceled")
+        await expect(meta).not_to_contain_text("waits for")
 
 
 async def test_text_from_a_run_is_shown_as_text_under_a_strict_policy(

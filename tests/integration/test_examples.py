@@ -161,6 +161,13 @@ def _effects_and_budgets(ran: Ran) -> None:
         assert (budget["tenant"], budget["tokens"], budget["cost"]) == ("default", 100000, 5000)
 
 
+def _flow_control(ran: Ran) -> None:
+    (budget,) = _json_documents(ran.output("budget --share 2 --max-queued-runs 5000"))
+    assert (budget["tenant"], budget["share"], budget["max_queued_runs"]) == ("default", 2, 5000)
+    assert budget["max_runs_per_key"] == 3
+    assert budget["share_runs"] == 2 * 64  # the stack's default share, weighed
+
+
 def _gateway(ran: Ran) -> None:
     events = [
         json.loads(line.removeprefix("data: "))
@@ -201,6 +208,7 @@ CHECKS: dict[str, Callable[[Ran], None]] = {
     "architecture.md": _architecture,
     "cli.md": _cli,
     "effects-and-budgets.md": _effects_and_budgets,
+    "flow-control.md": _flow_control,
     "gateway.md": _gateway,
     "python-sdk.md": _python_sdk,
     "workflows.md": _workflows,

@@ -199,7 +199,9 @@ async def test_a_removed_tenant_is_ended_and_forgotten_and_its_name_inherits_not
         await operator.set_budget(tokens=1000, max_active_runs=5)
         await operator.set_policy(effects=["noop"])
         gateway, _ = await broker.connect(service_user(GATEWAY), inbox=GATEWAY_INBOX)
-        threads = await gateway.jetstream(timeout=30).create_key_value(bucket=broker.subjects.threads_bucket)
+        threads = await gateway.jetstream(timeout=30).create_key_value(
+            bucket=broker.subjects.threads_bucket
+        )
         await threads.put("acme.thread-1", b'{"last_run": "x"}')
         await threads.put("globex.thread-1", b'{"last_run": "y"}')
         await gateway.close()

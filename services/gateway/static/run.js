@@ -37,6 +37,12 @@ function drawRun(state) {
   drawFrames($("frames"), $("frame-count"), state);
 }
 
+const QUEUED_FOR = {
+  session: "its session: an earlier run of it is active",
+  concurrency_key: "its concurrency key: its runs hold the tenant's limit",
+  share: "its tenant's share of executor slots",
+};
+
 function drawSummary(run) {
   $("run-status").textContent = run.status;
   $("run-status").className = "status " + run.status;
@@ -51,6 +57,10 @@ function drawSummary(run) {
   else if (run.runner) row("runner", run.runner);
   if (run.parent_run_id) row("node", `${run.node_id} of `, runLink(run.parent_run_id, "its workflow run"));
   if (run.session_id) row("session", run.session_id);
+  if (run.priority) row("priority", String(run.priority));
+  if (run.concurrency_key) row("concurrency key", run.concurrency_key);
+  // A queued run without a job yet: what it waits for before an executor may take it.
+  if (run.queued_for) row("waits for", QUEUED_FOR[run.queued_for] || run.queued_for);
   row("created", when(run.created_at));
   if (run.started_at) row("started", when(run.started_at));
   if (run.ended_at) row("ended", when(run.ended_at));

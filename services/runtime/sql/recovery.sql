@@ -57,9 +57,18 @@ SELECT *, pg_current_xact_id()::text AS xact FROM upd;
 -- still running past its grace no longer holds its session. Their runs get their job.
 SELECT coalesce(sum(start_session_turn(s.tenant, s.session_id, $2)), 0)::integer AS started
   FROM (SELECT DISTINCT tenant, session_id FROM runs
-         WHERE status = 'queued' AND job_published_at IS NULL
+         WHERE status = 'queued' AND job_published_at IS NULL AND session_id IS NOT NULL
            AND NOT session_blocked(tenant, session_id, submit_seq)
          LIMIT $1) s;
+
+-- name: start_share_turns
+-- Tenants whose runs wait for their share although it has room (its last runs ended
+-- while another was being submitted, or an operator raised the share): their runs get
+-- their job.
+SELECT coalesce(sum(start_share_turn(t.tenant, $2)), 0)::integer AS started
+  FROM (SELECT DISTINCT tenant FROM runs
+         WHERE status = 'queued' AND parent_run_id IS NULL AND job_published_at IS NULL
+         LIMIT $1) t;
 
 -- name: stale_jobs
 -- Runs that have waited for an attempt longer than $1 ms since their job was issued or

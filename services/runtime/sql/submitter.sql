@@ -7,26 +7,26 @@ WITH quota AS (
     -- Raises (RWQ01) when a quota of the tenant refuses the run: nothing is written.
     SELECT submit_quota_check($2) AS ok
 ), ins AS (
-    -- A run whose session is busy gets no job yet (job_published_at NULL): it gets one
-    -- when its turn comes (start_session_turn). clock_timestamp(), not now() (the transaction's
+    -- A run whose session is busy, or whose tenant holds its share of jobs, gets no job
+    -- yet (job_published_at NULL): it gets one when its turn comes (start_session_turn,
+    -- start_share_turn). clock_timestamp(), not now() (the transaction's
     -- start, before a wait for the session's lock): runs of a session are created in
     -- the order they were accepted.
     INSERT INTO runs (run_id, tenant, request_id, session_id, multitask, runner, input,
                       metadata, max_attempts, attempt_timeout_ms, queue_timeout_ms,
                       job_published_at, created_at, updated_at, trace_parent, config_pin,
-                      budget_tokens, budget_cost, effects, auth_fence, workflow)
+                      budget_tokens, budget_cost, effects, auth_fence, workflow, priority,
+                      concurrency_key)
     SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,
-           CASE WHEN session_blocked($2, $4, NULL) THEN NULL ELSE now() END,
+           CASE WHEN submit_admits($2, $4, $20) THEN now() END,
            clock_timestamp(), clock_timestamp(), $13, $14, $15, $16, $17,
-           run_authorization($2, $17), $18
+           run_authorization($2, $17), $18, coalesce($19, 0), $20
       FROM quota WHERE quota.ok
     ON CONFLICT (tenant, request_id) DO NOTHING
     RETURNING *
 ), ev AS (
     INSERT INTO run_events (run_id, event, status, attempt, actor, reason, at)
-    SELECT run_id, 'submitted', status, attempts, $12,
-           CASE WHEN job_published_at IS NULL THEN 'submit; waits for its session'
-                ELSE 'submit' END,
+    SELECT run_id, 'submitted', status, attempts, $12, submitted_reason(ROW(ins.*)::runs),
            created_at
       FROM ins
 )
@@ -41,7 +41,7 @@ SELECT (x.o_run).*, x.o_messages AS messages, pg_current_xact_id()::text AS xact
   FROM submit_runs($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
                    $7::text[], $8::integer[], $9::integer[], $10::integer[], $11::text,
                    $12::text[], $13::text[], $14::bigint[], $15::bigint[], $16::text[],
-                   $17::text[]) x;
+                   $17::text[], $18::integer[], $19::text[]) x;
 
 -- name: run_by_request
 SELECT * FROM runs WHERE tenant = $1 AND request_id = $2;
@@ -188,24 +188,51 @@ WITH upd AS (
 )
 SELECT state FROM upd;
 
+-- name: queued_for
+SELECT run_queued_for(r) AS queued_for FROM runs r WHERE run_id = $1;
+
+-- name: set_queue_defaults
+-- The share and queue capacity of a tenant without its own (the submitter's settings).
+INSERT INTO queue_defaults AS d (share_runs, max_queued_runs, priority_max_wait_ms)
+VALUES ($1, $2, $3)
+ON CONFLICT (only_row) DO UPDATE
+   SET share_runs = EXCLUDED.share_runs, max_queued_runs = EXCLUDED.max_queued_runs,
+       priority_max_wait_ms = EXCLUDED.priority_max_wait_ms, updated_at = now()
+ WHERE (d.share_runs, d.max_queued_runs, d.priority_max_wait_ms)
+       IS DISTINCT FROM (EXCLUDED.share_runs, EXCLUDED.max_queued_runs,
+                         EXCLUDED.priority_max_wait_ms);
+
 -- name: set_tenant_budget
--- $2..$5: the new limits; $6: which of them were given (tokens, active, per day, cost).
-INSERT INTO tenant_budgets (tenant, tokens, max_active_runs, max_runs_per_day, cost)
-VALUES ($1, $2, $3, $4, $5)
+-- $2..$8: the new limits; $9: which of them were given (tokens, active, per day, cost,
+-- share, queue capacity, runs per concurrency key).
+INSERT INTO tenant_budgets (tenant, tokens, max_active_runs, max_runs_per_day, cost, share,
+                            max_queued_runs, max_runs_per_key)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 ON CONFLICT (tenant) DO UPDATE
-   SET tokens = CASE WHEN ($6::boolean[])[1] THEN EXCLUDED.tokens ELSE tenant_budgets.tokens END,
-       max_active_runs = CASE WHEN ($6::boolean[])[2] THEN EXCLUDED.max_active_runs
+   SET tokens = CASE WHEN ($9::boolean[])[1] THEN EXCLUDED.tokens ELSE tenant_budgets.tokens END,
+       max_active_runs = CASE WHEN ($9::boolean[])[2] THEN EXCLUDED.max_active_runs
                               ELSE tenant_budgets.max_active_runs END,
-       max_runs_per_day = CASE WHEN ($6::boolean[])[3] THEN EXCLUDED.max_runs_per_day
+       max_runs_per_day = CASE WHEN ($9::boolean[])[3] THEN EXCLUDED.max_runs_per_day
                                ELSE tenant_budgets.max_runs_per_day END,
-       cost = CASE WHEN ($6::boolean[])[4] THEN EXCLUDED.cost ELSE tenant_budgets.cost END,
+       cost = CASE WHEN ($9::boolean[])[4] THEN EXCLUDED.cost ELSE tenant_budgets.cost END,
+       share = CASE WHEN ($9::boolean[])[5] THEN EXCLUDED.share ELSE tenant_budgets.share END,
+       max_queued_runs = CASE WHEN ($9::boolean[])[6] THEN EXCLUDED.max_queued_runs
+                              ELSE tenant_budgets.max_queued_runs END,
+       max_runs_per_key = CASE WHEN ($9::boolean[])[7] THEN EXCLUDED.max_runs_per_key
+                               ELSE tenant_budgets.max_runs_per_key END,
        updated_at = now()
 RETURNING tokens;
 
 -- name: tenant_budget
 -- A tenant's limits (NULL: none, also without a row), what it spent (settled and still
--- reserved, tokens and cost units), its active runs and the runs it submitted today (UTC).
-SELECT b.tokens, b.max_active_runs, b.max_runs_per_day, b.cost,
+-- reserved, tokens and cost units), its active runs and the runs it submitted today (UTC);
+-- its share of jobs (in runs, its weight applied) and queue capacity, and how many of its
+-- runs hold a job and wait for an attempt now.
+SELECT b.tokens, b.max_active_runs, b.max_runs_per_day, b.cost, b.share, b.max_runs_per_key,
+       sh.o_share AS share_runs, sh.o_max_queued AS max_queued_runs,
+       tenant_issued($1) AS issued_runs,
+       (SELECT count(*) FROM runs WHERE tenant = $1 AND status = 'queued'
+           AND parent_run_id IS NULL) AS queued_runs,
        (SELECT count(*) FROM runs WHERE tenant = $1 AND run_active(status)) AS active_runs,
        (SELECT count(*) FROM runs WHERE tenant = $1
            AND created_at >= date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC')
@@ -215,6 +242,7 @@ SELECT b.tokens, b.max_active_runs, b.max_runs_per_day, b.cost,
        coalesce(o.tokens, 0)::bigint AS reserved,
        coalesce(o.cost, 0)::bigint AS cost_reserved
   FROM (SELECT $1::text AS tenant) t
+  CROSS JOIN tenant_share($1) sh
   LEFT JOIN tenant_budgets b ON b.tenant = t.tenant
   LEFT JOIN tenant_spend s ON s.tenant = t.tenant
   LEFT JOIN LATERAL (SELECT sum(tokens) AS tokens, sum(cost) AS cost FROM budget_reservations

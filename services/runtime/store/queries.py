@@ -13,6 +13,7 @@ import asyncpg
 
 from runwire.runtime.errors import (
     LostRace,
+    QueueFull,
     QuotaExceeded,
     StoreError,
     StoreRefused,
@@ -33,6 +34,8 @@ UNAVAILABLE = (
 
 # What a statement raises when a quota of the tenant refuses a submit (submit_quota_check).
 QUOTA_SQLSTATE = "RWQ01"
+# ... and when the tenant's queue is at its capacity (submit_admits).
+QUEUE_FULL_SQLSTATE = "RWQ02"
 # What Postgres rolls back to break a deadlock (or a serialization conflict), and how
 # many times a statement of its own is tried.
 CONFLICTS = (asyncpg.DeadlockDetectedError, asyncpg.SerializationError)
@@ -47,6 +50,8 @@ log = logging.getLogger(__name__)
 def _failed(name: str, exc: asyncpg.PostgresError) -> Exception:
     if exc.sqlstate == QUOTA_SQLSTATE:
         return QuotaExceeded(str(exc))
+    if exc.sqlstate == QUEUE_FULL_SQLSTATE:
+        return QueueFull(str(exc))
     if (exc.sqlstate or "")[:2] in REFUSED_CLASSES:
         return StoreRefused(f"query {name} failed: {exc}")
     return StoreError(f"query {name} failed: {exc}")

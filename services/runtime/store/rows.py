@@ -89,6 +89,9 @@ class Run:
     prev_close_seq: int | None = None
     # Its attempts that ended to wait (not counted against max_attempts).
     waits: int = 0
+    # Its priority among its tenant's waiting runs, and its concurrency key.
+    priority: int = 0
+    concurrency_key: str | None = None
     # The transaction of the transition that returned this row: what it implies waits in
     # the outbox under this id, for the service to publish (None for a plain read).
     xact: str | None = None
@@ -146,6 +149,8 @@ class Run:
             retry_base_ms=rec.get("retry_base_ms"),
             prev_close_seq=rec.get("prev_close_seq"),
             waits=rec.get("waits") or 0,
+            priority=rec.get("priority") or 0,
+            concurrency_key=rec.get("concurrency_key"),
             xact=rec.get("xact"),
             messages=messages,
         )
@@ -172,6 +177,8 @@ class Run:
             workflow=ReleaseRef.model_validate(self.workflow) if self.workflow else None,
             parent_run_id=self.parent_run_id,
             node_id=self.node_id,
+            priority=self.priority,
+            concurrency_key=self.concurrency_key,
         )
 
 

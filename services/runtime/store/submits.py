@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 import asyncpg
 
 from runwire.contracts.errors import ErrorBody
-from runwire.runtime.errors import QuotaExceeded, RunwireError, StoreError
+from runwire.runtime.errors import QueueFull, QuotaExceeded, RunwireError, StoreError
 from runwire.runtime.settings import DEFAULT_SUPERSEDE_GRACE_MS
 from runwire.runtime.store.batching import Batcher
 from runwire.runtime.store.queries import Queries
@@ -35,6 +35,8 @@ class _Submitted(NamedTuple):
     budget_cost: int | None
     effects: list[str] | None
     workflow: dict[str, Any] | None
+    priority: int
+    concurrency_key: str | None
 
 
 # A submit whose input and metadata are larger goes in a statement of its own: a batch
@@ -50,6 +52,12 @@ class SubmitterQueries(Queries):
     """Runs as the submitter writes them."""
 
     _inserts: "Batcher[_Submitted, Run | RunwireError | None] | None" = None
+
+    async def queued_for(self, run_id: str) -> str | None:
+        """What a queued run without a job waits for: `session`, `concurrency_key`,
+        `share` (None: it has a job, or is not queued)."""
+        rec = await self._fetchrow("queued_for", uuid.UUID(run_id))
+        return rec["queued_for"] if rec else None
 
     async def run_budget(self, run_id: str) -> dict[str, Any] | None:
         """The run's budget and what its costly calls used and hold (None: no run)."""
@@ -76,10 +84,25 @@ class SubmitterQueries(Queries):
         )
         return str(rec["state"]) if rec else None
 
+    async def set_queue_defaults(
+        self, share_runs: int, max_queued_runs: int, priority_max_wait_ms: int
+    ) -> None:
+        """The share of jobs and the queue capacity of a tenant the operator set none for,
+        and how long a waiting run may be passed over by higher priorities."""
+        await self._fetch("set_queue_defaults", share_runs, max_queued_runs, priority_max_wait_ms)
+
     async def set_tenant_budget(self, tenant: str, limits: dict[str, int | None]) -> None:
         """Set the limits named in `limits` (tokens, max_active_runs, max_runs_per_day,
-        cost); the others keep their values."""
-        names = ("tokens", "max_active_runs", "max_runs_per_day", "cost")
+        cost, share, max_queued_runs); the others keep their values."""
+        names = (
+            "tokens",
+            "max_active_runs",
+            "max_runs_per_day",
+            "cost",
+            "share",
+            "max_queued_runs",
+            "max_runs_per_key",
+        )
         await self._fetch(
             "set_tenant_budget",
             tenant,
@@ -135,6 +158,8 @@ class SubmitterQueries(Queries):
         budget_cost: int | None = None,
         effects: list[str] | None = None,
         workflow: dict[str, Any] | None = None,
+        priority: int = 0,
+        concurrency_key: str | None = None,
     ) -> Run | None:
         """Create a queued run; None when the tenant already has this request_id.
         `config_pin`: the fingerprint of the configuration its attempts must run with.
@@ -161,6 +186,8 @@ class SubmitterQueries(Queries):
             budget_cost,
             effects,
             workflow,
+            priority,
+            concurrency_key,
         )
         if session_id is not None or not isinstance(self._pool, asyncpg.Pool):
             return await self._run_or_none("insert_run", *args)
@@ -188,12 +215,12 @@ class SubmitterQueries(Queries):
         for actor, group in small.items():
             try:
                 rows = await self._fetch("submit_runs", *self._columns(group, actor))
-            except (StoreError, QuotaExceeded) as exc:
+            except (StoreError, QuotaExceeded, QueueFull) as exc:
                 if len(group) == 1:
                     found[group[0][0].run_id] = exc  # its own fault
                     continue
-                # One run's fault (a quota that refuses it, a value Postgres refuses): each
-                # on its own, so that only that run fails.
+                # One run's fault (a quota or its tenant's full queue that refuses it, a
+                # value Postgres refuses): each on its own, so that only that run fails.
                 alone.extend(item for item, _, _ in group)
                 continue
             except RunwireError as exc:  # Postgres unavailable: every run of the batch
@@ -233,6 +260,8 @@ class SubmitterQueries(Queries):
             [i.budget_cost for i in items],
             [_json(i.effects) for i in items],
             [_json(i.workflow) for i in items],
+            [i.priority for i in items],
+            [i.concurrency_key for i in items],
         ]
 
     async def insert_release(

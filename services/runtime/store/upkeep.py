@@ -46,6 +46,12 @@ class RecoveryQueries(Queries):
         rec = await self._fetchrow("start_session_turns", limit, actor)
         return int(rec["started"]) if rec else 0
 
+    async def start_share_turns(self, limit: int, actor: str) -> int:
+        """Give their job to the waiting runs of tenants whose share has room although no
+        run of theirs ended; returns how many."""
+        rec = await self._fetchrow("start_share_turns", limit, actor)
+        return int(rec["started"]) if rec else 0
+
     async def workflow_sweep(self, limit: int) -> tuple[int, int, str | None]:
         """Time out node runs past their deadline and stop the runs of node runs whose
         workflow run ended: how many of each, and the transaction whose outbox rows

@@ -46,6 +46,7 @@ REVOKE ALL ON FUNCTION outbox_frame(runs, integer, integer, text, jsonb) FROM PU
 --    for an attempt), due when the run may start;
 --  * when the run ends: an `error` frame (unless it finished or was canceled) and `done`,
 --    its pending jobs dropped, and the next run of its session released;
+--  * when it stops holding a job (it ended, or waits): its tenant's next runs released;
 --  * when an attempt fails and the run goes back to the queue: the attempt's `error` frame.
 CREATE OR REPLACE FUNCTION run_messages()
 RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER SET search_path TO 'public', 'pg_temp'
@@ -93,6 +94,14 @@ BEGIN
     ELSIF NEW.status = 'queued' AND OLD.status = 'running' AND NEW.close_seq IS NOT NULL
           AND NEW.error IS NOT NULL THEN
         PERFORM outbox_frame(NEW, v_generation, v_seq, 'error', NEW.error);
+    END IF;
+    -- A run that stops holding a job (it ended, or waits for an answer) makes room in
+    -- its tenant's share: the tenant's next waiting runs get theirs.
+    IF NEW.parent_run_id IS NULL AND OLD.job_published_at IS NOT NULL
+       AND OLD.status IN ('queued', 'running', 'recovering')
+       AND NOT (NEW.status IN ('queued', 'running', 'recovering')
+                AND NEW.job_published_at IS NOT NULL) THEN
+        PERFORM start_share_turn(NEW.tenant, 'share');
     END IF;
     RETURN NULL;
 END

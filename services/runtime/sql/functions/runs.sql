@@ -47,34 +47,171 @@ $$;
 -- Its name until the schema had one meaning of "release" (a workflow's release):
 DROP FUNCTION IF EXISTS release_session_turn(text, text, text);
 
--- The runs of a session whose turn has come (no earlier run of the session holds it)
--- get their job; returns how many. Called when a run of the session ends, and by
--- recovery when a canceled run's grace passes.
-CREATE OR REPLACE FUNCTION start_session_turn(p_tenant text, p_session text, p_actor text)
+-- A tenant's share: the jobs its runs may have issued at once (queued for an executor or
+-- running), the default times its weight; and the capacity of its queue.
+CREATE OR REPLACE FUNCTION tenant_share(p_tenant text, OUT o_share integer,
+    OUT o_max_queued integer)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path TO 'public', 'pg_temp'
+SET plan_cache_mode TO 'force_generic_plan' AS $$
+    SELECT least(d.share_runs::bigint * coalesce(b.share, 1), 2147483647)::integer,
+           coalesce(b.max_queued_runs, d.max_queued_runs)
+      FROM queue_defaults d LEFT JOIN tenant_budgets b ON b.tenant = p_tenant
+$$;
+
+-- How many of the tenant's runs hold a job now: queued for an executor, running or
+-- recovering (a node run is its workflow run's: neither counted nor held back).
+CREATE OR REPLACE FUNCTION tenant_issued(p_tenant text)
+RETURNS bigint LANGUAGE sql STABLE SECURITY DEFINER SET search_path TO 'public', 'pg_temp'
+SET plan_cache_mode TO 'force_generic_plan' AS $$
+    SELECT count(*) FROM runs
+     WHERE tenant = p_tenant AND status IN ('queued', 'running', 'recovering')
+       AND job_published_at IS NOT NULL AND parent_run_id IS NULL
+$$;
+
+-- Whether a run of tenant `p_tenant` with concurrency key `p_key` must wait for its key:
+-- the key's runs hold the tenant's `max_runs_per_key` jobs already (queued for an
+-- executor or running). No key, or no limit: never.
+CREATE OR REPLACE FUNCTION key_blocked(p_tenant text, p_key text)
+RETURNS boolean LANGUAGE sql STABLE SECURITY DEFINER SET search_path TO 'public', 'pg_temp'
+SET plan_cache_mode TO 'force_generic_plan' AS $$
+    SELECT p_key IS NOT NULL AND EXISTS (
+        SELECT 1 FROM tenant_budgets b
+         WHERE b.tenant = p_tenant AND b.max_runs_per_key IS NOT NULL
+           AND (SELECT count(*) FROM runs
+                 WHERE tenant = p_tenant AND concurrency_key = p_key
+                   AND status IN ('queued', 'running', 'recovering')
+                   AND job_published_at IS NOT NULL) >= b.max_runs_per_key)
+$$;
+
+-- Its signature before runs had concurrency keys:
+DROP FUNCTION IF EXISTS submit_admits(text, text);
+
+-- Whether a run of tenant `p_tenant` submitted now (for session `p_session`, or none;
+-- with concurrency key `p_key`, or none) gets its job at once: its session is not busy,
+-- its key holds fewer jobs than the tenant's limit per key, and its tenant fewer than its
+-- share. Raises RWQ02 (QUEUE_FULL) when the tenant's queue is at its capacity: one
+-- tenant's flood never refuses another's submit.
+CREATE OR REPLACE FUNCTION submit_admits(p_tenant text, p_session text, p_key text)
+RETURNS boolean LANGUAGE plpgsql SECURITY DEFINER SET search_path TO 'public', 'pg_temp'
+SET plan_cache_mode TO 'force_generic_plan' AS $$
+DECLARE
+    v_share integer;
+    v_max_queued integer;
+    v_queued bigint;
+BEGIN
+    SELECT o_share, o_max_queued INTO v_share, v_max_queued FROM tenant_share(p_tenant);
+    SELECT count(*) INTO v_queued FROM (
+        SELECT 1 FROM runs
+         WHERE tenant = p_tenant AND status = 'queued' AND parent_run_id IS NULL
+         LIMIT v_max_queued) q;
+    IF v_queued >= v_max_queued THEN
+        RAISE EXCEPTION 'tenant % has % runs queued, its queue''s capacity; submit again later',
+            p_tenant, v_queued USING ERRCODE = 'RWQ02';
+    END IF;
+    RETURN NOT session_blocked(p_tenant, p_session, NULL) AND NOT key_blocked(p_tenant, p_key)
+           AND tenant_issued(p_tenant) < v_share;
+END
+$$;
+
+-- The waiting runs of a tenant (of one session, or of any with `p_session` NULL) that
+-- get their job now, as far as its share has room, one at a time: the highest priority
+-- first, oldest first within one; but the oldest first once it has waited longer than
+-- `priority_max_wait_ms` (age counts: no priority starves). None whose session is busy or
+-- whose concurrency key holds its limit. Each gets run event `p_event`; returns how many.
+-- Two callers at once may each see the same room: the share is exceeded by that much,
+-- never starved.
+CREATE OR REPLACE FUNCTION issue_turns(p_tenant text, p_session text, p_actor text,
+    p_event text, p_reason text)
 RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path TO 'public', 'pg_temp'
 SET plan_cache_mode TO 'force_generic_plan' AS $$
 DECLARE
-    released integer;
+    v_room bigint;
+    v_wait interval;
+    v_run uuid;
+    v_at timestamp with time zone;
+    released integer := 0;
 BEGIN
-    WITH due AS (
-        SELECT run_id FROM runs
-         WHERE tenant = p_tenant AND session_id = p_session
-           AND status = 'queued' AND job_published_at IS NULL
+    v_room := (SELECT o_share FROM tenant_share(p_tenant)) - tenant_issued(p_tenant);
+    SELECT make_interval(secs => priority_max_wait_ms / 1000.0) INTO v_wait FROM queue_defaults;
+    WHILE released < v_room LOOP
+        v_run := NULL;
+        -- The oldest that may start: first if it waited too long.
+        SELECT run_id, created_at INTO v_run, v_at FROM runs
+         WHERE tenant = p_tenant AND status = 'queued' AND parent_run_id IS NULL
+           AND job_published_at IS NULL AND (p_session IS NULL OR session_id = p_session)
            AND NOT session_blocked(tenant, session_id, submit_seq)
+           AND NOT key_blocked(tenant, concurrency_key)
          ORDER BY submit_seq
-           FOR UPDATE SKIP LOCKED
-    ), upd AS (
-        UPDATE runs r SET job_published_at = now(), updated_at = now()
-          FROM due WHERE r.run_id = due.run_id
-        RETURNING r.*
-    )
-    INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
-    SELECT run_id, 'session_turn', status, attempts, p_actor,
-           'no earlier run of its session is active'
-      FROM upd;
-    GET DIAGNOSTICS released = ROW_COUNT;
+         LIMIT 1;
+        EXIT WHEN v_run IS NULL;
+        IF v_at <= now() - v_wait THEN
+            SELECT run_id INTO v_run FROM runs
+             WHERE run_id = v_run AND status = 'queued' AND job_published_at IS NULL
+               FOR UPDATE SKIP LOCKED;
+        ELSE
+            v_run := NULL;
+        END IF;
+        IF v_run IS NULL THEN
+            SELECT run_id INTO v_run FROM runs
+             WHERE tenant = p_tenant AND status = 'queued' AND parent_run_id IS NULL
+               AND job_published_at IS NULL AND (p_session IS NULL OR session_id = p_session)
+               AND NOT session_blocked(tenant, session_id, submit_seq)
+               AND NOT key_blocked(tenant, concurrency_key)
+             ORDER BY priority DESC, submit_seq
+             LIMIT 1
+               FOR UPDATE SKIP LOCKED;
+        END IF;
+        EXIT WHEN v_run IS NULL;
+        UPDATE runs SET job_published_at = now(), updated_at = now() WHERE run_id = v_run;
+        INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
+        SELECT run_id, p_event, status, attempts, p_actor, p_reason FROM runs
+         WHERE run_id = v_run;
+        released := released + 1;
+    END LOOP;
     RETURN released;
 END
+$$;
+REVOKE ALL ON FUNCTION issue_turns(text, text, text, text, text) FROM PUBLIC;
+
+-- Why a queued run has no job yet: `session` (an earlier run of its session is active),
+-- `concurrency_key` (its key's runs hold the tenant's limit), `share` (its tenant holds
+-- its share of jobs); NULL for a run with a job, or not queued.
+CREATE OR REPLACE FUNCTION run_queued_for(r runs)
+RETURNS text LANGUAGE sql STABLE SECURITY DEFINER SET search_path TO 'public', 'pg_temp' AS $$
+    SELECT CASE WHEN r.status <> 'queued' OR r.job_published_at IS NOT NULL THEN NULL
+                WHEN session_blocked(r.tenant, r.session_id, r.submit_seq) THEN 'session'
+                WHEN key_blocked(r.tenant, r.concurrency_key) THEN 'concurrency_key'
+                ELSE 'share' END
+$$;
+
+-- The reason of a run's `submitted` event: what it waits for, if anything.
+CREATE OR REPLACE FUNCTION submitted_reason(r runs)
+RETURNS text LANGUAGE sql STABLE AS $$
+    SELECT 'submit' || CASE run_queued_for(r)
+                           WHEN 'session' THEN '; waits for its session'
+                           WHEN 'concurrency_key' THEN '; waits for its concurrency key'
+                           WHEN 'share' THEN '; waits for its tenant''s share'
+                           ELSE '' END
+$$;
+
+-- The runs of a tenant waiting for its share that get their job now that it has room.
+-- Called when a run of the tenant stops holding a job (it ended, or waits for an
+-- answer), and by recovery.
+CREATE OR REPLACE FUNCTION start_share_turn(p_tenant text, p_actor text)
+RETURNS integer LANGUAGE sql SECURITY DEFINER SET search_path TO 'public', 'pg_temp' AS $$
+    SELECT issue_turns(p_tenant, NULL, p_actor, 'share_turn', 'its tenant''s share has room')
+$$;
+REVOKE ALL ON FUNCTION start_share_turn(text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION start_share_turn(text, text) TO runwire_recovery;
+
+-- The runs of a session whose turn has come (no earlier run of the session holds it)
+-- get their job, as far as their tenant's share has room (the rest get it by
+-- start_share_turn); returns how many. Called when a run of the session ends, and by
+-- recovery when a canceled run's grace passes.
+CREATE OR REPLACE FUNCTION start_session_turn(p_tenant text, p_session text, p_actor text)
+RETURNS integer LANGUAGE sql SECURITY DEFINER SET search_path TO 'public', 'pg_temp' AS $$
+    SELECT issue_turns(p_tenant, p_session, p_actor, 'session_turn',
+                       'no earlier run of its session is active')
 $$;
 REVOKE ALL ON FUNCTION start_session_turn(text, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION start_session_turn(text, text, text) TO runwire_recovery;
@@ -193,6 +330,14 @@ REVOKE ALL ON FUNCTION finish_runs(uuid[], integer[], text[], text[], text, inte
 GRANT EXECUTE ON FUNCTION finish_runs(uuid[], integer[], text[], text[], text, integer[],
     text[]) TO runwire_executor;
 
+-- Their signatures before runs had a priority and a concurrency key:
+DROP FUNCTION IF EXISTS submit_runs(uuid[], text[], text[], text[], text[], text[], text[],
+    integer[], integer[], integer[], text, text[], text[], bigint[], bigint[], text[],
+    text[]);
+DROP FUNCTION IF EXISTS insert_runs(uuid[], text[], text[], text[], text[], text[], text[],
+    integer[], integer[], integer[], text, text[], text[], bigint[], bigint[], text[],
+    text[]);
+
 -- The submitter inserts the runs submitted at the same moment (outside a session) in one
 -- statement and one commit. Each is the `insert_run` statement, run one after the other
 -- in the order given, so each sees the ones before it: a tenant's quota counts every
@@ -204,7 +349,8 @@ CREATE OR REPLACE FUNCTION insert_runs(p_run_ids uuid[], p_tenants text[],
     p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[],
     p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[],
     p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[],
-    p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[])
+    p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[],
+    p_priorities integer[], p_keys text[])
 RETURNS SETOF runs LANGUAGE plpgsql SET plan_cache_mode TO 'force_generic_plan' AS $$
 DECLARE
     i integer;
@@ -219,19 +365,22 @@ BEGIN
         INSERT INTO runs (run_id, tenant, request_id, session_id, multitask, runner, input,
                           metadata, max_attempts, attempt_timeout_ms, queue_timeout_ms,
                           job_published_at, created_at, updated_at, trace_parent, config_pin,
-                          budget_tokens, budget_cost, effects, auth_fence, workflow)
+                          budget_tokens, budget_cost, effects, auth_fence, workflow,
+                          priority, concurrency_key)
         VALUES (p_run_ids[i], p_tenants[i], p_request_ids[i], NULL, p_multitasks[i],
                 p_runners[i], p_inputs[i]::jsonb, p_metadata[i]::jsonb, p_max_attempts[i],
-                p_attempt_timeouts[i], p_queue_timeouts[i], now(), clock_timestamp(),
-                clock_timestamp(), p_trace_parents[i], p_config_pins[i], p_budget_tokens[i],
-                p_budget_costs[i], v_effects, run_authorization(p_tenants[i], v_effects),
-                p_workflows[i]::jsonb)
+                p_attempt_timeouts[i], p_queue_timeouts[i],
+                CASE WHEN submit_admits(p_tenants[i], NULL, p_keys[i]) THEN now() END,
+                clock_timestamp(), clock_timestamp(), p_trace_parents[i], p_config_pins[i],
+                p_budget_tokens[i], p_budget_costs[i], v_effects,
+                run_authorization(p_tenants[i], v_effects), p_workflows[i]::jsonb,
+                coalesce(p_priorities[i], 0), p_keys[i])
         ON CONFLICT (tenant, request_id) DO NOTHING
         RETURNING * INTO r;
         IF FOUND THEN
             INSERT INTO run_events (run_id, event, status, attempt, actor, reason, at)
-            VALUES (r.run_id, 'submitted', r.status, r.attempts, p_actor, 'submit',
-                    r.created_at);
+            VALUES (r.run_id, 'submitted', r.status, r.attempts, p_actor,
+                    submitted_reason(r), r.created_at);
             RETURN NEXT r;
         END IF;
     END LOOP;
@@ -239,10 +388,10 @@ END
 $$;
 REVOKE ALL ON FUNCTION insert_runs(uuid[], text[], text[], text[], text[], text[], text[],
     integer[], integer[], integer[], text, text[], text[], bigint[], bigint[], text[],
-    text[]) FROM PUBLIC;
+    text[], integer[], text[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION insert_runs(uuid[], text[], text[], text[], text[], text[],
     text[], integer[], integer[], integer[], text, text[], text[], bigint[], bigint[],
-    text[], text[]) TO runwire_submitter;
+    text[], text[], integer[], text[]) TO runwire_submitter;
 
 -- insert_runs, and what the transaction left in the outbox that is due at once (the
 -- runs' jobs), returned to the submitter to publish without reading the outbox again.
@@ -250,7 +399,8 @@ CREATE OR REPLACE FUNCTION submit_runs(p_run_ids uuid[], p_tenants text[],
     p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[],
     p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[],
     p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[],
-    p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[])
+    p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[],
+    p_priorities integer[], p_keys text[])
 RETURNS TABLE(o_run runs, o_messages jsonb) LANGUAGE plpgsql
 SET plan_cache_mode TO 'force_generic_plan' AS $$
 BEGIN
@@ -259,17 +409,18 @@ BEGIN
           FROM insert_runs(p_run_ids, p_tenants, p_request_ids, p_multitasks, p_runners,
                            p_inputs, p_metadata, p_max_attempts, p_attempt_timeouts,
                            p_queue_timeouts, p_actor, p_trace_parents, p_config_pins,
-                           p_budget_tokens, p_budget_costs, p_effects, p_workflows) r;
+                           p_budget_tokens, p_budget_costs, p_effects, p_workflows,
+                           p_priorities, p_keys) r;
     -- A statement of its own: it sees what the inserts' triggers wrote.
     RETURN QUERY SELECT NULL::runs, xact_messages();
 END
 $$;
 REVOKE ALL ON FUNCTION submit_runs(uuid[], text[], text[], text[], text[], text[], text[],
     integer[], integer[], integer[], text, text[], text[], bigint[], bigint[], text[],
-    text[]) FROM PUBLIC;
+    text[], integer[], text[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION submit_runs(uuid[], text[], text[], text[], text[], text[],
     text[], integer[], integer[], integer[], text, text[], text[], bigint[], bigint[],
-    text[], text[]) TO runwire_submitter;
+    text[], text[], integer[], text[]) TO runwire_submitter;
 
 -- finish_runs, and what the transaction left in the outbox that is due at once (the
 -- runs' `done` frames, the next run of a session): the runs' rows, then one row
