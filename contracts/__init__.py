@@ -14,6 +14,7 @@ from runwire.contracts.commands import (
     ListCommand,
     Multitask,
     ReleaseCommand,
+    RescheduleCommand,
     ResolveEffectCommand,
     ResumeCommand,
     SignalCommand,
@@ -56,10 +57,12 @@ from runwire.contracts.replies import (
     RunSummary,
     SignalReply,
     SubmitReply,
+    WebhooksReply,
 )
 from runwire.contracts.scripted import ScriptedFailure, ScriptedInput
 from runwire.contracts.status import TERMINAL_STATUSES, RunStatus
 from runwire.contracts.subjects import DEFAULT_PREFIX, DEFAULT_TENANT, Subjects
+from runwire.contracts.webhooks import WebhookPayload
 from runwire.contracts.workflows import (
     Edge,
     NodeAction,
@@ -116,6 +119,7 @@ __all__ = [
     "ReleaseCommand",
     "ReleaseRef",
     "ReleaseReply",
+    "RescheduleCommand",
     "ResolveEffectCommand",
     "ResumeCommand",
     "ResumeReply",
@@ -140,6 +144,8 @@ __all__ = [
     "UsageData",
     "WaitData",
     "WaitKind",
+    "WebhookPayload",
+    "WebhooksReply",
     "WorkflowDefinition",
     "WorkflowRef",
     "typed_data",

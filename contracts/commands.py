@@ -18,6 +18,7 @@ from runwire.contracts.subjects import (
     RUNNER_NAME_PATTERN,
     SIGNAL_NAME_PATTERN,
 )
+from runwire.contracts.webhooks import MAX_ENDPOINTS, WebhookEndpoint
 from runwire.contracts.workflows import (
     MAX_VERSION,
     RELEASE_ID_PATTERN,
@@ -35,6 +36,9 @@ MAX_SEQ = MAX_SAFE_INTEGER
 EffectKind = Annotated[str, StringConstraints(pattern=EFFECT_KIND_PATTERN)]
 
 
+# How far ahead a run may be delayed: 30 days; how long a coalesced run may wait for more.
+MAX_COALESCE_MS = 600_000
+MAX_DELAY_MS = 30 * 86_400_000
 # A run's priority at submit: a small integer, higher first.
 MIN_PRIORITY = -10
 MAX_PRIORITY = 10
@@ -58,6 +62,11 @@ class Multitask(StrEnum):
     INTERRUPT = "interrupt"
     ENQUEUE = "enqueue"
     REJECT = "reject"
+    # Runs queued behind the busy session merge into one next run: the first creates it,
+    # with input `{"inputs": [its input]}`; each later one, until that run starts, adds
+    # its input to `inputs` and is answered with that run (`coalesced`). `coalesce_ms`:
+    # how long the new run waits for more even when the session is not busy.
+    COALESCE = "coalesce"
 
 
 class SubmitCommand(Command):
@@ -91,6 +100,26 @@ class SubmitCommand(Command):
     # Runs of one key (a user id, say) hold at most the tenant's `max_runs_per_key` jobs at
     # once (an operator's `set_budget`); the rest wait, whatever executor is free.
     concurrency_key: str | None = Field(default=None, min_length=1, max_length=MAX_ID_LENGTH)
+    # A delayed run: it starts no earlier than `delay_ms` after its submit, or than
+    # `not_before` (one or the other). It waits without a job, holding no share of its
+    # tenant's executor slots; `cancel` and `reschedule` act on it meanwhile.
+    delay_ms: int | None = Field(default=None, ge=1, le=MAX_DELAY_MS, strict=True)
+    not_before: AwareDatetime | None = None
+    # multitask `coalesce`: the longest a new run waits for more inputs to join it.
+    coalesce_ms: int | None = Field(default=None, ge=1, le=MAX_COALESCE_MS, strict=True)
+
+    @model_validator(mode="after")
+    def _one_start_time(self) -> Self:
+        if self.delay_ms is not None and self.not_before is not None:
+            raise ValueError("give delay_ms or not_before, not both")
+        if self.multitask == Multitask.COALESCE:
+            if self.session_id is None or self.workflow is not None:
+                raise ValueError("multitask coalesce is for runs of a session, not workflows")
+            if self.delay_ms is not None or self.not_before is not None:
+                raise ValueError("a coalesced run starts after coalesce_ms, not a delay")
+        elif self.coalesce_ms is not None:
+            raise ValueError("coalesce_ms goes with multitask coalesce")
+        return self
 
     @model_validator(mode="after")
     def _runner_or_workflow(self) -> Self:
@@ -237,6 +266,46 @@ class ForgetTenantCommand(Command):
     operator's command, as `end_tenant`."""
 
 
+class RescheduleCommand(Command):
+    """Move a delayed run's start: to `delay_ms` from now, or to `not_before` (one or the
+    other; a time past starts it as soon as its tenant's share has room). Only a run that
+    waits without a job (delayed, or queued behind its session, key or share) can be
+    rescheduled: NOT_RESCHEDULABLE when it has its job already (it started, or is about
+    to), or has ended."""
+
+    run_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
+    delay_ms: int | None = Field(default=None, ge=0, le=MAX_DELAY_MS, strict=True)
+    not_before: AwareDatetime | None = None
+
+    @model_validator(mode="after")
+    def _one_start_time(self) -> Self:
+        if (self.delay_ms is None) == (self.not_before is None):
+            raise ValueError("give delay_ms or not_before (one of them)")
+        return self
+
+
+class SetWebhooksCommand(Command):
+    """Replace the tenant's webhook endpoints (an empty list: none). The first call, or
+    one with `rotate_secret`, makes the secret deliveries are signed with and answers it
+    once (`secret`); deliveries signed with the previous one may still arrive."""
+
+    endpoints: list[WebhookEndpoint] = Field(max_length=MAX_ENDPOINTS)
+    rotate_secret: bool = False
+
+    @field_validator("endpoints")
+    @classmethod
+    def _one_each(cls, endpoints: list[WebhookEndpoint]) -> list[WebhookEndpoint]:
+        urls = [e.url for e in endpoints]
+        if len(set(urls)) != len(urls):
+            raise ValueError("each url once")
+        return endpoints
+
+
+class GetWebhooksCommand(Command):
+    """Read the tenant's webhook endpoints, the deliveries still to make and those that
+    failed for good."""
+
+
 class ResumeCommand(Command):
     """Answer the interrupt a waiting run waits for with `value` (any JSON): its next
     attempt is queued at once, and the runner's `ctx.interrupt` returns the value.
@@ -280,6 +349,9 @@ BODIES: dict[str, type[Command]] = {
     "list": ListCommand,
     "resume": ResumeCommand,
     "signal": SignalCommand,
+    "reschedule": RescheduleCommand,
+    "set_webhooks": SetWebhooksCommand,
+    "get_webhooks": GetWebhooksCommand,
     "resolve_effect": ResolveEffectCommand,
     "set_budget": SetBudgetCommand,
     "get_budget": GetBudgetCommand,

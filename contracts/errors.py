@@ -43,6 +43,9 @@ class ErrorCode(StrEnum):
     # A `resume` or `signal` names a run that does not wait (or not for that wait): it
     # was not answered. Not retryable.
     NOT_WAITING = "NOT_WAITING"
+    # A `reschedule` names a run that has its job already (it started, or is about to) or
+    # has ended: not rescheduled. Not retryable.
+    NOT_RESCHEDULABLE = "NOT_RESCHEDULABLE"
     # A wait of the run ran past its timeout and the runner did not handle it. Not
     # retryable.
     WAIT_TIMEOUT = "WAIT_TIMEOUT"

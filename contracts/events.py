@@ -21,6 +21,7 @@ class RunEventName(StrEnum):
     CANCEL_REQUESTED = "cancel_requested"  # a running run was asked to stop
     SESSION_TURN = "session_turn"  # the earlier runs of its session ended: its turn came
     SHARE_TURN = "share_turn"  # its tenant's share of executor slots had room: job issued
+    RESCHEDULED = "rescheduled"  # a waiting run's start time was moved (`reschedule`)
     RECOVERING = "recovering"  # its executor stopped renewing the lease; resumed elsewhere
     INTERRUPTED = "interrupted"  # closed after repeated recoveries without progress
     WAITING = "waiting"  # its attempt ended to wait (an interrupt, a signal): no worker held

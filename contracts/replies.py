@@ -8,6 +8,7 @@ from runwire.contracts.base import Versioned, WireModel
 from runwire.contracts.errors import ErrorBody
 from runwire.contracts.frames import EffectData, Frame, WaitData
 from runwire.contracts.status import RunStatus
+from runwire.contracts.webhooks import WebhookEndpoint, WebhookFailure
 from runwire.contracts.workflows import NodeRunData, ReleaseRef
 
 
@@ -66,10 +67,14 @@ class RunSummary(WireModel):
     # Its priority and concurrency key, as submitted.
     priority: int = 0
     concurrency_key: str | None = None
-    # A queued run without a job yet (in `get` replies): what it waits for, `session` (an
-    # earlier run of its session is active), `concurrency_key` (its key's runs hold the
-    # tenant's limit) or `share` (its tenant's runs hold its share of executor slots).
+    # A queued run without a job yet (in `get` replies): what it waits for, `time` (it is
+    # delayed until `not_before`), `session` (an earlier run of its session is active),
+    # `concurrency_key` (its key's runs hold the tenant's limit) or `share` (its tenant's
+    # runs hold its share of executor slots).
     queued_for: str | None = None
+    # A queued run that may not start before this time (a delayed run, or a retry's
+    # backoff); absent otherwise.
+    not_before: AwareDatetime | None = None
 
 
 class FrameChannel(WireModel):
@@ -87,6 +92,21 @@ class SubmitReply(Versioned):
     run: RunSummary
     duplicate: bool
     frames: FrameChannel
+    # multitask `coalesce`: this submit's input joined `run`, which an earlier submit of
+    # the session made (its `inputs` holds both).
+    coalesced: bool = False
+
+
+class WebhooksReply(Versioned):
+    """A tenant's webhook endpoints; `secret` (`whsec_...`) only in the reply that made
+    it; the deliveries not made yet, and the latest that failed for good (newest first)."""
+
+    ok: Literal[True] = True
+    tenant: str
+    endpoints: list[WebhookEndpoint]
+    secret: str | None = None
+    pending: int = 0
+    failed: list[WebhookFailure] = Field(default_factory=list)
 
 
 class RunReply(Versioned):

@@ -14,13 +14,16 @@ from runwire.contracts.commands import (
     GetBudgetCommand,
     GetCommand,
     GetPolicyCommand,
+    GetWebhooksCommand,
     JoinCommand,
     ListCommand,
     ReleaseCommand,
+    RescheduleCommand,
     ResolveEffectCommand,
     ResumeCommand,
     SetBudgetCommand,
     SetPolicyCommand,
+    SetWebhooksCommand,
     SignalCommand,
     SubmitCommand,
 )
@@ -42,8 +45,10 @@ from runwire.contracts.replies import (
     RunSummary,
     SignalReply,
     SubmitReply,
+    WebhooksReply,
 )
 from runwire.contracts.scripted import ScriptedInput
+from runwire.contracts.webhooks import WebhookPayload
 from runwire.contracts.workflows import WorkflowDefinition
 
 SCHEMA_DIR = Path(__file__).parent / "schema"
@@ -57,12 +62,15 @@ EXPORTED: tuple[type[BaseModel], ...] = (
     AbortSessionCommand,
     EndTenantCommand,
     ForgetTenantCommand,
+    RescheduleCommand,
     ResumeCommand,
     SignalCommand,
     ResolveEffectCommand,
     SetBudgetCommand,
     GetBudgetCommand,
     SetPolicyCommand,
+    SetWebhooksCommand,
+    GetWebhooksCommand,
     GetPolicyCommand,
     JoinCommand,
     SubmitReply,
@@ -75,6 +83,7 @@ EXPORTED: tuple[type[BaseModel], ...] = (
     ForgetTenantReply,
     ResumeReply,
     SignalReply,
+    WebhooksReply,
     JoinReply,
     ListReply,
     ErrorReply,
@@ -86,6 +95,7 @@ EXPORTED: tuple[type[BaseModel], ...] = (
     HealthReply,
     ScriptedInput,
     WorkflowDefinition,
+    WebhookPayload,
     # The `data` of each frame type (ErrorBody for `error`).
     *FRAME_DATA.values(),
 )

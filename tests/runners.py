@@ -27,6 +27,14 @@ async def echo(ctx: runwire.AttemptContext) -> dict[str, Any]:
     return {"echoed": args.times}
 
 
+@runwire.runner(input=EchoInput)
+async def gathers(ctx: runwire.AttemptContext) -> dict[str, Any]:
+    """Say every input's text in one frame: a coalesced run's `inputs`, or its one input."""
+    inputs = ctx.input.get("inputs", [ctx.input])
+    await ctx.message(" + ".join(str(i["text"]) for i in inputs))
+    return {"inputs": len(inputs)}
+
+
 # Attempts of `slow` that run right now, in this process (the test reads it).
 SLOW_RUNNING: list[str] = []
 SLOW_MOST = [0]

@@ -16,18 +16,16 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from runwire.client.sdk import HEALTH_WAIT_S, PROBE_WAIT_S, Client, ClientError, Transcript
+from runwire.client import cli_views as views
+from runwire.client.sdk import HEALTH_WAIT_S, PROBE_WAIT_S, Client, ClientError
 from runwire.client.settings import ENV_FILE_VARIABLE, load_settings
 from runwire.client.top import run_top
-from runwire.contracts.frames import Frame, FrameType, WaitData, WaitKind
 from runwire.contracts.health import HealthReply
 from runwire.contracts.identities import SERVICES, is_tenant_user, service_user
-from runwire.contracts.replies import RunSummary
 from runwire.contracts.status import RunStatus
 from runwire.contracts.subjects import service_inbox
-from runwire.contracts.workflows import NodeRunData
 
-EXIT_FAILED = 1
+EXIT_FAILED = views.EXIT_FAILED
 EXIT_USAGE = 2
 # Commands that other parts of runwire add to this one (the stack's `tenant`).
 COMMANDS_GROUP = "runwire.commands"
@@ -53,7 +51,10 @@ def _parser() -> argparse.ArgumentParser:
     submit.add_argument("--token-delay-ms", type=int, default=0)
     submit.add_argument("--request-id", help="idempotency key (default: a new one)")
     submit.add_argument("--session", dest="session_id")
-    submit.add_argument("--multitask", choices=["interrupt", "enqueue", "reject"])
+    submit.add_argument("--multitask", choices=["interrupt", "enqueue", "reject", "coalesce"])
+    submit.add_argument(
+        "--coalesce-ms", type=int, help="coalesce: wait this long for more inputs to join"
+    )
     submit.add_argument("--max-attempts", type=int)
     submit.add_argument("--attempt-timeout-ms", type=int)
     submit.add_argument(
@@ -62,6 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     submit.add_argument(
         "--concurrency-key", help="runs of one key hold at most the tenant's limit at once"
     )
+    submit.add_argument("--delay-ms", type=int, help="start no earlier than this after now")
+    submit.add_argument("--not-before", type=_time, help="start no earlier than (RFC 3339)")
     submit.add_argument("--workflow", metavar="RELEASE_ID", help="run this release's workflow")
     submit.add_argument("--version", type=int, help="the release's version (default: highest)")
     submit.add_argument("--watch", action="store_true", help="stream the run's text")
@@ -87,6 +90,12 @@ def _parser() -> argparse.ArgumentParser:
 
     cancel = sub.add_parser("cancel", help="cancel a run")
     cancel.add_argument("run_id")
+
+    reschedule = sub.add_parser("reschedule", help="move the start of a delayed run")
+    reschedule.add_argument("run_id")
+    when = reschedule.add_mutually_exclusive_group(required=True)
+    when.add_argument("--delay-ms", type=int, help="start no earlier than this after now")
+    when.add_argument("--not-before", type=_time, help="start no earlier than (RFC 3339)")
 
     runs = sub.add_parser("list", help="the tenant's runs, newest first")
     runs.add_argument("--status", choices=[s.value for s in RunStatus], help="of this status")
@@ -131,6 +140,21 @@ def _parser() -> argparse.ArgumentParser:
     budget.add_argument(
         "--max-runs-per-key",
         help="runs of one concurrency key holding a job at once, or 'none' (no limit)",
+    )
+
+    hooks = sub.add_parser(
+        "webhooks",
+        help="print the tenant's webhook endpoints and failed deliveries; with options, set them",
+    )
+    hooks.add_argument(
+        "--url", action="append", default=[], help="an endpoint (again for more); replaces all"
+    )
+    hooks.add_argument(
+        "--events", default="ended", help="what the endpoints hear: ended, waiting (default ended)"
+    )
+    hooks.add_argument("--clear", action="store_true", help="remove every endpoint")
+    hooks.add_argument(
+        "--rotate-secret", action="store_true", help="a new signing secret (printed once)"
     )
 
     policy = sub.add_parser(
@@ -214,134 +238,6 @@ def _submit_input(args: argparse.Namespace) -> dict[str, Any]:
     return {"tokens": args.tokens, "token_delay_ms": args.token_delay_ms}
 
 
-def _node_tree(run: RunSummary) -> str:
-    """A workflow run and its node runs: each fallback under the node it stands in for."""
-    release = (
-        f" (release {run.workflow.release_id} v{run.workflow.version})" if run.workflow else ""
-    )
-    lines = [f"run {run.run_id} {run.status}{release}"]
-    by_slot: dict[str, list[NodeRunData]] = {}
-    for node in run.nodes:
-        by_slot.setdefault(node.slot, []).append(node)
-    for slot, chain in by_slot.items():
-        for depth, node in enumerate(chain):
-            code = f"  {node.error['code']}" if node.error and "code" in node.error else ""
-            stands_in = f"  (in place of {slot})" if node.node_id != slot else ""
-            lines.append(
-                f"{'  ' * (depth + 1)}{'└─ ' if depth else ''}{node.node_id:<20} "
-                f"{node.status:<10} attempt {node.attempt}{code}{stands_in}"
-            )
-            if node.waiting_for is not None:
-                lines.append(f"{'  ' * (depth + 3)}{_node_wait_line(run.run_id, node)}")
-    if run.workflow is not None and not run.nodes:
-        lines.append("  (no node has started)")
-    return "\n".join(lines)
-
-
-def _node_wait_line(run_id: str, node: NodeRunData) -> str:
-    """What a waiting node waits for, and how to answer it: a question to its node run,
-    a signal to the workflow run (which keeps it for the node)."""
-    wait = WaitData.model_validate(node.waiting_for)
-    if wait.kind == WaitKind.SLEEP:
-        return f"sleeps until {wait.timeout_at.isoformat() if wait.timeout_at else '?'}"
-    if wait.kind == WaitKind.SIGNAL:
-        return (
-            f"waits for the signal {wait.name}: runwire signal {run_id} {wait.name} --payload JSON"
-        )
-    return f"asks {json.dumps(wait.payload)}: runwire resume {node.node_run_id} --value JSON"
-
-
-async def _watch_nodes(client: Client, run_id: str) -> int:
-    """Print the node tree, then again each time it changes, until the run ends (a run
-    that has ended: once)."""
-    run = await client.get(run_id)
-    shown = _node_tree(run)
-    print(shown, flush=True)
-    if not run.status.terminal:
-        async for frame in client.stream(run_id, run.last_seq):
-            if frame.type not in (FrameType.NODE, FrameType.DONE):
-                continue
-            run = await client.get(run_id)
-            if (tree := _node_tree(run)) != shown:
-                shown = tree
-                print(shown, flush=True)
-    return 0 if run.status == RunStatus.FINISHED else EXIT_FAILED
-
-
-async def _watch(client: Client, run_id: str, after: int, frames: bool) -> int:
-    transcript = Transcript()
-    status = "unknown"
-    async for frame in client.stream(run_id, after):
-        if frames:
-            print(frame.model_dump_json(), flush=True)
-        else:
-            _print_frame(frame, transcript)
-        if frame.type == FrameType.DONE:
-            status = str(frame.data.get("status"))
-            code = frame.data.get("code")
-            if not frames:
-                print(f"\nrun {run_id} {status}" + (f" ({code})" if code else ""), flush=True)
-    return 0 if status == "finished" else EXIT_FAILED
-
-
-def _print_frame(frame: Frame, transcript: Transcript) -> None:
-    before = transcript.text
-    transcript.apply(frame)
-    if frame.type == FrameType.MESSAGE:
-        sys.stdout.write(transcript.text[len(before) :])
-        sys.stdout.flush()
-    elif frame.type == FrameType.RUN and frame.data.get("resumed"):
-        print(
-            f"\n[attempt {frame.data.get('attempt')} resumes after "
-            f"{frame.data.get('partial_length')} characters]",
-            flush=True,
-        )
-        sys.stdout.write(transcript.text)
-    elif frame.type == FrameType.ERROR:
-        print(f"\n[error {frame.data.get('code')}: {frame.data.get('message')}]", flush=True)
-    elif frame.type == FrameType.WAIT:
-        print(f"\n[{_wait_line(frame)}]", flush=True)
-
-
-def _run_line(run: RunSummary) -> str:
-    """A run in a line: id, status, when it was submitted, and what a waiting one waits
-    for."""
-    line = f"{run.run_id}  {run.status.value:<11} {run.created_at.isoformat()}"
-    if run.error is not None:
-        line += f"  {run.error.code}"
-    if run.waiting_for is not None:
-        wait = run.waiting_for
-        what = wait.name if wait.kind == WaitKind.SIGNAL else json.dumps(wait.payload)
-        line += f"  waits ({wait.kind.value} {wait.wait_id}): {what}"
-    return line
-
-
-def _wait_line(frame: Frame) -> str:
-    """What a `wait` frame says, and how to answer it."""
-    wait = WaitData.model_validate(frame.data)
-    until = f" (until {wait.timeout_at.isoformat()})" if wait.timeout_at else ""
-    if wait.kind == WaitKind.SLEEP:
-        return f"sleeping until {wait.timeout_at.isoformat() if wait.timeout_at else '?'}"
-    if wait.kind == WaitKind.SIGNAL:
-        return (
-            f"waiting for the signal {wait.name}{until}: runwire signal {frame.run_id} "
-            f"{wait.name} --payload JSON"
-        )
-    return (
-        f"waiting for an answer to {json.dumps(wait.payload)}{until}: runwire resume "
-        f"{frame.run_id} --value JSON"
-    )
-
-
-def _health_line(reply: HealthReply) -> str:
-    dependencies = ", ".join(f"{name} {state}" for name, state in reply.dependencies.items())
-    runners = f"  runners {', '.join(reply.runners)}" if reply.runners else ""
-    return (
-        f"{reply.instance}  {'ok' if reply.ok else 'not ok'}  version {reply.version}  "
-        f"up {reply.uptime_s:.1f} s  {dependencies}{runners}"
-    )
-
-
 async def _health(client: Client, service: str, *, local: bool, wait: float) -> int:
     """Print the health of each replica that answers; 0 when one of those that count is
     ok. With `local`, only the replicas on this host count (a replica's instance is
@@ -356,7 +252,7 @@ async def _health(client: Client, service: str, *, local: bool, wait: float) -> 
     )
     counted = [r for r in replies if counts(r)]
     for reply in counted:
-        print(_health_line(reply), flush=True)
+        print(views.health_line(reply), flush=True)
     if any(reply.ok for reply in counted):
         return 0
     if not replies:
@@ -440,6 +336,9 @@ async def _main(args: argparse.Namespace) -> int:
                     "attempt_timeout_ms",
                     "priority",
                     "concurrency_key",
+                    "delay_ms",
+                    "not_before",
+                    "coalesce_ms",
                 )
                 if (v := getattr(args, k)) is not None
             }
@@ -462,15 +361,15 @@ async def _main(args: argparse.Namespace) -> int:
             note = " (duplicate request: the first run)" if reply.duplicate else ""
             print(f"run {reply.run.run_id} {reply.run.status}{note}", flush=True)
             if args.watch:
-                return await _watch(client, reply.run.run_id, 0, False)
+                return await views.watch(client, reply.run.run_id, 0, False)
             return 0
         if args.command == "watch":
-            return await _watch(client, args.run_id, args.after, args.frames)
+            return await views.watch(client, args.run_id, args.after, args.frames)
         if args.command == "get":
             if args.nodes and args.watch:
-                return await _watch_nodes(client, args.run_id)
+                return await views.watch_nodes(client, args.run_id)
             run = await client.get(args.run_id)
-            print(_node_tree(run) if args.nodes else run.model_dump_json(indent=2))
+            print(views.node_tree(run) if args.nodes else run.model_dump_json(indent=2))
             return 0
         if args.command == "release":
             definition = json.loads(args.file.read_text())
@@ -507,6 +406,21 @@ async def _main(args: argparse.Namespace) -> int:
             budget = await client.set_budget(**limits) if limits else await client.budget()
             print(budget.model_dump_json(indent=2, exclude={"v", "ok"}))
             return 0
+        if args.command == "webhooks":
+            if args.url or args.clear or args.rotate_secret:
+                events = [e.strip() for e in args.events.split(",") if e.strip()]
+                endpoints: list[dict[str, Any]] = [
+                    {"url": url, "events": events} for url in args.url
+                ]
+                if args.clear:
+                    endpoints = []
+                elif not args.url:  # only a new secret: the same endpoints
+                    endpoints = [e.model_dump() for e in (await client.webhooks()).endpoints]
+                hooks = await client.set_webhooks(endpoints, rotate_secret=args.rotate_secret)
+            else:
+                hooks = await client.webhooks()
+            print(hooks.model_dump_json(indent=2, exclude={"v", "ok"}, exclude_none=True))
+            return 0
         if args.command == "policy":
             if args.effects is None:
                 policy = await client.policy()
@@ -531,6 +445,13 @@ async def _main(args: argparse.Namespace) -> int:
             run = await client.cancel(args.run_id)
             print(f"run {run.run_id} {run.status}")
             return 0
+        if args.command == "reschedule":
+            run = await client.reschedule(
+                args.run_id, delay_ms=args.delay_ms, not_before=args.not_before
+            )
+            start = run.not_before.isoformat() if run.not_before else "as soon as it may"
+            print(f"run {run.run_id} {run.status}, starts {start}")
+            return 0
         if args.command == "list":
             page = await client.list_runs(
                 status=args.status,
@@ -542,7 +463,7 @@ async def _main(args: argparse.Namespace) -> int:
                 before=args.before,
             )
             for run in page.runs:
-                print(_run_line(run))
+                print(views.run_line(run))
             if page.next is not None:
                 print(f"(more: runwire list --before {page.next} ...)")
             return 0

@@ -249,6 +249,36 @@ class Client(Following):
         )
         return reply.run
 
+    async def set_webhooks(
+        self, endpoints: list[dict[str, Any]], *, rotate_secret: bool = False
+    ) -> replies.WebhooksReply:
+        """Replace the tenant's webhook endpoints (`{"url": ..., "events": ["ended",
+        "waiting"]}` each); the reply's `secret` is there the first time, or with
+        `rotate_secret`: keep it, it signs every delivery."""
+        cmd = commands.SetWebhooksCommand.model_validate(
+            {"endpoints": endpoints, "rotate_secret": rotate_secret}
+        )
+        reply: replies.WebhooksReply = await self._request(
+            "set_webhooks", cmd, replies.WebhooksReply
+        )
+        return reply
+
+    async def webhooks(self) -> replies.WebhooksReply:
+        """The tenant's webhook endpoints, deliveries pending and failed for good."""
+        reply: replies.WebhooksReply = await self._request(
+            "get_webhooks", commands.GetWebhooksCommand(), replies.WebhooksReply
+        )
+        return reply
+
+    async def reschedule(
+        self, run_id: str, *, delay_ms: int | None = None, not_before: datetime | None = None
+    ) -> replies.RunSummary:
+        """Move the start of a run that waits without a job (a delayed run) to `delay_ms`
+        from now or to `not_before`. ClientError(NOT_RESCHEDULABLE) once it has its job."""
+        cmd = commands.RescheduleCommand(run_id=run_id, delay_ms=delay_ms, not_before=not_before)
+        reply: replies.RunReply = await self._request("reschedule", cmd, replies.RunReply)
+        return reply.run
+
     async def resolve_effect(
         self,
         run_id: str,

@@ -26,6 +26,7 @@ from runwire.recovery.queue_timeouts import QueueTimeouts
 from runwire.recovery.retention import Retention
 from runwire.recovery.sessions import SessionTurns
 from runwire.recovery.wait_timeouts import WaitTimeouts
+from runwire.recovery.webhooks import WebhookDeliveries
 from runwire.recovery.workflows import WorkflowDeadlines
 from runwire.runtime import publications
 from runwire.runtime.app import Service
@@ -111,6 +112,7 @@ class RecoveryService(Service[RecoverySettings]):
     async def work(self, stop: asyncio.Event) -> None:
         sweeping = asyncio.create_task(_sweep(self.settings, self.outbox, stop))
         policing = asyncio.create_task(TenantConsumers(self.settings, self.broker).watch(stop))
+        delivering = asyncio.create_task(WebhookDeliveries(self.settings, self.store).run(stop))
         presence = PresenceWatch(self.settings.database_url, self.settings.presence_settle_ms)
         all_duties = duties(self.settings, self.store, self.broker, self.outbox, presence)
         leases = next(d for d in all_duties if isinstance(d, ExpiredLeases))
@@ -122,6 +124,7 @@ class RecoveryService(Service[RecoverySettings]):
             await watching
         await sweeping
         await policing
+        await delivering
 
     async def _tick_until(self, stop: asyncio.Event, all_duties: list[Duty]) -> None:
         settings, broker = self.settings, self.broker

@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client import (
     CollectorRegistry,
@@ -39,19 +40,32 @@ ATTEMPT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
+@dataclass(frozen=True, slots=True)
+class TenantQueue:
+    """What a tenant's queue holds, as recovery measures it."""
+
+    tenant: str
+    depth: int  # runs waiting for an attempt (queued or recovering)
+    oldest_age_s: float | None  # since the oldest of them was submitted
+    held: int  # of them, without a job yet: delayed, or behind a session, key or share
+    issued: int  # runs holding a job: queued for an executor or running
+    share: int  # the jobs its runs may hold at once
+
+
 class QueueCollector(Collector):
-    """Queue depth and oldest waiting age per tenant, as last measured by recovery.
+    """Queue depth and oldest waiting age per tenant, its runs held back and its share, as
+    last measured by recovery.
 
     A snapshot replaced whole on each measure, so a tenant whose queue emptied
     disappears instead of keeping its last value.
     """
 
     def __init__(self) -> None:
-        self._queued: list[tuple[str, int, float]] = []
+        self._queued: list[TenantQueue] = []
         self._waiting: list[tuple[str, int, float]] = []
 
-    def update(self, rows: Iterable[tuple[str, int, float]]) -> None:
-        """Runs waiting for an attempt: (tenant, how many, the oldest's age)."""
+    def update(self, rows: Iterable[TenantQueue]) -> None:
+        """What each tenant's queue holds now."""
         self._queued = list(rows)
 
     def update_waiting(self, rows: Iterable[tuple[str, int, float]]) -> None:
@@ -80,14 +94,37 @@ class QueueCollector(Collector):
             "Seconds the run that has waited longest for its answer has waited, per tenant.",
             labels=["tenant"],
         )
-        for tenant, count, oldest_s in queued:
-            depth.add_metric([tenant], count)
-            age.add_metric([tenant], oldest_s)
+        held = GaugeMetricFamily(
+            "runwire_queue_held_runs",
+            "Runs waiting for an attempt without a job yet: delayed, or behind their "
+            "session, concurrency key or tenant's share, per tenant.",
+            labels=["tenant"],
+        )
+        jobs = GaugeMetricFamily(
+            "runwire_tenant_jobs",
+            "Runs holding a job (queued for an executor or running), per tenant.",
+            labels=["tenant"],
+        )
+        share = GaugeMetricFamily(
+            "runwire_tenant_share_runs",
+            "The jobs a tenant's runs may hold at once (its fair share), per busy tenant.",
+            labels=["tenant"],
+        )
+        for q in queued:
+            if q.depth:
+                depth.add_metric([q.tenant], q.depth)
+                age.add_metric([q.tenant], q.oldest_age_s or 0.0)
+                held.add_metric([q.tenant], q.held)
+            jobs.add_metric([q.tenant], q.issued)
+            share.add_metric([q.tenant], q.share)
         for tenant, waits, oldest_wait_s in waiting_now:
             waiting.add_metric([tenant], waits)
             waited.add_metric([tenant], oldest_wait_s)
         yield depth
         yield age
+        yield held
+        yield jobs
+        yield share
         yield waiting
         yield waited
 

@@ -461,6 +461,9 @@ BEGIN
     DELETE FROM tenant_budgets b WHERE b.tenant = p_tenant;
     DELETE FROM tenant_spend s WHERE s.tenant = p_tenant;
     DELETE FROM tenant_policies p WHERE p.tenant = p_tenant;
+    DELETE FROM webhook_endpoints w WHERE w.tenant = p_tenant;
+    DELETE FROM webhook_secrets w WHERE w.tenant = p_tenant;
+    DELETE FROM webhook_deliveries w WHERE w.tenant = p_tenant;
     RETURN QUERY SELECT 0::bigint, v_runs, v_releases;
 END
 $$;
@@ -471,7 +474,7 @@ CREATE FUNCTION public.frame_token(p_secret text, p_generation integer) RETURNS 
     SELECT encode(sha256(convert_to(p_secret || ':' || p_generation, 'UTF8')), 'hex')
 $$;
 
-CREATE FUNCTION public.insert_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[], p_priorities integer[], p_keys text[]) RETURNS SETOF public.runs
+CREATE FUNCTION public.insert_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[], p_priorities integer[], p_keys text[], p_not_befores timestamp with time zone[]) RETURNS SETOF public.runs
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$
@@ -489,15 +492,16 @@ BEGIN
                           metadata, max_attempts, attempt_timeout_ms, queue_timeout_ms,
                           job_published_at, created_at, updated_at, trace_parent, config_pin,
                           budget_tokens, budget_cost, effects, auth_fence, workflow,
-                          priority, concurrency_key)
+                          priority, concurrency_key, not_before)
         VALUES (p_run_ids[i], p_tenants[i], p_request_ids[i], NULL, p_multitasks[i],
                 p_runners[i], p_inputs[i]::jsonb, p_metadata[i]::jsonb, p_max_attempts[i],
                 p_attempt_timeouts[i], p_queue_timeouts[i],
-                CASE WHEN submit_admits(p_tenants[i], NULL, p_keys[i]) THEN now() END,
+                CASE WHEN submit_admits(p_tenants[i], NULL, p_keys[i],
+                                        coalesce(p_not_befores[i], now())) THEN now() END,
                 clock_timestamp(), clock_timestamp(), p_trace_parents[i], p_config_pins[i],
                 p_budget_tokens[i], p_budget_costs[i], v_effects,
                 run_authorization(p_tenants[i], v_effects), p_workflows[i]::jsonb,
-                coalesce(p_priorities[i], 0), p_keys[i])
+                coalesce(p_priorities[i], 0), p_keys[i], coalesce(p_not_befores[i], now()))
         ON CONFLICT (tenant, request_id) DO NOTHING
         RETURNING * INTO r;
         IF FOUND THEN
@@ -530,7 +534,7 @@ BEGIN
         SELECT run_id, created_at INTO v_run, v_at FROM runs
          WHERE tenant = p_tenant AND status = 'queued' AND parent_run_id IS NULL
            AND job_published_at IS NULL AND (p_session IS NULL OR session_id = p_session)
-           AND NOT session_blocked(tenant, session_id, submit_seq)
+           AND not_before <= now() AND NOT session_blocked(tenant, session_id, submit_seq)
            AND NOT key_blocked(tenant, concurrency_key)
          ORDER BY submit_seq
          LIMIT 1;
@@ -546,7 +550,7 @@ BEGIN
             SELECT run_id INTO v_run FROM runs
              WHERE tenant = p_tenant AND status = 'queued' AND parent_run_id IS NULL
                AND job_published_at IS NULL AND (p_session IS NULL OR session_id = p_session)
-               AND NOT session_blocked(tenant, session_id, submit_seq)
+               AND not_before <= now() AND NOT session_blocked(tenant, session_id, submit_seq)
                AND NOT key_blocked(tenant, concurrency_key)
              ORDER BY priority DESC, submit_seq
              LIMIT 1
@@ -729,12 +733,18 @@ BEGIN
             v_done := v_done || jsonb_build_object('code', NEW.error->'code');
         END IF;
         PERFORM outbox_frame(NEW, v_generation, v_seq, 'done', v_done);
+        IF NEW.parent_run_id IS NULL THEN
+            PERFORM webhook_put(NEW, 'ended');
+        END IF;
         IF NEW.session_id IS NOT NULL THEN
             PERFORM start_session_turn(NEW.tenant, NEW.session_id, 'session');
         END IF;
     ELSIF NEW.status = 'queued' AND OLD.status = 'running' AND NEW.close_seq IS NOT NULL
           AND NEW.error IS NOT NULL THEN
         PERFORM outbox_frame(NEW, v_generation, v_seq, 'error', NEW.error);
+    END IF;
+    IF NEW.status = 'waiting' AND NEW.parent_run_id IS NULL THEN
+        PERFORM webhook_put(NEW, 'waiting');
     END IF;
     -- A run that stops holding a job (it ended, or waits for an answer) makes room in
     -- its tenant's share: the tenant's next waiting runs get theirs.
@@ -753,6 +763,7 @@ CREATE FUNCTION public.run_queued_for(r public.runs) RETURNS text
     SET search_path TO 'public', 'pg_temp'
     AS $$
     SELECT CASE WHEN r.status <> 'queued' OR r.job_published_at IS NOT NULL THEN NULL
+                WHEN r.not_before > now() THEN 'time'
                 WHEN session_blocked(r.tenant, r.session_id, r.submit_seq) THEN 'session'
                 WHEN key_blocked(r.tenant, r.concurrency_key) THEN 'concurrency_key'
                 ELSE 'share' END
@@ -774,6 +785,17 @@ CREATE FUNCTION public.session_blocked(p_tenant text, p_session text, p_before b
            AND (p_before IS NULL OR e.submit_seq < p_before)
            AND run_active(e.status)
            AND (e.cancel_deadline IS NULL OR e.cancel_deadline > now()))
+$$;
+
+CREATE FUNCTION public.set_webhook_endpoints(p_tenant text, p_urls text[], p_events text[]) RETURNS void
+    LANGUAGE sql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+    DELETE FROM webhook_endpoints WHERE tenant = p_tenant AND url <> ALL(p_urls);
+    INSERT INTO webhook_endpoints (tenant, url, events)
+    SELECT p_tenant, u.url, ARRAY(SELECT jsonb_array_elements_text(u.events::jsonb))
+      FROM unnest(p_urls, p_events) AS u(url, events)
+    ON CONFLICT (tenant, url) DO UPDATE SET events = EXCLUDED.events;
 $$;
 
 CREATE FUNCTION public.signal_run(p_tenant text, p_run_id uuid, p_name text, p_payload jsonb, p_request_id text, p_actor text) RETURNS text
@@ -828,7 +850,7 @@ CREATE FUNCTION public.start_share_turn(p_tenant text, p_actor text) RETURNS int
     SELECT issue_turns(p_tenant, NULL, p_actor, 'share_turn', 'its tenant''s share has room')
 $$;
 
-CREATE FUNCTION public.submit_admits(p_tenant text, p_session text, p_key text) RETURNS boolean
+CREATE FUNCTION public.submit_admits(p_tenant text, p_session text, p_key text, p_not_before timestamp with time zone) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
@@ -847,8 +869,8 @@ BEGIN
         RAISE EXCEPTION 'tenant % has % runs queued, its queue''s capacity; submit again later',
             p_tenant, v_queued USING ERRCODE = 'RWQ02';
     END IF;
-    RETURN NOT session_blocked(p_tenant, p_session, NULL) AND NOT key_blocked(p_tenant, p_key)
-           AND tenant_issued(p_tenant) < v_share;
+    RETURN p_not_before <= now() AND NOT session_blocked(p_tenant, p_session, NULL)
+           AND NOT key_blocked(p_tenant, p_key) AND tenant_issued(p_tenant) < v_share;
 END
 $$;
 
@@ -886,7 +908,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION public.submit_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[], p_priorities integer[], p_keys text[]) RETURNS TABLE(o_run public.runs, o_messages jsonb)
+CREATE FUNCTION public.submit_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[], p_priorities integer[], p_keys text[], p_not_befores timestamp with time zone[]) RETURNS TABLE(o_run public.runs, o_messages jsonb)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$
@@ -897,7 +919,7 @@ BEGIN
                            p_inputs, p_metadata, p_max_attempts, p_attempt_timeouts,
                            p_queue_timeouts, p_actor, p_trace_parents, p_config_pins,
                            p_budget_tokens, p_budget_costs, p_effects, p_workflows,
-                           p_priorities, p_keys) r;
+                           p_priorities, p_keys, p_not_befores) r;
     -- A statement of its own: it sees what the inserts' triggers wrote.
     RETURN QUERY SELECT NULL::runs, xact_messages();
 END
@@ -907,6 +929,7 @@ CREATE FUNCTION public.submitted_reason(r public.runs) RETURNS text
     LANGUAGE sql STABLE
     AS $$
     SELECT 'submit' || CASE run_queued_for(r)
+                           WHEN 'time' THEN '; waits for its start time'
                            WHEN 'session' THEN '; waits for its session'
                            WHEN 'concurrency_key' THEN '; waits for its concurrency key'
                            WHEN 'share' THEN '; waits for its tenant''s share'
@@ -1074,6 +1097,28 @@ BEGIN
     VALUES (v_run.run_id, 'resumed', v_run.status, v_run.attempts, p_actor, p_reason);
     RETURN NEXT v_run;
 END
+$$;
+
+CREATE FUNCTION public.webhook_put(r public.runs, p_event text) RETURNS void
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+    INSERT INTO webhook_deliveries (tenant, url, msg_id, event, body)
+    SELECT r.tenant, e.url,
+           'msg_' || replace(r.run_id::text, '-', '') || '_' || p_event || '_' || r.generation,
+           p_event,
+           jsonb_build_object(
+               'type', 'run.' || p_event,
+               'timestamp', rfc3339(clock_timestamp()),
+               'data', jsonb_strip_nulls(jsonb_build_object(
+                   'run_id', r.run_id, 'tenant', r.tenant, 'session_id', r.session_id,
+                   'runner', r.runner, 'status', r.status, 'attempts', r.attempts,
+                   'error', r.error, 'created_at', rfc3339(r.created_at),
+                   'ended_at', rfc3339(r.ended_at))))
+      FROM webhook_endpoints e
+     WHERE e.tenant = r.tenant AND p_event = ANY(e.events)
+    ON CONFLICT (url, msg_id) DO NOTHING
 $$;
 
 CREATE FUNCTION public.workflow_advance(p_run public.runs, p_actor text) RETURNS void
@@ -1708,6 +1753,13 @@ CREATE TABLE public.budget_reservations (
     CONSTRAINT budget_reservations_used_check CHECK ((used >= 0))
 );
 
+CREATE TABLE public.coalesced_requests (
+    tenant text NOT NULL,
+    request_id text NOT NULL,
+    run_id uuid NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
 CREATE TABLE public.effects (
     run_id uuid NOT NULL,
     key text NOT NULL,
@@ -1872,6 +1924,44 @@ CREATE TABLE public.tenant_spend (
     cost bigint DEFAULT 0 NOT NULL
 );
 
+CREATE TABLE public.webhook_deliveries (
+    id bigint NOT NULL,
+    tenant text NOT NULL,
+    url text NOT NULL,
+    msg_id text NOT NULL,
+    event text NOT NULL,
+    body jsonb NOT NULL,
+    state text DEFAULT 'pending'::text NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    next_at timestamp with time zone DEFAULT now() NOT NULL,
+    last_error text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    ended_at timestamp with time zone,
+    CONSTRAINT webhook_deliveries_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'delivered'::text, 'failed'::text])))
+);
+
+CREATE SEQUENCE public.webhook_deliveries_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+ALTER SEQUENCE public.webhook_deliveries_id_seq OWNED BY public.webhook_deliveries.id;
+
+CREATE TABLE public.webhook_endpoints (
+    tenant text NOT NULL,
+    url text NOT NULL,
+    events text[] NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE public.webhook_secrets (
+    tenant text NOT NULL,
+    secret text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
 CREATE TABLE public.workflow_runs (
     run_id uuid NOT NULL,
     definition jsonb NOT NULL,
@@ -1886,8 +1976,13 @@ ALTER TABLE ONLY public.run_events ALTER COLUMN id SET DEFAULT nextval('public.r
 
 ALTER TABLE ONLY public.run_signals ALTER COLUMN seq SET DEFAULT nextval('public.run_signals_seq_seq'::regclass);
 
+ALTER TABLE ONLY public.webhook_deliveries ALTER COLUMN id SET DEFAULT nextval('public.webhook_deliveries_id_seq'::regclass);
+
 ALTER TABLE ONLY public.budget_reservations
     ADD CONSTRAINT budget_reservations_pkey PRIMARY KEY (run_id, key);
+
+ALTER TABLE ONLY public.coalesced_requests
+    ADD CONSTRAINT coalesced_requests_pkey PRIMARY KEY (tenant, request_id);
 
 ALTER TABLE ONLY public.effects
     ADD CONSTRAINT effects_idempotency_key_key UNIQUE (idempotency_key);
@@ -1914,7 +2009,7 @@ ALTER TABLE ONLY public.releases
     ADD CONSTRAINT releases_pkey PRIMARY KEY (tenant, release_id, version);
 
 ALTER TABLE public.run_events
-    ADD CONSTRAINT run_events_event_known CHECK ((event = ANY (ARRAY['submitted'::text, 'claimed'::text, 'finished'::text, 'failed'::text, 'canceled'::text, 'retry'::text, 'released'::text, 'cancel_requested'::text, 'session_turn'::text, 'share_turn'::text, 'recovering'::text, 'interrupted'::text, 'waiting'::text, 'resumed'::text, 'signaled'::text, 'budget_reserved'::text, 'budget_settled'::text, 'budget_released'::text, 'effect_resolved'::text, 'node_ready'::text, 'node_started'::text, 'node_retrying'::text, 'node_waiting'::text, 'node_resumed'::text, 'node_completed'::text, 'node_failed'::text, 'node_fell_back'::text, 'node_skipped'::text, 'node_timed_out'::text]))) NOT VALID;
+    ADD CONSTRAINT run_events_event_known CHECK ((event = ANY (ARRAY['submitted'::text, 'claimed'::text, 'finished'::text, 'failed'::text, 'canceled'::text, 'retry'::text, 'released'::text, 'cancel_requested'::text, 'session_turn'::text, 'share_turn'::text, 'rescheduled'::text, 'recovering'::text, 'interrupted'::text, 'waiting'::text, 'resumed'::text, 'signaled'::text, 'budget_reserved'::text, 'budget_settled'::text, 'budget_released'::text, 'effect_resolved'::text, 'node_ready'::text, 'node_started'::text, 'node_retrying'::text, 'node_waiting'::text, 'node_resumed'::text, 'node_completed'::text, 'node_failed'::text, 'node_fell_back'::text, 'node_skipped'::text, 'node_timed_out'::text]))) NOT VALID;
 
 ALTER TABLE ONLY public.run_events
     ADD CONSTRAINT run_events_pkey PRIMARY KEY (id);
@@ -1952,12 +2047,26 @@ ALTER TABLE ONLY public.tenant_policies
 ALTER TABLE ONLY public.tenant_spend
     ADD CONSTRAINT tenant_spend_pkey PRIMARY KEY (tenant);
 
+ALTER TABLE ONLY public.webhook_deliveries
+    ADD CONSTRAINT webhook_deliveries_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.webhook_deliveries
+    ADD CONSTRAINT webhook_deliveries_url_msg_id_key UNIQUE (url, msg_id);
+
+ALTER TABLE ONLY public.webhook_endpoints
+    ADD CONSTRAINT webhook_endpoints_pkey PRIMARY KEY (tenant, url);
+
+ALTER TABLE ONLY public.webhook_secrets
+    ADD CONSTRAINT webhook_secrets_pkey PRIMARY KEY (tenant);
+
 ALTER TABLE ONLY public.workflow_runs
     ADD CONSTRAINT workflow_runs_pkey PRIMARY KEY (run_id);
 
 CREATE INDEX budget_reservations_open ON public.budget_reservations USING btree (run_id) WHERE (state = 'reserved'::text);
 
 CREATE INDEX budget_reservations_open_by_tenant ON public.budget_reservations USING btree (tenant) WHERE (state = 'reserved'::text);
+
+CREATE INDEX coalesced_requests_run ON public.coalesced_requests USING btree (run_id);
 
 CREATE INDEX effects_open ON public.effects USING btree (checked_at NULLS FIRST) WHERE (state = ANY (ARRAY['claimed'::public.effect_state, 'unknown'::public.effect_state]));
 
@@ -2007,6 +2116,10 @@ CREATE INDEX runs_unclosed ON public.runs USING btree (ended_at) WHERE ((ended_a
 
 CREATE INDEX runs_unpurged ON public.runs USING btree (ended_at) WHERE ((ended_at IS NOT NULL) AND (stream_purged_at IS NULL));
 
+CREATE INDEX webhook_deliveries_due ON public.webhook_deliveries USING btree (next_at) WHERE (state = 'pending'::text);
+
+CREATE INDEX webhook_deliveries_failed ON public.webhook_deliveries USING btree (tenant, ended_at DESC) WHERE (state = 'failed'::text);
+
 CREATE TRIGGER budget_spend_track AFTER INSERT OR UPDATE ON public.budget_reservations FOR EACH ROW EXECUTE FUNCTION public.budget_spend_track();
 
 CREATE TRIGGER effect_budget_close AFTER UPDATE OF state ON public.effects FOR EACH ROW EXECUTE FUNCTION public.effect_budget_close();
@@ -2023,6 +2136,9 @@ CREATE TRIGGER workflow_run_before BEFORE INSERT OR UPDATE ON public.runs FOR EA
 
 ALTER TABLE ONLY public.budget_reservations
     ADD CONSTRAINT budget_reservations_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(run_id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY public.coalesced_requests
+    ADD CONSTRAINT coalesced_requests_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(run_id) ON DELETE CASCADE;
 
 ALTER TABLE ONLY public.effects
     ADD CONSTRAINT effects_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(run_id) ON DELETE CASCADE;
@@ -2082,8 +2198,8 @@ GRANT ALL ON FUNCTION public.finish_runs_told(p_runs uuid[], p_generations integ
 REVOKE ALL ON FUNCTION public.forget_tenant(p_tenant text) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.forget_tenant(p_tenant text) TO runwire_submitter;
 
-REVOKE ALL ON FUNCTION public.insert_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[], p_priorities integer[], p_keys text[]) FROM PUBLIC;
-GRANT ALL ON FUNCTION public.insert_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[], p_priorities integer[], p_keys text[]) TO runwire_submitter;
+REVOKE ALL ON FUNCTION public.insert_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[], p_priorities integer[], p_keys text[], p_not_befores timestamp with time zone[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.insert_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[], p_priorities integer[], p_keys text[], p_not_befores timestamp with time zone[]) TO runwire_submitter;
 
 REVOKE ALL ON FUNCTION public.issue_turns(p_tenant text, p_session text, p_actor text, p_event text, p_reason text) FROM PUBLIC;
 
@@ -2102,6 +2218,8 @@ GRANT ALL ON FUNCTION public.resume_run(p_tenant text, p_run_id uuid, p_wait_id 
 
 REVOKE ALL ON FUNCTION public.run_messages() FROM PUBLIC;
 
+GRANT ALL ON FUNCTION public.set_webhook_endpoints(p_tenant text, p_urls text[], p_events text[]) TO runwire_submitter;
+
 REVOKE ALL ON FUNCTION public.signal_run(p_tenant text, p_run_id uuid, p_name text, p_payload jsonb, p_request_id text, p_actor text) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.signal_run(p_tenant text, p_run_id uuid, p_name text, p_payload jsonb, p_request_id text, p_actor text) TO runwire_submitter;
 
@@ -2111,8 +2229,8 @@ GRANT ALL ON FUNCTION public.start_session_turn(p_tenant text, p_session text, p
 REVOKE ALL ON FUNCTION public.start_share_turn(p_tenant text, p_actor text) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.start_share_turn(p_tenant text, p_actor text) TO runwire_recovery;
 
-REVOKE ALL ON FUNCTION public.submit_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[], p_priorities integer[], p_keys text[]) FROM PUBLIC;
-GRANT ALL ON FUNCTION public.submit_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[], p_priorities integer[], p_keys text[]) TO runwire_submitter;
+REVOKE ALL ON FUNCTION public.submit_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[], p_priorities integer[], p_keys text[], p_not_befores timestamp with time zone[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.submit_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[], p_priorities integer[], p_keys text[], p_not_befores timestamp with time zone[]) TO runwire_submitter;
 
 GRANT SELECT ON TABLE public.run_signals TO runwire_submitter;
 GRANT SELECT ON TABLE public.run_signals TO runwire_executor;
@@ -2128,6 +2246,8 @@ REVOKE ALL ON FUNCTION public.wait_begin(p_run_id uuid, p_generation integer, p_
 GRANT ALL ON FUNCTION public.wait_begin(p_run_id uuid, p_generation integer, p_wait_id text, p_kind text, p_name text, p_payload jsonb, p_timeout_ms bigint) TO runwire_executor;
 
 REVOKE ALL ON FUNCTION public.wake_run(p_run_id uuid, p_actor text, p_reason text) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.webhook_put(r public.runs, p_event text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION public.workflow_advance(p_run public.runs, p_actor text) FROM PUBLIC;
 
@@ -2169,6 +2289,9 @@ GRANT ALL ON FUNCTION public.xact_messages() TO runwire_executor;
 GRANT SELECT ON TABLE public.budget_reservations TO runwire_submitter;
 GRANT SELECT,INSERT,UPDATE ON TABLE public.budget_reservations TO runwire_executor;
 GRANT SELECT,UPDATE ON TABLE public.budget_reservations TO runwire_recovery;
+
+GRANT SELECT,INSERT ON TABLE public.coalesced_requests TO runwire_submitter;
+GRANT SELECT,DELETE ON TABLE public.coalesced_requests TO runwire_recovery;
 
 GRANT SELECT,UPDATE ON TABLE public.effects TO runwire_submitter;
 GRANT SELECT,INSERT,UPDATE ON TABLE public.effects TO runwire_executor;
@@ -2231,5 +2354,13 @@ GRANT SELECT ON TABLE public.tenant_policies TO runwire_executor;
 
 GRANT SELECT ON TABLE public.tenant_spend TO runwire_submitter;
 GRANT SELECT ON TABLE public.tenant_spend TO runwire_executor;
+
+GRANT SELECT ON TABLE public.webhook_deliveries TO runwire_submitter;
+GRANT SELECT,DELETE,UPDATE ON TABLE public.webhook_deliveries TO runwire_recovery;
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.webhook_endpoints TO runwire_submitter;
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.webhook_secrets TO runwire_submitter;
+GRANT SELECT ON TABLE public.webhook_secrets TO runwire_recovery;
 
 GRANT SELECT ON TABLE public.workflow_runs TO runwire_submitter;

@@ -171,6 +171,21 @@ def _items(value: str) -> list[str]:
     return [item for item in value.split(",") if item.strip()]
 
 
+def _host_list(value: str) -> str:
+    if not all(_HOST.match(h.strip().lower().rstrip(".")) for h in _items(value)):
+        raise ValueError("not a comma-separated list of host names (or *.example.com)")
+    return value
+
+
+def _network_list(value: str) -> str:
+    try:
+        for item in _items(value):
+            ipaddress.ip_network(item.strip(), strict=False)
+    except ValueError:
+        raise ValueError("not a comma-separated list of CIDRs (e.g. 10.0.0.0/8)") from None
+    return value
+
+
 # A host name of an allow-list, or `*.` and a domain.
 _HOST = re.compile(r"^(\*\.)?[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?$")
 
@@ -248,19 +263,12 @@ class ExecutorSettings(CommonSettings):
     def _hosts(cls, value: str) -> str:
         # The executor's http adapter reads it (runwire.runners.outbound); checked here
         # too so that a malformed one stops the executor as any bad setting does.
-        if not all(_HOST.match(h.strip().lower().rstrip(".")) for h in _items(value)):
-            raise ValueError("not a comma-separated list of host names (or *.example.com)")
-        return value
+        return _host_list(value)
 
     @field_validator("effect_http_allow_networks")
     @classmethod
     def _networks(cls, value: str) -> str:
-        try:
-            for item in _items(value):
-                ipaddress.ip_network(item.strip(), strict=False)
-        except ValueError:
-            raise ValueError("not a comma-separated list of CIDRs (e.g. 10.0.0.0/8)") from None
-        return value
+        return _network_list(value)
 
     @model_validator(mode="after")
     def _heartbeat_inside_limits(self) -> Self:
@@ -345,6 +353,33 @@ class RecoverySettings(CommonSettings):
     consumer_sweep_ms: int = Field(default=DEFAULT_CONSUMER_SWEEP_MS, ge=100)
     """How often recovery looks at every tenant consumer (besides each one created, at
     once)."""
+    webhook_interval_ms: int = Field(default=500, ge=10)
+    """How often recovery looks for webhook deliveries that are due."""
+    webhook_timeout_ms: int = Field(default=10_000, ge=100, le=120_000)
+    """How long a webhook endpoint has to answer a delivery (2xx: delivered)."""
+    webhook_max_attempts: int = Field(default=8, ge=1, le=100)
+    """Attempts of a webhook delivery before it fails for good (and is kept, to be seen
+    with `runwire webhooks`)."""
+    webhook_retry_base_ms: int = Field(default=1_000, ge=1)
+    """The wait before a delivery's second attempt; it doubles at each attempt after,
+    up to an hour."""
+    webhook_allow_hosts: str = ""
+    """The only hosts webhooks may be delivered to, comma-separated (`*.example.com`:
+    any name under example.com); empty: any public host."""
+    webhook_allow_networks: str = ""
+    """Private networks (CIDRs, comma-separated) webhooks may be delivered to although
+    they are not public: loopback, RFC 1918, link-local and the like are refused
+    otherwise (the address each name resolves to is checked, at every delivery)."""
+
+    @field_validator("webhook_allow_hosts")
+    @classmethod
+    def _webhook_hosts(cls, value: str) -> str:
+        return _host_list(value)
+
+    @field_validator("webhook_allow_networks")
+    @classmethod
+    def _webhook_networks(cls, value: str) -> str:
+        return _network_list(value)
 
     @field_validator("frame_retention", "stream_purge_grace", mode="before")
     @classmethod

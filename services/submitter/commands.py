@@ -44,6 +44,7 @@ from runwire.runtime.store import Run, Store
 from runwire.runtime.store.rows import parse_run_id
 from runwire.runtime.store.waits import Answer
 from runwire.submitter.runners import RunnerCatalog
+from runwire.submitter.shapes import run_input, start_time
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,11 @@ MAX_KEPT_DELIVERIES = 50
 
 class SessionBusy(RunwireError):
     code = ErrorCode.SESSION_BUSY
+    retryable = False
+
+
+class NotReschedulable(RunwireError):
+    code = ErrorCode.NOT_RESCHEDULABLE
     retryable = False
 
 
@@ -207,6 +213,9 @@ class Submitter:
             else:
                 async with self.store.session_lock(tenant, cmd.session_id) as tx:
                     canceled = await self._make_room(tx, tenant, cmd.session_id, cmd)
+                    joined = await self._coalesce(tx, tenant, cmd.session_id, cmd)
+                    if joined is not None:
+                        return self._reply(joined, duplicate=False, coalesced=True)
                     run = await self._insert(tx, tenant, cmd, workflow)
         except _Duplicate:  # the request_id was used before: answer with the first run
             first = await self.store.run_by_request(tenant, cmd.request_id)
@@ -226,11 +235,28 @@ class Submitter:
                 log.info("run submitted; it waits for the earlier runs of its session")
         return self._reply(run, duplicate=False)
 
-    def _reply(self, run: Run, *, duplicate: bool) -> replies.SubmitReply:
+    async def _coalesce(
+        self, tx: Store, tenant: str, session_id: str, cmd: commands.SubmitCommand
+    ) -> Run | None:
+        """multitask `coalesce`: the session's coalesced run that has not started takes
+        this submit's input (under the session's lock); None: a new run is made."""
+        if cmd.multitask != commands.Multitask.COALESCE:
+            return None
+        return await tx.coalesce_into(
+            tenant,
+            session_id,
+            cmd.runner,
+            cmd.input,
+            cmd.request_id,
+            self.settings.max_input_bytes,
+        )
+
+    def _reply(self, run: Run, *, duplicate: bool, coalesced: bool = False) -> replies.SubmitReply:
         subjects = self.broker.subjects
         return replies.SubmitReply(
             run=run.summary(),
             duplicate=duplicate,
+            coalesced=coalesced,
             frames=replies.FrameChannel(
                 stream=subjects.run_frames_stream,
                 subject=subjects.run_frames(run.tenant, run.run_id),
@@ -275,7 +301,7 @@ class Submitter:
             session_id=cmd.session_id,
             multitask=cmd.multitask.value,
             runner=cmd.runner if cmd.workflow is None else WORKFLOW_RUNNER,
-            input=cmd.input if cmd.workflow is None else cmd.workflow.input,
+            input=run_input(cmd),
             metadata=cmd.metadata,
             max_attempts=cmd.max_attempts or self.settings.default_max_attempts,
             attempt_timeout_ms=cmd.attempt_timeout_ms or self.settings.default_attempt_timeout_ms,
@@ -290,6 +316,7 @@ class Submitter:
             workflow=workflow,
             priority=cmd.priority,
             concurrency_key=cmd.concurrency_key,
+            not_before=start_time(cmd.not_before, cmd.delay_ms or cmd.coalesce_ms),
         )
         if run is None:
             raise _Duplicate("request_id already used")
@@ -362,52 +389,6 @@ class Submitter:
             "queued_for": queued_for,
         }
         return replies.RunReply(run=run.summary().model_copy(update=update))
-
-    async def set_budget(self, tenant: str, cmd: commands.SetBudgetCommand) -> replies.BudgetReply:
-        limits = {name: getattr(cmd, name) for name in cmd.model_fields_set if name != "v"}
-        await self.store.set_tenant_budget(tenant, limits)
-        log.info("budget set", extra=fields(tenant=tenant, **limits))
-        return await self.get_budget(tenant, commands.GetBudgetCommand())
-
-    async def get_budget(self, tenant: str, cmd: commands.GetBudgetCommand) -> replies.BudgetReply:
-        state = await self.store.tenant_budget(tenant)
-
-        def left(limit: int | None, spent: int) -> int | None:
-            return None if limit is None else limit - spent
-
-        return replies.BudgetReply(
-            tenant=tenant,
-            tokens=state["tokens"],
-            used=state["spent"] - state["reserved"],
-            reserved=state["reserved"],
-            left=left(state["tokens"], state["spent"]),
-            cost=state["cost"],
-            cost_used=state["cost_spent"] - state["cost_reserved"],
-            cost_reserved=state["cost_reserved"],
-            cost_left=left(state["cost"], state["cost_spent"]),
-            max_active_runs=state["max_active_runs"],
-            max_runs_per_day=state["max_runs_per_day"],
-            active_runs=state["active_runs"],
-            runs_today=state["runs_today"],
-            share=state["share"],
-            share_runs=state["share_runs"],
-            issued_runs=state["issued_runs"],
-            max_queued_runs=state["max_queued_runs"],
-            queued_runs=state["queued_runs"],
-            max_runs_per_key=state["max_runs_per_key"],
-        )
-
-    async def set_policy(self, tenant: str, cmd: commands.SetPolicyCommand) -> replies.PolicyReply:
-        await self.store.set_tenant_policy(tenant, cmd.effects)
-        log.warning(
-            "policy set: runs submitted before hold a stale authorization",
-            extra=fields(tenant=tenant, effects=cmd.effects),
-        )
-        return await self.get_policy(tenant, commands.GetPolicyCommand())
-
-    async def get_policy(self, tenant: str, cmd: commands.GetPolicyCommand) -> replies.PolicyReply:
-        effects, version = await self.store.tenant_policy(tenant)
-        return replies.PolicyReply(tenant=tenant, effects=effects, version=version)
 
     async def resolve_effect(
         self, tenant: str, cmd: commands.ResolveEffectCommand
@@ -493,6 +474,19 @@ class Submitter:
         ]
         last = page[-1][0].submit_seq if len(page) == cmd.limit else None
         return replies.ListReply(runs=runs, next=last)
+
+    async def reschedule(self, tenant: str, cmd: commands.RescheduleCommand) -> replies.RunReply:
+        when = start_time(cmd.not_before, cmd.delay_ms)
+        assert when is not None  # the command gives one or the other
+        xact = await self.store.reschedule_run(tenant, cmd.run_id, when, ACTOR)
+        if xact is None:
+            run = await self.store.get_run(tenant, cmd.run_id)
+            if run is None:
+                raise NotFound(f"no run {cmd.run_id!r}")
+            held = "has its job already" if run.status == RunStatus.QUEUED else run.status.value
+            raise NotReschedulable(f"run {cmd.run_id} cannot be rescheduled: it {held}")
+        await self.outbox.dispatch_xact(xact)
+        return replies.RunReply(run=await self._summary(tenant, cmd.run_id))
 
     async def resume(self, tenant: str, cmd: commands.ResumeCommand) -> replies.ResumeReply:
         answer, xact = await self._answer(

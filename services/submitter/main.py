@@ -15,6 +15,7 @@ from runwire.runtime.lifecycle import CannotStart, run
 from runwire.runtime.settings import SubmitterSettings, from_env
 from runwire.submitter.commands import Submitter
 from runwire.submitter.runners import RunnerCatalog
+from runwire.submitter.tenants import TenantLimits
 
 QUEUE_GROUP = "submitter"
 
@@ -24,6 +25,7 @@ class SubmitterService(Service[SubmitterSettings]):
 
     name = "submitter"
     submitter: Submitter
+    limits: TenantLimits
 
     def __init__(
         self,
@@ -69,24 +71,24 @@ class SubmitterService(Service[SubmitterSettings]):
         @command("set_budget", max_bytes=settings.max_input_bytes)
         async def set_budget(body: commands.SetBudgetCommand) -> replies.BudgetReply:
             """Set the tenant's budgets (tokens, cost units) and quotas (`null`: none)."""
-            return await self.submitter.set_budget(tenant(), body)
+            return await self.limits.set_budget(tenant(), body)
 
         @command("get_budget", max_bytes=settings.max_input_bytes)
         async def get_budget(body: commands.GetBudgetCommand) -> replies.BudgetReply:
             """Read the tenant's budgets, what its runs used and hold reserved."""
-            return await self.submitter.get_budget(tenant(), body)
+            return await self.limits.get_budget(tenant(), body)
 
         @command("set_policy", max_bytes=settings.max_input_bytes)
         async def set_policy(body: commands.SetPolicyCommand) -> replies.PolicyReply:
             """Set the effect kinds the tenant's runs may perform (`null`: every kind; a
             tenant without a policy may perform none); earlier runs' effect claims fail
             with AUTHORIZATION_STALE from now on."""
-            return await self.submitter.set_policy(tenant(), body)
+            return await self.limits.set_policy(tenant(), body)
 
         @command("get_policy", max_bytes=settings.max_input_bytes)
         async def get_policy(body: commands.GetPolicyCommand) -> replies.PolicyReply:
             """Read the tenant's policy."""
-            return await self.submitter.get_policy(tenant(), body)
+            return await self.limits.get_policy(tenant(), body)
 
         @command("abort_session", max_bytes=settings.max_input_bytes)
         async def abort_session(body: commands.AbortSessionCommand) -> replies.AbortSessionReply:
@@ -103,6 +105,23 @@ class SubmitterService(Service[SubmitterSettings]):
             """The tenant's runs, newest first, a page at a time: by status, runner or
             session when given."""
             return await self.submitter.list_runs(tenant(), body)
+
+        @command("reschedule", max_bytes=settings.max_input_bytes)
+        async def reschedule(body: commands.RescheduleCommand) -> replies.RunReply:
+            """Move the start of a run that waits without a job (a delayed run); refused
+            with NOT_RESCHEDULABLE once it has its job."""
+            return await self.submitter.reschedule(tenant(), body)
+
+        @command("set_webhooks", max_bytes=settings.max_input_bytes)
+        async def set_webhooks(body: commands.SetWebhooksCommand) -> replies.WebhooksReply:
+            """Replace the tenant's webhook endpoints; the first time (or with
+            `rotate_secret`) the reply holds the secret deliveries are signed with."""
+            return await self.limits.set_webhooks(tenant(), body)
+
+        @command("get_webhooks", max_bytes=settings.max_input_bytes)
+        async def get_webhooks(body: commands.GetWebhooksCommand) -> replies.WebhooksReply:
+            """The tenant's webhook endpoints, deliveries pending and failed for good."""
+            return await self.limits.get_webhooks(tenant(), body)
 
         @command("resume", max_bytes=settings.max_input_bytes)
         async def resume(body: commands.ResumeCommand) -> replies.ResumeReply:
@@ -153,6 +172,7 @@ class SubmitterService(Service[SubmitterSettings]):
         self.submitter = Submitter(
             self.settings, self.store, self.broker, self.outbox, self.catalog
         )
+        self.limits = TenantLimits(self.store)
 
 
 service = SubmitterService(from_env(SubmitterSettings))

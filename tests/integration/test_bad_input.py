@@ -71,6 +71,17 @@ CASES = [
         ErrorCode.PAYLOAD_TOO_LARGE,
     ),
     ("submit", b"{" + b" " * (2 * 1024 * 1024) + b"}", ErrorCode.PAYLOAD_TOO_LARGE),
+    # A start time given twice, too far ahead, a priority out of range.
+    (
+        "submit",
+        _body(delay_ms=1000, not_before="2030-01-01T00:00:00Z"),
+        ErrorCode.INVALID_REQUEST,
+    ),
+    ("submit", _body(delay_ms=31 * 86_400_000), ErrorCode.INVALID_REQUEST),
+    ("submit", _body(not_before="2030-01-01T00:00:00"), ErrorCode.INVALID_REQUEST),
+    ("submit", _body(priority=11), ErrorCode.INVALID_REQUEST),
+    ("submit", _body(concurrency_key=""), ErrorCode.INVALID_REQUEST),
+    ("reschedule", json.dumps({"v": 1, "run_id": "x"}).encode(), ErrorCode.INVALID_REQUEST),
     ("get", b"{}", ErrorCode.INVALID_REQUEST),
     ("get", json.dumps({"v": 1, "run_id": 7}).encode(), ErrorCode.INVALID_REQUEST),
     ("cancel", b"nope", ErrorCode.INVALID_REQUEST),

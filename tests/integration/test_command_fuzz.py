@@ -29,6 +29,7 @@ REFUSALS = {
     ErrorCode.SESSION_BUSY,
     ErrorCode.QUOTA_EXCEEDED,
     ErrorCode.NOT_WAITING,
+    ErrorCode.NOT_RESCHEDULABLE,
 }
 # A valid body of each command, which the fuzzer changes a field of.
 VALID: dict[str, dict[str, Any]] = {
@@ -42,6 +43,12 @@ VALID: dict[str, dict[str, Any]] = {
     "forget_tenant": {"v": 1},
     "resume": {"v": 1, "request_id": "r", "run_id": str(uuid.uuid4()), "value": {"ok": True}},
     "signal": {"v": 1, "request_id": "r", "run_id": str(uuid.uuid4()), "name": "paid"},
+    "reschedule": {"v": 1, "run_id": str(uuid.uuid4()), "delay_ms": 1000},
+    "set_webhooks": {
+        "v": 1,
+        "endpoints": [{"url": "https://hooks.example.com/x", "events": ["ended"]}],
+    },
+    "get_webhooks": {"v": 1},
     "resolve_effect": {"v": 1, "run_id": str(uuid.uuid4()), "key": "k", "error": "no"},
     "set_budget": {"v": 1, "tokens": 1_000_000},
     "get_budget": {"v": 1},

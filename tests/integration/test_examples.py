@@ -165,7 +165,17 @@ def _flow_control(ran: Ran) -> None:
     (budget,) = _json_documents(ran.output("budget --share 2 --max-queued-runs 5000"))
     assert (budget["tenant"], budget["share"], budget["max_queued_runs"]) == ("default", 2, 5000)
     assert budget["max_runs_per_key"] == 3
+    later = ran.output('runwire submit --tokens "later" --delay-ms 3600000')
+    assert re.fullmatch(r"run [0-9a-f-]{36} queued\n", later), later
     assert budget["share_runs"] == 2 * 64  # the stack's default share, weighed
+
+
+def _webhooks(ran: Ran) -> None:
+    (hooks,) = _json_documents(ran.output("runwire webhooks --url"))
+    assert hooks["endpoints"] == [
+        {"url": "https://hooks.example.com/runwire", "events": ["ended", "waiting"]}
+    ]
+    assert hooks["secret"].startswith("whsec_")
 
 
 def _gateway(ran: Ran) -> None:
@@ -211,6 +221,7 @@ CHECKS: dict[str, Callable[[Ran], None]] = {
     "flow-control.md": _flow_control,
     "gateway.md": _gateway,
     "python-sdk.md": _python_sdk,
+    "webhooks.md": _webhooks,
     "workflows.md": _workflows,
 }
 

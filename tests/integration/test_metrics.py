@@ -43,6 +43,9 @@ OWN_FAMILIES = {
     "recovery": {
         "runwire_queue_depth",
         "runwire_queue_oldest_age_seconds",
+        "runwire_queue_held_runs",
+        "runwire_tenant_jobs",
+        "runwire_tenant_share_runs",
         "runwire_waiting_runs",
         "runwire_waiting_oldest_seconds",
         "runwire_recoveries",
@@ -132,6 +135,12 @@ async def test_metrics_show_queue_depth_and_attempts_in_flight(
 
     samples = await eventually(recovery_sees_one_waiting, timeout=10)
     assert samples[("runwire_queue_oldest_age_seconds", (("tenant", tenant),))] >= 0
+    # It has its job (nothing holds it back): two jobs, the running run's and its, of the
+    # tenant's share of 64.
+    by_tenant = (("tenant", tenant),)
+    assert samples[("runwire_queue_held_runs", by_tenant)] == 0
+    assert samples[("runwire_tenant_jobs", by_tenant)] == 2
+    assert samples[("runwire_tenant_share_runs", by_tenant)] == 64
 
     async def one_in_flight() -> bool:
         executor = await metrics("executor")

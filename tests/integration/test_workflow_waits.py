@@ -11,7 +11,7 @@ import asyncpg
 import pytest
 
 from runwire.client import Client, ClientError
-from runwire.client.cli import _node_tree
+from runwire.client.cli_views import node_tree
 from runwire.contracts.errors import ErrorCode
 from runwire.contracts.frames import Frame, FrameType
 from runwire.contracts.replies import RunSummary
@@ -81,7 +81,7 @@ async def test_a_node_that_asks_waits_and_goes_on_with_the_answer(stack: InProce
     assert ask.waiting_for["payload"] == {"question": "may I?"}
     assert (await client.get(ask.node_run_id)).status == RunStatus.WAITING
     # `runwire get RUN_ID --nodes` says what it asks and how to answer.
-    tree = _node_tree(await client.get(run_id))
+    tree = node_tree(await client.get(run_id))
     assert f'asks {{"question": "may I?"}}: runwire resume {ask.node_run_id}' in tree
 
     await client.resume(ask.node_run_id, {"say": "yes"})
@@ -137,7 +137,7 @@ async def test_a_signal_node_takes_the_signal_sent_to_its_workflow_run(
     paid = await waiting_node(client, late, "paid")
     assert paid.waiting_for is not None
     assert (paid.waiting_for["kind"], paid.waiting_for["name"]) == ("signal", "payment")
-    tree = _node_tree(await client.get(late))
+    tree = node_tree(await client.get(late))
     assert f"waits for the signal payment: runwire signal {late} payment" in tree
     assert (await client.signal(late, "payment", {"amount": "7 EUR"})).delivered
     run, frames = await finish(client, late)

@@ -23,6 +23,7 @@ from runwire.contracts import (
     Subjects,
     SubmitCommand,
     SubmitReply,
+    WebhooksReply,
 )
 from runwire.contracts.commands import BODIES
 from runwire.contracts.events import RunEvent
@@ -48,6 +49,9 @@ REPLIES: dict[str, type[BaseModel]] = {
     "list": ListReply,
     "resume": ResumeReply,
     "signal": SignalReply,
+    "reschedule": RunReply,
+    "set_webhooks": WebhooksReply,
+    "get_webhooks": WebhooksReply,
     "resolve_effect": RunReply,
     "set_budget": BudgetReply,
     "get_budget": BudgetReply,

@@ -47,7 +47,8 @@ CREATE INDEX runs_issued_by_key ON runs (tenant, concurrency_key)
 ALTER TABLE run_events DROP CONSTRAINT run_events_event_known;
 ALTER TABLE run_events ADD CONSTRAINT run_events_event_known CHECK (event IN (
     'submitted', 'claimed', 'finished', 'failed', 'canceled', 'retry', 'released',
-    'cancel_requested', 'session_turn', 'share_turn', 'recovering', 'interrupted',
+    'cancel_requested', 'session_turn', 'share_turn', 'rescheduled', 'recovering',
+    'interrupted',
     'waiting', 'resumed', 'signaled',
     'budget_reserved', 'budget_settled', 'budget_released', 'effect_resolved',
     'node_ready', 'node_started', 'node_retrying', 'node_waiting', 'node_resumed',

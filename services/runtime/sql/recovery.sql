@@ -147,12 +147,19 @@ SELECT k.run_id FROM unnest($1::uuid[]) AS k(run_id)
                     WHERE r.run_id = k.run_id AND NOT run_terminal(r.status));
 
 -- name: queue_stats
--- Per tenant: runs waiting for an attempt, and the age of the oldest (since its submit).
-SELECT tenant, count(*) AS depth,
-       extract(epoch FROM now() - min(created_at))::float8 AS oldest_age_s
-  FROM runs
- WHERE status IN ('queued', 'recovering')
- GROUP BY tenant;
+-- Per tenant with runs queued, recovering or running: runs waiting for an attempt and the
+-- age of the oldest (since its submit); those of them without a job yet (delayed, or behind
+-- their session, key or share); the runs holding a job and the tenant's share.
+SELECT a.tenant, a.depth, a.oldest_age_s, a.held, tenant_issued(a.tenant) AS issued,
+       (SELECT o_share FROM tenant_share(a.tenant)) AS share
+  FROM (SELECT tenant, count(*) FILTER (WHERE status <> 'running') AS depth,
+               extract(epoch FROM now() - min(created_at) FILTER (WHERE status <> 'running'))
+                   ::float8 AS oldest_age_s,
+               count(*) FILTER (WHERE status = 'queued' AND job_published_at IS NULL
+                                  AND parent_run_id IS NULL) AS held
+          FROM runs
+         WHERE status IN ('queued', 'recovering', 'running')
+         GROUP BY tenant) a;
 
 -- name: waiting_stats
 -- Per tenant: runs waiting for an answer (status 'waiting'), and how long the oldest has
@@ -235,3 +242,42 @@ SELECT run_id FROM upd;
 -- `xact`.
 SELECT timed_out, stopped, pg_current_xact_id_if_assigned()::text AS xact
   FROM workflow_sweep($1);
+
+-- name: webhooks_due
+-- Up to $1 deliveries that are due, oldest first, each leased for $2 ms (another replica
+-- leaves it alone until then), with their tenant's signing secret.
+WITH due AS (
+    SELECT id FROM webhook_deliveries
+     WHERE state = 'pending' AND next_at <= now()
+     ORDER BY next_at
+     LIMIT $1
+       FOR UPDATE SKIP LOCKED
+), leased AS (
+    UPDATE webhook_deliveries d SET next_at = now() + make_interval(secs => $2 / 1000.0)
+      FROM due WHERE d.id = due.id
+    RETURNING d.*
+)
+SELECT l.id, l.tenant, l.url, l.msg_id, l.body::text AS body, l.attempts, s.secret
+  FROM leased l LEFT JOIN webhook_secrets s ON s.tenant = l.tenant;
+
+-- name: webhook_delivered
+UPDATE webhook_deliveries
+   SET state = 'delivered', attempts = attempts + 1, last_error = NULL, ended_at = now()
+ WHERE id = $1 AND state = 'pending';
+
+-- name: webhook_not_delivered
+-- An attempt that failed with error $2: tried again after $4 ms when $3, else failed.
+UPDATE webhook_deliveries
+   SET attempts = attempts + 1, last_error = $2,
+       state = CASE WHEN $3 THEN 'pending' ELSE 'failed' END,
+       next_at = now() + make_interval(secs => $4 / 1000.0),
+       ended_at = CASE WHEN $3 THEN NULL ELSE now() END
+ WHERE id = $1 AND state = 'pending';
+
+-- name: forget_webhooks
+-- Deliveries made more than $1 seconds ago, and failed ones older than $2 seconds.
+DELETE FROM webhook_deliveries
+ WHERE id IN (SELECT id FROM webhook_deliveries
+               WHERE (state = 'delivered' AND ended_at < now() - make_interval(secs => $1))
+                  OR (state = 'failed' AND ended_at < now() - make_interval(secs => $2))
+               LIMIT 1000);

@@ -16,11 +16,11 @@ WITH quota AS (
                       metadata, max_attempts, attempt_timeout_ms, queue_timeout_ms,
                       job_published_at, created_at, updated_at, trace_parent, config_pin,
                       budget_tokens, budget_cost, effects, auth_fence, workflow, priority,
-                      concurrency_key)
+                      concurrency_key, not_before)
     SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,
-           CASE WHEN submit_admits($2, $4, $20) THEN now() END,
+           CASE WHEN submit_admits($2, $4, $20, coalesce($21, now())) THEN now() END,
            clock_timestamp(), clock_timestamp(), $13, $14, $15, $16, $17,
-           run_authorization($2, $17), $18, coalesce($19, 0), $20
+           run_authorization($2, $17), $18, coalesce($19, 0), $20, coalesce($21, now())
       FROM quota WHERE quota.ok
     ON CONFLICT (tenant, request_id) DO NOTHING
     RETURNING *
@@ -41,10 +41,41 @@ SELECT (x.o_run).*, x.o_messages AS messages, pg_current_xact_id()::text AS xact
   FROM submit_runs($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
                    $7::text[], $8::integer[], $9::integer[], $10::integer[], $11::text,
                    $12::text[], $13::text[], $14::bigint[], $15::bigint[], $16::text[],
-                   $17::text[], $18::integer[], $19::text[]) x;
+                   $17::text[], $18::integer[], $19::text[], $20::timestamptz[]) x;
 
 -- name: run_by_request
-SELECT * FROM runs WHERE tenant = $1 AND request_id = $2;
+-- The run a request id made, or whose input it joined (multitask `coalesce`).
+(SELECT * FROM runs WHERE tenant = $1 AND request_id = $2)
+UNION ALL
+(SELECT r.* FROM coalesced_requests c JOIN runs r ON r.run_id = c.run_id
+  WHERE c.tenant = $1 AND c.request_id = $2)
+LIMIT 1;
+
+-- name: coalesce_into
+-- The session's last run, when it waits without a job, was never attempted and was
+-- submitted with multitask `coalesce` for runner $3, takes input $4 (added to its
+-- `inputs`) for request id $5, unless its input would pass $6 bytes: that run, or none.
+WITH target AS (
+    SELECT r.run_id FROM runs r
+     WHERE r.tenant = $1 AND r.session_id = $2 AND r.status = 'queued'
+       AND r.job_published_at IS NULL AND r.attempts = 0 AND r.multitask = 'coalesce'
+       AND r.runner = $3 AND NOT r.cancel_requested
+       AND NOT EXISTS (SELECT 1 FROM runs l WHERE l.tenant = $1 AND l.session_id = $2
+                                           AND l.submit_seq > r.submit_seq)
+       FOR UPDATE
+), upd AS (
+    UPDATE runs r
+       SET input = jsonb_set(r.input, '{inputs}', (r.input -> 'inputs') || jsonb_build_array($4::jsonb)),
+           updated_at = now()
+      FROM target
+     WHERE r.run_id = target.run_id AND r.job_published_at IS NULL
+       AND octet_length(r.input::text) + octet_length($4::text) <= $6
+    RETURNING r.*
+), req AS (
+    INSERT INTO coalesced_requests (tenant, request_id, run_id)
+    SELECT $1, $5, run_id FROM upd
+)
+SELECT *, pg_current_xact_id()::text AS xact FROM upd;
 
 -- name: session_active
 SELECT run_id FROM runs
@@ -187,6 +218,48 @@ WITH upd AS (
       FROM upd
 )
 SELECT state FROM upd;
+
+-- name: reschedule_run
+-- A run that waits without a job (delayed, or behind its session, key or share) starts
+-- no earlier than $3 from now on; nothing for a run with its job, or not queued.
+WITH upd AS (
+    UPDATE runs SET not_before = $3, updated_at = now()
+     WHERE tenant = $1 AND run_id = $2 AND status = 'queued' AND job_published_at IS NULL
+    RETURNING *
+), ev AS (
+    INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
+    SELECT run_id, 'rescheduled', status, attempts, $4,
+           'to start no earlier than ' || rfc3339(not_before)
+      FROM upd
+)
+SELECT * FROM upd;
+
+-- name: start_share_turn
+-- The tenant's waiting runs that may start now get their job (see start_share_turn).
+SELECT start_share_turn($1, $2) AS started, pg_current_xact_id()::text AS xact;
+
+-- name: set_webhook_endpoints
+SELECT set_webhook_endpoints($1, $2::text[], $3::text[]);
+
+-- name: put_webhook_secret
+-- The tenant's signing secret $2 when it has none, or when $3 (rotate): returned only then.
+INSERT INTO webhook_secrets AS w (tenant, secret) VALUES ($1, $2)
+ON CONFLICT (tenant) DO UPDATE SET secret = EXCLUDED.secret, created_at = now() WHERE $3
+RETURNING w.secret;
+
+-- name: webhooks_of
+-- A tenant's endpoints, its deliveries not made yet, and the latest that failed for good.
+SELECT (SELECT coalesce(jsonb_agg(jsonb_build_object('url', url, 'events', events)
+                                  ORDER BY created_at, url), '[]')
+          FROM webhook_endpoints WHERE tenant = $1) AS endpoints,
+       (SELECT count(*) FROM webhook_deliveries WHERE tenant = $1 AND state = 'pending')
+           AS pending,
+       (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'msg_id', f.msg_id, 'url', f.url, 'event', f.event,
+                   'attempts', f.attempts, 'error', f.last_error, 'at', rfc3339(f.ended_at))
+                   ORDER BY f.ended_at DESC), '[]')
+          FROM (SELECT * FROM webhook_deliveries WHERE tenant = $1 AND state = 'failed'
+                ORDER BY ended_at DESC LIMIT $2) f) AS failed;
 
 -- name: queued_for
 SELECT run_queued_for(r) AS queued_for FROM runs r WHERE run_id = $1;

@@ -179,6 +179,10 @@ class Run:
             node_id=self.node_id,
             priority=self.priority,
             concurrency_key=self.concurrency_key,
+            # A delayed run, or a retry's backoff (a run's own start time is its submit's).
+            not_before=self.not_before
+            if self.status == RunStatus.QUEUED and self.not_before > self.created_at
+            else None,
         )
 
 

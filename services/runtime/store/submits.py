@@ -2,6 +2,7 @@
 
 import json
 import uuid
+from datetime import datetime
 from typing import Any, NamedTuple
 
 import asyncpg
@@ -12,6 +13,7 @@ from runwire.runtime.settings import DEFAULT_SUPERSEDE_GRACE_MS
 from runwire.runtime.store.batching import Batcher
 from runwire.runtime.store.queries import Queries
 from runwire.runtime.store.rows import Run, parse_run_id, runs_told
+from runwire.runtime.store.schema import QUERIES
 
 
 class _Submitted(NamedTuple):
@@ -37,6 +39,7 @@ class _Submitted(NamedTuple):
     workflow: dict[str, Any] | None
     priority: int
     concurrency_key: str | None
+    not_before: datetime | None
 
 
 # A submit whose input and metadata are larger goes in a statement of its own: a batch
@@ -52,6 +55,46 @@ class SubmitterQueries(Queries):
     """Runs as the submitter writes them."""
 
     _inserts: "Batcher[_Submitted, Run | RunwireError | None] | None" = None
+
+    async def reschedule_run(
+        self, tenant: str, run_id: str, not_before: datetime, actor: str
+    ) -> str | None:
+        """Move a run that waits without a job to start no earlier than `not_before`, and
+        give its tenant's due runs their job (this one, if due and the share has room);
+        the transaction whose outbox holds their jobs, or None when the run has its job
+        already, has ended, or is not there."""
+        key = parse_run_id(run_id)
+        if key is None:
+            return None
+        async with self._transaction("reschedule_run") as conn:
+            moved = await conn.fetchrow(QUERIES["reschedule_run"], tenant, key, not_before, actor)
+            if moved is None:
+                return None
+            told = await conn.fetchrow(QUERIES["start_share_turn"], tenant, actor)
+        assert told is not None
+        return str(told["xact"])
+
+    async def set_webhooks(
+        self, tenant: str, endpoints: list[tuple[str, list[str]]], secret: str, rotate: bool
+    ) -> str | None:
+        """Replace the tenant's endpoints ((url, events) each); store `secret` as its
+        signing secret when it has none or `rotate`: the secret when stored, else None."""
+        async with self._transaction("set_webhooks") as conn:
+            await conn.execute(
+                QUERIES["set_webhook_endpoints"],
+                tenant,
+                [url for url, _ in endpoints],
+                [json.dumps(events) for _, events in endpoints],
+            )
+            made = await conn.fetchrow(QUERIES["put_webhook_secret"], tenant, secret, rotate)
+        return str(made["secret"]) if made else None
+
+    async def webhooks_of(self, tenant: str, failed: int) -> dict[str, Any]:
+        """The tenant's endpoints, its deliveries not made yet (`pending`), and its latest
+        `failed` deliveries that failed for good."""
+        rec = await self._fetchrow("webhooks_of", tenant, failed)
+        assert rec is not None
+        return dict(rec)
 
     async def queued_for(self, run_id: str) -> str | None:
         """What a queued run without a job waits for: `session`, `concurrency_key`,
@@ -134,6 +177,21 @@ class SubmitterQueries(Queries):
         """Every runner an executor has served: name → input JSON Schema (or None)."""
         return {r["name"]: r["input_schema"] for r in await self._fetch("runner_catalog")}
 
+    async def coalesce_into(
+        self,
+        tenant: str,
+        session_id: str,
+        runner: str,
+        input: dict[str, Any],
+        request_id: str,
+        max_bytes: int,
+    ) -> Run | None:
+        """Add `input` to the session's last run when it is a coalesced run that has not
+        started (see `coalesce_into`): that run, or None."""
+        return await self._run_or_none(
+            "coalesce_into", tenant, session_id, runner, json.dumps(input), request_id, max_bytes
+        )
+
     async def session_active(self, tenant: str, session_id: str) -> list[str]:
         return [str(r["run_id"]) for r in await self._fetch("session_active", tenant, session_id)]
 
@@ -160,6 +218,7 @@ class SubmitterQueries(Queries):
         workflow: dict[str, Any] | None = None,
         priority: int = 0,
         concurrency_key: str | None = None,
+        not_before: datetime | None = None,
     ) -> Run | None:
         """Create a queued run; None when the tenant already has this request_id.
         `config_pin`: the fingerprint of the configuration its attempts must run with.
@@ -188,6 +247,7 @@ class SubmitterQueries(Queries):
             workflow,
             priority,
             concurrency_key,
+            not_before,
         )
         if session_id is not None or not isinstance(self._pool, asyncpg.Pool):
             return await self._run_or_none("insert_run", *args)
@@ -262,6 +322,7 @@ class SubmitterQueries(Queries):
             [_json(i.workflow) for i in items],
             [i.priority for i in items],
             [i.concurrency_key for i in items],
+            [i.not_before for i in items],
         ]
 
     async def insert_release(

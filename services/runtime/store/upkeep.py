@@ -4,8 +4,10 @@ LOCKED`, so replicas never act twice on a run."""
 
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 from runwire.contracts.errors import ErrorBody
+from runwire.runtime.metrics import TenantQueue
 from runwire.runtime.store.locks import EXECUTOR_PRESENCE_LOCKS
 from runwire.runtime.store.queries import Queries
 from runwire.runtime.store.rows import Run, parse_run_id
@@ -82,10 +84,33 @@ class RecoveryQueries(Queries):
         rows = await self._fetch("reissue_jobs", [uuid.UUID(r) for r in run_ids])
         return rows[0]["xact"] if rows else None
 
-    async def queue_stats(self) -> list[tuple[str, int, float]]:
-        """Per tenant: (tenant, runs waiting for an attempt, oldest one's age in seconds)."""
+    async def webhooks_due(self, limit: int, lease_ms: int) -> list[dict[str, Any]]:
+        """Up to `limit` deliveries due, each leased for `lease_ms`, with their tenant's
+        secret (id, tenant, url, msg_id, body, attempts, secret)."""
+        return [dict(r) for r in await self._fetch("webhooks_due", limit, lease_ms)]
+
+    async def webhook_delivered(self, delivery: int) -> None:
+        await self._fetch("webhook_delivered", delivery)
+
+    async def webhook_not_delivered(
+        self, delivery: int, error: str, again: bool, after_ms: int
+    ) -> None:
+        """An attempt failed with `error`: tried again after `after_ms` when `again`,
+        else the delivery failed for good."""
+        await self._fetch("webhook_not_delivered", delivery, error, again, after_ms)
+
+    async def forget_webhooks(self, delivered_s: int, failed_s: int) -> None:
+        await self._fetch("forget_webhooks", delivered_s, failed_s)
+
+    async def queue_stats(self) -> list["TenantQueue"]:
+        """Per tenant with runs queued, recovering or running: what its queue holds."""
         rows = await self._fetch("queue_stats")
-        return [(r["tenant"], r["depth"], r["oldest_age_s"]) for r in rows]
+        return [
+            TenantQueue(
+                r["tenant"], r["depth"], r["oldest_age_s"], r["held"], r["issued"], r["share"]
+            )
+            for r in rows
+        ]
 
     async def waiting_stats(self) -> list[tuple[str, int, float]]:
         """Per tenant: (tenant, runs waiting for an answer, a signal or a timer, how long

@@ -47,6 +47,7 @@ REVOKE ALL ON FUNCTION outbox_frame(runs, integer, integer, text, jsonb) FROM PU
 --  * when the run ends: an `error` frame (unless it finished or was canceled) and `done`,
 --    its pending jobs dropped, and the next run of its session released;
 --  * when it stops holding a job (it ended, or waits): its tenant's next runs released;
+--  * when it ends or waits: a delivery to each of its tenant's webhook endpoints for that;
 --  * when an attempt fails and the run goes back to the queue: the attempt's `error` frame.
 CREATE OR REPLACE FUNCTION run_messages()
 RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER SET search_path TO 'public', 'pg_temp'
@@ -88,12 +89,18 @@ BEGIN
             v_done := v_done || jsonb_build_object('code', NEW.error->'code');
         END IF;
         PERFORM outbox_frame(NEW, v_generation, v_seq, 'done', v_done);
+        IF NEW.parent_run_id IS NULL THEN
+            PERFORM webhook_put(NEW, 'ended');
+        END IF;
         IF NEW.session_id IS NOT NULL THEN
             PERFORM start_session_turn(NEW.tenant, NEW.session_id, 'session');
         END IF;
     ELSIF NEW.status = 'queued' AND OLD.status = 'running' AND NEW.close_seq IS NOT NULL
           AND NEW.error IS NOT NULL THEN
         PERFORM outbox_frame(NEW, v_generation, v_seq, 'error', NEW.error);
+    END IF;
+    IF NEW.status = 'waiting' AND NEW.parent_run_id IS NULL THEN
+        PERFORM webhook_put(NEW, 'waiting');
     END IF;
     -- A run that stops holding a job (it ended, or waits for an answer) makes room in
     -- its tenant's share: the tenant's next waiting runs get theirs.

@@ -83,15 +83,17 @@ SET plan_cache_mode TO 'force_generic_plan' AS $$
                    AND job_published_at IS NOT NULL) >= b.max_runs_per_key)
 $$;
 
--- Its signature before runs had concurrency keys:
+-- Its signatures before runs had concurrency keys and start times:
 DROP FUNCTION IF EXISTS submit_admits(text, text);
+DROP FUNCTION IF EXISTS submit_admits(text, text, text);
 
 -- Whether a run of tenant `p_tenant` submitted now (for session `p_session`, or none;
--- with concurrency key `p_key`, or none) gets its job at once: its session is not busy,
--- its key holds fewer jobs than the tenant's limit per key, and its tenant fewer than its
--- share. Raises RWQ02 (QUEUE_FULL) when the tenant's queue is at its capacity: one
+-- with concurrency key `p_key`, or none; to start at `p_not_before`) gets its job at
+-- once: it is due, its session is not busy, its key holds fewer jobs than the tenant's
+-- limit per key, and its tenant fewer than its share. Raises RWQ02 (QUEUE_FULL) when the tenant's queue is at its capacity: one
 -- tenant's flood never refuses another's submit.
-CREATE OR REPLACE FUNCTION submit_admits(p_tenant text, p_session text, p_key text)
+CREATE OR REPLACE FUNCTION submit_admits(p_tenant text, p_session text, p_key text,
+    p_not_before timestamp with time zone)
 RETURNS boolean LANGUAGE plpgsql SECURITY DEFINER SET search_path TO 'public', 'pg_temp'
 SET plan_cache_mode TO 'force_generic_plan' AS $$
 DECLARE
@@ -108,16 +110,16 @@ BEGIN
         RAISE EXCEPTION 'tenant % has % runs queued, its queue''s capacity; submit again later',
             p_tenant, v_queued USING ERRCODE = 'RWQ02';
     END IF;
-    RETURN NOT session_blocked(p_tenant, p_session, NULL) AND NOT key_blocked(p_tenant, p_key)
-           AND tenant_issued(p_tenant) < v_share;
+    RETURN p_not_before <= now() AND NOT session_blocked(p_tenant, p_session, NULL)
+           AND NOT key_blocked(p_tenant, p_key) AND tenant_issued(p_tenant) < v_share;
 END
 $$;
 
 -- The waiting runs of a tenant (of one session, or of any with `p_session` NULL) that
 -- get their job now, as far as its share has room, one at a time: the highest priority
 -- first, oldest first within one; but the oldest first once it has waited longer than
--- `priority_max_wait_ms` (age counts: no priority starves). None whose session is busy or
--- whose concurrency key holds its limit. Each gets run event `p_event`; returns how many.
+-- `priority_max_wait_ms` (age counts: no priority starves). None that is not due yet (a
+-- delayed run), whose session is busy or whose concurrency key holds its limit. Each gets run event `p_event`; returns how many.
 -- Two callers at once may each see the same room: the share is exceeded by that much,
 -- never starved.
 CREATE OR REPLACE FUNCTION issue_turns(p_tenant text, p_session text, p_actor text,
@@ -139,7 +141,7 @@ BEGIN
         SELECT run_id, created_at INTO v_run, v_at FROM runs
          WHERE tenant = p_tenant AND status = 'queued' AND parent_run_id IS NULL
            AND job_published_at IS NULL AND (p_session IS NULL OR session_id = p_session)
-           AND NOT session_blocked(tenant, session_id, submit_seq)
+           AND not_before <= now() AND NOT session_blocked(tenant, session_id, submit_seq)
            AND NOT key_blocked(tenant, concurrency_key)
          ORDER BY submit_seq
          LIMIT 1;
@@ -155,7 +157,7 @@ BEGIN
             SELECT run_id INTO v_run FROM runs
              WHERE tenant = p_tenant AND status = 'queued' AND parent_run_id IS NULL
                AND job_published_at IS NULL AND (p_session IS NULL OR session_id = p_session)
-               AND NOT session_blocked(tenant, session_id, submit_seq)
+               AND not_before <= now() AND NOT session_blocked(tenant, session_id, submit_seq)
                AND NOT key_blocked(tenant, concurrency_key)
              ORDER BY priority DESC, submit_seq
              LIMIT 1
@@ -173,12 +175,14 @@ END
 $$;
 REVOKE ALL ON FUNCTION issue_turns(text, text, text, text, text) FROM PUBLIC;
 
--- Why a queued run has no job yet: `session` (an earlier run of its session is active),
+-- Why a queued run has no job yet: `time` (it is delayed), `session` (an earlier run of
+-- its session is active),
 -- `concurrency_key` (its key's runs hold the tenant's limit), `share` (its tenant holds
 -- its share of jobs); NULL for a run with a job, or not queued.
 CREATE OR REPLACE FUNCTION run_queued_for(r runs)
 RETURNS text LANGUAGE sql STABLE SECURITY DEFINER SET search_path TO 'public', 'pg_temp' AS $$
     SELECT CASE WHEN r.status <> 'queued' OR r.job_published_at IS NOT NULL THEN NULL
+                WHEN r.not_before > now() THEN 'time'
                 WHEN session_blocked(r.tenant, r.session_id, r.submit_seq) THEN 'session'
                 WHEN key_blocked(r.tenant, r.concurrency_key) THEN 'concurrency_key'
                 ELSE 'share' END
@@ -188,6 +192,7 @@ $$;
 CREATE OR REPLACE FUNCTION submitted_reason(r runs)
 RETURNS text LANGUAGE sql STABLE AS $$
     SELECT 'submit' || CASE run_queued_for(r)
+                           WHEN 'time' THEN '; waits for its start time'
                            WHEN 'session' THEN '; waits for its session'
                            WHEN 'concurrency_key' THEN '; waits for its concurrency key'
                            WHEN 'share' THEN '; waits for its tenant''s share'
@@ -330,13 +335,19 @@ REVOKE ALL ON FUNCTION finish_runs(uuid[], integer[], text[], text[], text, inte
 GRANT EXECUTE ON FUNCTION finish_runs(uuid[], integer[], text[], text[], text, integer[],
     text[]) TO runwire_executor;
 
--- Their signatures before runs had a priority and a concurrency key:
+-- Their signatures before runs had a priority, a concurrency key and a start time:
 DROP FUNCTION IF EXISTS submit_runs(uuid[], text[], text[], text[], text[], text[], text[],
     integer[], integer[], integer[], text, text[], text[], bigint[], bigint[], text[],
     text[]);
 DROP FUNCTION IF EXISTS insert_runs(uuid[], text[], text[], text[], text[], text[], text[],
     integer[], integer[], integer[], text, text[], text[], bigint[], bigint[], text[],
     text[]);
+DROP FUNCTION IF EXISTS submit_runs(uuid[], text[], text[], text[], text[], text[], text[],
+    integer[], integer[], integer[], text, text[], text[], bigint[], bigint[], text[],
+    text[], integer[], text[]);
+DROP FUNCTION IF EXISTS insert_runs(uuid[], text[], text[], text[], text[], text[], text[],
+    integer[], integer[], integer[], text, text[], text[], bigint[], bigint[], text[],
+    text[], integer[], text[]);
 
 -- The submitter inserts the runs submitted at the same moment (outside a session) in one
 -- statement and one commit. Each is the `insert_run` statement, run one after the other
@@ -350,7 +361,7 @@ CREATE OR REPLACE FUNCTION insert_runs(p_run_ids uuid[], p_tenants text[],
     p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[],
     p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[],
     p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[],
-    p_priorities integer[], p_keys text[])
+    p_priorities integer[], p_keys text[], p_not_befores timestamp with time zone[])
 RETURNS SETOF runs LANGUAGE plpgsql SET plan_cache_mode TO 'force_generic_plan' AS $$
 DECLARE
     i integer;
@@ -366,15 +377,16 @@ BEGIN
                           metadata, max_attempts, attempt_timeout_ms, queue_timeout_ms,
                           job_published_at, created_at, updated_at, trace_parent, config_pin,
                           budget_tokens, budget_cost, effects, auth_fence, workflow,
-                          priority, concurrency_key)
+                          priority, concurrency_key, not_before)
         VALUES (p_run_ids[i], p_tenants[i], p_request_ids[i], NULL, p_multitasks[i],
                 p_runners[i], p_inputs[i]::jsonb, p_metadata[i]::jsonb, p_max_attempts[i],
                 p_attempt_timeouts[i], p_queue_timeouts[i],
-                CASE WHEN submit_admits(p_tenants[i], NULL, p_keys[i]) THEN now() END,
+                CASE WHEN submit_admits(p_tenants[i], NULL, p_keys[i],
+                                        coalesce(p_not_befores[i], now())) THEN now() END,
                 clock_timestamp(), clock_timestamp(), p_trace_parents[i], p_config_pins[i],
                 p_budget_tokens[i], p_budget_costs[i], v_effects,
                 run_authorization(p_tenants[i], v_effects), p_workflows[i]::jsonb,
-                coalesce(p_priorities[i], 0), p_keys[i])
+                coalesce(p_priorities[i], 0), p_keys[i], coalesce(p_not_befores[i], now()))
         ON CONFLICT (tenant, request_id) DO NOTHING
         RETURNING * INTO r;
         IF FOUND THEN
@@ -388,10 +400,10 @@ END
 $$;
 REVOKE ALL ON FUNCTION insert_runs(uuid[], text[], text[], text[], text[], text[], text[],
     integer[], integer[], integer[], text, text[], text[], bigint[], bigint[], text[],
-    text[], integer[], text[]) FROM PUBLIC;
+    text[], integer[], text[], timestamp with time zone[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION insert_runs(uuid[], text[], text[], text[], text[], text[],
     text[], integer[], integer[], integer[], text, text[], text[], bigint[], bigint[],
-    text[], text[], integer[], text[]) TO runwire_submitter;
+    text[], text[], integer[], text[], timestamp with time zone[]) TO runwire_submitter;
 
 -- insert_runs, and what the transaction left in the outbox that is due at once (the
 -- runs' jobs), returned to the submitter to publish without reading the outbox again.
@@ -400,7 +412,7 @@ CREATE OR REPLACE FUNCTION submit_runs(p_run_ids uuid[], p_tenants text[],
     p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[],
     p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[],
     p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[],
-    p_priorities integer[], p_keys text[])
+    p_priorities integer[], p_keys text[], p_not_befores timestamp with time zone[])
 RETURNS TABLE(o_run runs, o_messages jsonb) LANGUAGE plpgsql
 SET plan_cache_mode TO 'force_generic_plan' AS $$
 BEGIN
@@ -410,17 +422,17 @@ BEGIN
                            p_inputs, p_metadata, p_max_attempts, p_attempt_timeouts,
                            p_queue_timeouts, p_actor, p_trace_parents, p_config_pins,
                            p_budget_tokens, p_budget_costs, p_effects, p_workflows,
-                           p_priorities, p_keys) r;
+                           p_priorities, p_keys, p_not_befores) r;
     -- A statement of its own: it sees what the inserts' triggers wrote.
     RETURN QUERY SELECT NULL::runs, xact_messages();
 END
 $$;
 REVOKE ALL ON FUNCTION submit_runs(uuid[], text[], text[], text[], text[], text[], text[],
     integer[], integer[], integer[], text, text[], text[], bigint[], bigint[], text[],
-    text[], integer[], text[]) FROM PUBLIC;
+    text[], integer[], text[], timestamp with time zone[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION submit_runs(uuid[], text[], text[], text[], text[], text[],
     text[], integer[], integer[], integer[], text, text[], text[], bigint[], bigint[],
-    text[], text[], integer[], text[]) TO runwire_submitter;
+    text[], text[], integer[], text[], timestamp with time zone[]) TO runwire_submitter;
 
 -- finish_runs, and what the transaction left in the outbox that is due at once (the
 -- runs' `done` frames, the next run of a session): the runs' rows, then one row
@@ -474,6 +486,9 @@ BEGIN
     DELETE FROM tenant_budgets b WHERE b.tenant = p_tenant;
     DELETE FROM tenant_spend s WHERE s.tenant = p_tenant;
     DELETE FROM tenant_policies p WHERE p.tenant = p_tenant;
+    DELETE FROM webhook_endpoints w WHERE w.tenant = p_tenant;
+    DELETE FROM webhook_secrets w WHERE w.tenant = p_tenant;
+    DELETE FROM webhook_deliveries w WHERE w.tenant = p_tenant;
     RETURN QUERY SELECT 0::bigint, v_runs, v_releases;
 END
 $$;
