@@ -439,6 +439,7 @@ async def _main(args: argparse.Namespace) -> int:
                 once=args.once,
                 # A tenant's identity may not read the jobs stream: its own runs' view.
                 tenant_only=settings.nats_user is not None and is_tenant_user(settings.nats_user),
+                budget=client.budget,
             )
             return 0
         if args.command == "cancel":

@@ -1,4 +1,6 @@
-"""`runwire top`: a live view of a stack, built from NATS alone (no Postgres).
+"""`runwire top`: a live view of a stack, built from NATS alone (no Postgres): its
+events, health requests, the jobs stream, and the tenant's share (the `get_budget`
+command) when the CLI asks for it.
 
 `TopCollector` gathers the figures: run events (the recent history from the events
 stream, then live) for throughput, recent runs, and recovering and failed runs; health
@@ -26,6 +28,7 @@ import re
 import time
 import uuid
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -41,8 +44,10 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from runwire.client.connection import ClientError
 from runwire.contracts.events import RunEvent, RunEventName
 from runwire.contracts.health import HealthReply
+from runwire.contracts.replies import BudgetReply
 from runwire.contracts.status import RunStatus
 from runwire.contracts.subjects import Subjects
 
@@ -111,6 +116,8 @@ class Snapshot:
     problems: list[str] = field(default_factory=list)
     # The queue figures are the tenant's own runs', not the jobs stream's.
     tenant_only: bool = False
+    # The tenant's fair share and queue, as `budget` tells them (None: not asked).
+    share: BudgetReply | None = None
 
 
 @dataclass
@@ -127,9 +134,16 @@ class TopCollector:
     tenant's view (see the module), else the stack's."""
 
     def __init__(
-        self, nc: NatsClient, *, tenant: str, prefix: str, tenant_only: bool = False
+        self,
+        nc: NatsClient,
+        *,
+        tenant: str,
+        prefix: str,
+        tenant_only: bool = False,
+        budget: Callable[[], Awaitable[BudgetReply]] | None = None,
     ) -> None:
         self.nc = nc
+        self.budget = budget
         self.tenant = tenant
         self.tenant_only = tenant_only
         self.subjects = Subjects(prefix)
@@ -259,6 +273,12 @@ class TopCollector:
 
         while self._ended and (now - self._ended[0]).total_seconds() > THROUGHPUT_WINDOW_S:
             self._ended.popleft()
+        share = None
+        if self.budget is not None:
+            try:
+                share = await self.budget()
+            except ClientError as exc:
+                problems.append(f"the tenant's share is not known: {exc.message}")
         return Snapshot(
             at=now,
             prefix=self.subjects.prefix,
@@ -274,6 +294,7 @@ class TopCollector:
             failed=[r for r in runs if r.status == RunStatus.FAILED][:FAILED_RUNS],
             problems=problems,
             tenant_only=self.tenant_only,
+            share=share,
         )
 
     @staticmethod
@@ -456,8 +477,10 @@ def render(snap: Snapshot) -> Group:
             e.version,
             _seconds(e.uptime_s),
         )
-    parts: list[Table | Text] = [
-        summary,
+    parts: list[Table | Text] = [summary]
+    if snap.share is not None:
+        parts.append(_share_table(snap.share))
+    parts += [
         executors,
         _runs_table("recent runs", snap.recent),
         _runs_table("recovering", snap.recovering),
@@ -465,6 +488,22 @@ def render(snap: Snapshot) -> Group:
     ]
     parts += [Text(f"! {p}", style="red") for p in snap.problems]
     return Group(*parts)
+
+
+def _share_table(share: BudgetReply) -> Table:
+    """The tenant's fair share of executor slots and its queue (see docs/flow-control.md)."""
+    table = Table(title="the tenant's share", title_justify="left", expand=True)
+    table.caption = "runs holding a job (queued for an executor or running) against its share"
+    for name in ("jobs held", "share", "weight", "queued", "queue capacity"):
+        table.add_column(name, no_wrap=True)
+    table.add_row(
+        str(share.issued_runs),
+        _count(share.share_runs),
+        str(share.share or 1),
+        str(share.queued_runs),
+        _count(share.max_queued_runs),
+    )
+    return table
 
 
 def render_text(snap: Snapshot, width: int = TEXT_WIDTH) -> str:
@@ -483,10 +522,14 @@ async def run_top(
     once: bool,
     tenant_only: bool = False,
     refresh_s: float = REFRESH_S,
+    budget: Callable[[], Awaitable[BudgetReply]] | None = None,
 ) -> None:
     """Show the live view until interrupted, or print one snapshot with `once`; the
-    first screen as soon as the history has arrived."""
-    collector = TopCollector(nc, tenant=tenant, prefix=prefix, tenant_only=tenant_only)
+    first screen as soon as the history has arrived. `budget`: how to ask the tenant's
+    share and queue (shown when given)."""
+    collector = TopCollector(
+        nc, tenant=tenant, prefix=prefix, tenant_only=tenant_only, budget=budget
+    )
     await collector.start()
     try:
         await collector.history()
