@@ -26,7 +26,9 @@ from runwire.client.sdk import Client, ClientError
 from runwire.contracts.commands import (
     MAX_SEQ,
     ListCommand,
+    RescheduleCommand,
     ResumeCommand,
+    SetWebhooksCommand,
     SignalCommand,
     SubmitCommand,
 )
@@ -277,7 +279,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
             CORSMiddleware,
             allow_origins=settings.gateway_cors_origins,
             # PATCH and DELETE: the LangGraph runs API's threads and runs.
-            allow_methods=["GET", "POST", "PATCH", "DELETE"],
+            allow_methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
             allow_headers=["authorization", "x-api-key", "content-type", "last-event-id"],
             expose_headers=["location", "content-location"],
         )
@@ -356,6 +358,43 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         """Cancel a run; a run that has ended is answered unchanged."""
         run = await (await client_of(request)).cancel(run_id)
         return JSONResponse(RunReply(run=run).model_dump(mode="json"))
+
+    @app.post("/v1/runs/{run_id}/reschedule")
+    async def reschedule(run_id: str, request: Request) -> Response:
+        """Move the start of a run that waits without a job (a delayed run): the body is
+        `delay_ms` or `not_before`. 409 `NOT_RESCHEDULABLE` once it has its job."""
+        client = await client_of(request)
+        try:
+            body = json.loads(await request.body() or b"{}")  # size: Limits
+            if not isinstance(body, dict):
+                raise ValueError("the body must be a JSON object")
+            cmd = RescheduleCommand.model_validate({**body, "run_id": run_id})
+        except ValidationError as exc:
+            return error_response(ErrorCode.INVALID_REQUEST, described(exc))
+        except ValueError as exc:
+            return error_response(ErrorCode.INVALID_REQUEST, f"the body is not JSON: {exc}")
+        run = await client.reschedule(run_id, delay_ms=cmd.delay_ms, not_before=cmd.not_before)
+        return JSONResponse(RunReply(run=run).model_dump(mode="json"))
+
+    @app.get("/v1/webhooks")
+    async def webhooks(request: Request) -> Response:
+        """The tenant's webhook endpoints, deliveries pending and failed for good."""
+        reply = await (await client_of(request)).webhooks()
+        return JSONResponse(reply.model_dump(mode="json"))
+
+    @app.put("/v1/webhooks")
+    async def set_webhooks(request: Request) -> Response:
+        """Replace the tenant's webhook endpoints: the body is the set_webhooks command;
+        the reply holds the signing secret the first time (or with `rotate_secret`)."""
+        client = await client_of(request)
+        try:
+            cmd = SetWebhooksCommand.model_validate_json(await request.body())  # size: Limits
+        except ValidationError as exc:
+            return error_response(ErrorCode.INVALID_REQUEST, described(exc))
+        reply = await client.set_webhooks(
+            [e.model_dump(mode="json") for e in cmd.endpoints], rotate_secret=cmd.rotate_secret
+        )
+        return JSONResponse(reply.model_dump(mode="json"))
 
     @app.post("/v1/runs/{run_id}/resume")
     async def resume(run_id: str, request: Request) -> Response:

@@ -13,6 +13,7 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.NOT_FOUND: 404,
     ErrorCode.SESSION_BUSY: 409,
     ErrorCode.NOT_WAITING: 409,
+    ErrorCode.NOT_RESCHEDULABLE: 409,
     ErrorCode.PAYLOAD_TOO_LARGE: 413,
     ErrorCode.QUOTA_EXCEEDED: 429,
     ErrorCode.QUEUE_FULL: 429,

@@ -2228,6 +2228,7 @@ GRANT ALL ON FUNCTION public.start_session_turn(p_tenant text, p_session text, p
 
 REVOKE ALL ON FUNCTION public.start_share_turn(p_tenant text, p_actor text) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.start_share_turn(p_tenant text, p_actor text) TO runwire_recovery;
+GRANT ALL ON FUNCTION public.start_share_turn(p_tenant text, p_actor text) TO runwire_submitter;
 
 REVOKE ALL ON FUNCTION public.submit_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[], p_priorities integer[], p_keys text[], p_not_befores timestamp with time zone[]) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.submit_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[], p_priorities integer[], p_keys text[], p_not_befores timestamp with time zone[]) TO runwire_submitter;

@@ -19,7 +19,7 @@ async def test_runs_behind_a_busy_session_merge_into_one(
     infra: Any, db_url: str, prefix: str
 ) -> None:
     async with InProcessStack(
-        infra.nats_url, db_url, prefix, runners={"gathers": gathers}
+        infra.nats_url, db_url, prefix, db_roles=infra.service_roles, runners={"gathers": gathers}
     ) as stack:
         client = stack.client
         first = await client.submit(BUSY, session_id="chat", multitask="enqueue")
@@ -58,7 +58,7 @@ async def test_coalesce_ms_waits_for_more_inputs_on_an_idle_session(
     infra: Any, db_url: str, prefix: str
 ) -> None:
     async with InProcessStack(
-        infra.nats_url, db_url, prefix, runners={"gathers": gathers}
+        infra.nats_url, db_url, prefix, db_roles=infra.service_roles, runners={"gathers": gathers}
     ) as stack:
         client = stack.client
         options = {"runner": "gathers", "session_id": "s", "multitask": "coalesce"}

@@ -29,7 +29,9 @@ async def test_a_delayed_run_starts_once_due_and_holds_no_share_meanwhile(
 ) -> None:
     # A share of one job: a delayed run holding it would keep the quick run waiting.
     overrides = {"tenant_share_runs": 1}
-    async with InProcessStack(infra.nats_url, db_url, prefix, overrides=overrides) as stack:
+    async with InProcessStack(
+        infra.nats_url, db_url, prefix, db_roles=infra.service_roles, overrides=overrides
+    ) as stack:
         client = stack.client
         later = (await client.submit(QUICK, delay_ms=HOUR_MS)).run.run_id
         soon = (await client.submit(QUICK, delay_ms=1_500)).run.run_id
@@ -56,7 +58,9 @@ async def test_a_delayed_run_starts_once_due_and_holds_no_share_meanwhile(
 async def test_a_delayed_run_is_rescheduled_and_a_started_one_is_not(
     infra: Any, db_url: str, prefix: str
 ) -> None:
-    async with InProcessStack(infra.nats_url, db_url, prefix) as stack:
+    async with InProcessStack(
+        infra.nats_url, db_url, prefix, db_roles=infra.service_roles
+    ) as stack:
         client = stack.client
         run_id = (await client.submit(QUICK, delay_ms=HOUR_MS)).run.run_id
         tomorrow = datetime.now(UTC) + timedelta(days=1)

@@ -45,7 +45,9 @@ async def test_a_tenants_flood_neither_delays_nor_refuses_another_tenant(
 ) -> None:
     overrides = {"max_in_flight": 4, "tenant_share_runs": 4}
     async with (
-        InProcessStack(infra.nats_url, db_url, prefix, overrides=overrides) as stack,
+        InProcessStack(
+            infra.nats_url, db_url, prefix, db_roles=infra.service_roles, overrides=overrides
+        ) as stack,
         tenant(stack, "acme") as acme,
         tenant(stack, "globex") as globex,
     ):
@@ -87,7 +89,9 @@ async def test_weights_divide_the_slots_between_busy_tenants(
 ) -> None:
     overrides = {"max_in_flight": 4, "tenant_share_runs": 1}
     async with (
-        InProcessStack(infra.nats_url, db_url, prefix, overrides=overrides) as stack,
+        InProcessStack(
+            infra.nats_url, db_url, prefix, db_roles=infra.service_roles, overrides=overrides
+        ) as stack,
         tenant(stack, "acme") as acme,
         tenant(stack, "globex") as globex,
     ):
@@ -117,7 +121,12 @@ async def test_a_share_raised_by_the_operator_issues_the_held_runs_at_once(
     # No executor: nothing ends, so only the share decides what holds a job.
     overrides = {"tenant_share_runs": 1}
     async with InProcessStack(
-        infra.nats_url, db_url, prefix, overrides=overrides, executors=0
+        infra.nats_url,
+        db_url,
+        prefix,
+        db_roles=infra.service_roles,
+        overrides=overrides,
+        executors=0,
     ) as stack:
         # One after another: submits at the same moment may each see the share's last
         # room (it is exceeded by that much, see start_share_turn).
@@ -145,7 +154,12 @@ async def test_waiting_runs_start_by_priority_and_age_counts(
     # No executor, a share of one job: a cancel is what makes room, one run at a time.
     overrides = {"tenant_share_runs": 1, "priority_max_wait_ms": 2_000}
     async with InProcessStack(
-        infra.nats_url, db_url, prefix, overrides=overrides, executors=0
+        infra.nats_url,
+        db_url,
+        prefix,
+        db_roles=infra.service_roles,
+        overrides=overrides,
+        executors=0,
     ) as stack:
         client = stack.client
         first = (await client.submit(QUICK)).run.run_id
@@ -178,7 +192,9 @@ async def _has_turns(stack: InProcessStack, expected: list[str]) -> bool:
 async def test_a_concurrency_key_limits_its_runs_across_executors(
     infra: Any, db_url: str, prefix: str
 ) -> None:
-    async with InProcessStack(infra.nats_url, db_url, prefix, executors=2) as stack:
+    async with InProcessStack(
+        infra.nats_url, db_url, prefix, db_roles=infra.service_roles, executors=2
+    ) as stack:
         client = stack.client
         limits = await client.set_budget(max_runs_per_key=1)
         assert limits.max_runs_per_key == 1

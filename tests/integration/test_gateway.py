@@ -303,3 +303,32 @@ async def test_browsers_of_the_allowed_origins_only_may_call_the_api(
             thread = await http.options("/threads/t1", headers={"Origin": allowed, **asked})
             assert thread.status_code == 200, method
             assert method in thread.headers["access-control-allow-methods"]
+
+
+async def test_a_delayed_run_and_webhooks_over_http(http: httpx.AsyncClient) -> None:
+    later = await _submit(http, {"input": {"tokens": ["later"]}, "delay_ms": 3_600_000})
+    assert later.status_code == 201
+    run_id = later.json()["run"]["run_id"]
+    shown = (await http.get(f"/v1/runs/{run_id}", headers=AUTH)).json()["run"]
+    assert shown["queued_for"] == "time"
+    moved = await http.post(f"/v1/runs/{run_id}/reschedule", json={"delay_ms": 0}, headers=AUTH)
+    assert moved.status_code == 200, moved.text
+    frames = await _frames(http, run_id)
+    assert frames[-1].type == FrameType.DONE
+    again = await http.post(f"/v1/runs/{run_id}/reschedule", json={"delay_ms": 5}, headers=AUTH)
+    assert (again.status_code, again.json()["error"]["code"]) == (409, "NOT_RESCHEDULABLE")
+    both = await http.post(
+        f"/v1/runs/{run_id}/reschedule",
+        json={"delay_ms": 5, "not_before": "2030-01-01T00:00:00Z"},
+        headers=AUTH,
+    )
+    assert both.status_code == 400
+
+    endpoint = {"url": "https://hooks.example.com/runwire", "events": ["ended"]}
+    made = await http.put("/v1/webhooks", json={"endpoints": [endpoint]}, headers=AUTH)
+    assert made.status_code == 200, made.text
+    assert made.json()["secret"].startswith("whsec_")
+    read = (await http.get("/v1/webhooks", headers=AUTH)).json()
+    assert (read["endpoints"], read["secret"]) == ([endpoint], None)
+    bad = await http.put("/v1/webhooks", json={"endpoints": [{"url": "ftp://x"}]}, headers=AUTH)
+    assert bad.status_code == 400

@@ -31,7 +31,9 @@ async def test_run_events_are_delivered_signed_retried_and_failures_kept(
 ) -> None:
     async with (
         WebhookReceiver() as hooks,
-        InProcessStack(infra.nats_url, db_url, prefix, overrides=HOOKS) as stack,
+        InProcessStack(
+            infra.nats_url, db_url, prefix, db_roles=infra.service_roles, overrides=HOOKS
+        ) as stack,
     ):
         client = stack.client
         made = await client.set_webhooks(
@@ -96,7 +98,12 @@ async def test_a_run_that_waits_tells_its_endpoint(infra: Any, db_url: str, pref
     async with (
         WebhookReceiver() as hooks,
         InProcessStack(
-            infra.nats_url, db_url, prefix, overrides=HOOKS, runners={"hears": hears}
+            infra.nats_url,
+            db_url,
+            prefix,
+            db_roles=infra.service_roles,
+            overrides=HOOKS,
+            runners={"hears": hears},
         ) as stack,
     ):
         client = stack.client

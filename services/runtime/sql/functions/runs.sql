@@ -208,6 +208,7 @@ RETURNS integer LANGUAGE sql SECURITY DEFINER SET search_path TO 'public', 'pg_t
 $$;
 REVOKE ALL ON FUNCTION start_share_turn(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION start_share_turn(text, text) TO runwire_recovery;
+GRANT EXECUTE ON FUNCTION start_share_turn(text, text) TO runwire_submitter;
 
 -- The runs of a session whose turn has come (no earlier run of the session holds it)
 -- get their job, as far as their tenant's share has room (the rest get it by
