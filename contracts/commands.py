@@ -36,6 +36,9 @@ MAX_SEQ = MAX_SAFE_INTEGER
 EffectKind = Annotated[str, StringConstraints(pattern=EFFECT_KIND_PATTERN)]
 
 
+# A schedule's name; how far back a schedule catches up after an outage (a day).
+SCHEDULE_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+MAX_CATCH_UP_S = 86_400
 # How far ahead a run may be delayed: 30 days; how long a coalesced run may wait for more.
 MAX_COALESCE_MS = 600_000
 MAX_DELAY_MS = 30 * 86_400_000
@@ -301,6 +304,51 @@ class SetWebhooksCommand(Command):
         return endpoints
 
 
+class Overlap(StrEnum):
+    """What a schedule's fire does while a run of the schedule is still active."""
+
+    SKIP = "skip"  # no run for this fire
+    BUFFER = "buffer"  # a run that starts when the ones before it have ended
+    ALLOW = "allow"  # a run beside it
+
+
+class SetScheduleCommand(Command):
+    """Create or replace the schedule `name`: a run of `runner` on `input` at each time
+    the cron expression `cron` (five fields, or six with seconds first) names in time zone
+    `tz`, each fire once. `overlap`: see Overlap. `catch_up_s`: after an outage, the fires
+    missed within this many seconds still run (the latest missed one always does).
+    `paused`: no fire until set again without it (missed fires are not made up)."""
+
+    name: str = Field(pattern=SCHEDULE_NAME_PATTERN)
+    cron: str = Field(min_length=9, max_length=200)
+    tz: str = Field(default="UTC", min_length=1, max_length=64)
+    runner: str = Field(default="scripted", pattern=RUNNER_NAME_PATTERN)
+    input: dict[str, Any] = Field(default_factory=dict)
+    overlap: Overlap = Overlap.SKIP
+    catch_up_s: int = Field(default=0, ge=0, le=MAX_CATCH_UP_S, strict=True)
+    paused: bool = False
+
+
+class RemoveScheduleCommand(Command):
+    """Remove the schedule `name` (its runs made already go on)."""
+
+    name: str = Field(pattern=SCHEDULE_NAME_PATTERN)
+
+
+class ListSchedulesCommand(Command):
+    """The tenant's schedules."""
+
+
+class BackfillScheduleCommand(Command):
+    """Make the runs of schedule `name`'s fires from `start` to `end` (both included, at
+    most 1,000 fires, none in the future), each once: a fire made before (by the schedule
+    or an earlier backfill) makes nothing. Its overlap policy holds."""
+
+    name: str = Field(pattern=SCHEDULE_NAME_PATTERN)
+    start: AwareDatetime
+    end: AwareDatetime
+
+
 class GetWebhooksCommand(Command):
     """Read the tenant's webhook endpoints, the deliveries still to make and those that
     failed for good."""
@@ -350,6 +398,10 @@ BODIES: dict[str, type[Command]] = {
     "resume": ResumeCommand,
     "signal": SignalCommand,
     "reschedule": RescheduleCommand,
+    "set_schedule": SetScheduleCommand,
+    "remove_schedule": RemoveScheduleCommand,
+    "list_schedules": ListSchedulesCommand,
+    "backfill_schedule": BackfillScheduleCommand,
     "set_webhooks": SetWebhooksCommand,
     "get_webhooks": GetWebhooksCommand,
     "resolve_effect": ResolveEffectCommand,

@@ -97,6 +97,34 @@ class SubmitReply(Versioned):
     coalesced: bool = False
 
 
+class ScheduleData(WireModel):
+    """A schedule as it stands: what it runs and when, when it fires next, when it last
+    fired, how many runs its fires made and how many fires it skipped."""
+
+    name: str
+    cron: str
+    tz: str
+    runner: str
+    input: dict[str, Any]
+    overlap: str
+    catch_up_s: int
+    paused: bool
+    next_fire_at: AwareDatetime | None
+    last_fire_at: AwareDatetime | None
+    fired: int
+    skipped: int
+
+
+class SchedulesReply(Versioned):
+    """The tenant's schedules (by name) after a schedule command; `made`: the runs a
+    backfill made."""
+
+    ok: Literal[True] = True
+    tenant: str
+    schedules: list[ScheduleData]
+    made: int = 0
+
+
 class WebhooksReply(Versioned):
     """A tenant's webhook endpoints; `secret` (`whsec_...`) only in the reply that made
     it; the deliveries not made yet, and the latest that failed for good (newest first)."""

@@ -20,6 +20,7 @@ from runwire.client import cli_views as views
 from runwire.client.sdk import HEALTH_WAIT_S, PROBE_WAIT_S, Client, ClientError
 from runwire.client.settings import ENV_FILE_VARIABLE, load_settings
 from runwire.client.top import run_top
+from runwire.contracts.errors import ErrorBody, ErrorCode
 from runwire.contracts.health import HealthReply
 from runwire.contracts.identities import SERVICES, is_tenant_user, service_user
 from runwire.contracts.status import RunStatus
@@ -142,6 +143,25 @@ def _parser() -> argparse.ArgumentParser:
         help="runs of one concurrency key holding a job at once, or 'none' (no limit)",
     )
 
+    schedule = sub.add_parser("schedule", help="the tenant's schedules: runs at cron times")
+    actions = schedule.add_subparsers(dest="action", required=True)
+    add = actions.add_parser("add", help="create or replace a schedule")
+    add.add_argument("name")
+    add.add_argument("--cron", required=True, help="five fields, or six with seconds first")
+    add.add_argument("--tz", default="UTC", help="an IANA time zone (default UTC)")
+    add.add_argument("--runner", default="scripted")
+    add.add_argument("--input", type=_json, default={}, help="the runs' input as JSON")
+    add.add_argument("--overlap", choices=["skip", "buffer", "allow"], default="skip")
+    add.add_argument("--catch-up-s", type=int, default=0, help="fires missed this long ago run")
+    add.add_argument("--paused", action="store_true")
+    for verb, words in (("pause", "no fires"), ("resume", "fire again"), ("remove", "remove")):
+        actions.add_parser(verb, help=f"{words}: a schedule").add_argument("name")
+    actions.add_parser("list", help="the tenant's schedules")
+    backfill = actions.add_parser("backfill", help="make the runs of past fires, each once")
+    backfill.add_argument("name")
+    backfill.add_argument("--from", dest="start", type=_time, required=True, help="RFC 3339")
+    backfill.add_argument("--to", dest="end", type=_time, required=True, help="RFC 3339")
+
     hooks = sub.add_parser(
         "webhooks",
         help="print the tenant's webhook endpoints and failed deliveries; with options, set them",
@@ -236,6 +256,32 @@ def _submit_input(args: argparse.Namespace) -> dict[str, Any]:
     if not args.tokens:
         raise ValueError("give --tokens or --input")
     return {"tokens": args.tokens, "token_delay_ms": args.token_delay_ms}
+
+
+async def _schedule(client: Client, args: argparse.Namespace) -> Any:
+    """`runwire schedule ACTION`: the tenant's schedules after it."""
+    if args.action == "add":
+        options = {k: getattr(args, k) for k in ("tz", "runner", "input", "overlap", "paused")}
+        return await client.set_schedule(
+            args.name, args.cron, catch_up_s=args.catch_up_s, **options
+        )
+    if args.action in ("pause", "resume"):
+        found = [s for s in (await client.schedules()).schedules if s.name == args.name]
+        if not found:
+            raise ClientError(_not_found(f"no schedule {args.name!r}"))
+        kept = found[0].model_dump(include={"tz", "runner", "input", "overlap", "catch_up_s"})
+        return await client.set_schedule(
+            args.name, found[0].cron, paused=args.action == "pause", **kept
+        )
+    if args.action == "remove":
+        return await client.remove_schedule(args.name)
+    if args.action == "backfill":
+        return await client.backfill_schedule(args.name, args.start, args.end)
+    return await client.schedules()
+
+
+def _not_found(message: str) -> ErrorBody:
+    return ErrorBody(code=ErrorCode.NOT_FOUND, message=message, retryable=False)
 
 
 async def _health(client: Client, service: str, *, local: bool, wait: float) -> int:
@@ -405,6 +451,9 @@ async def _main(args: argparse.Namespace) -> int:
             }
             budget = await client.set_budget(**limits) if limits else await client.budget()
             print(budget.model_dump_json(indent=2, exclude={"v", "ok"}))
+            return 0
+        if args.command == "schedule":
+            print((await _schedule(client, args)).model_dump_json(indent=2, exclude={"v", "ok"}))
             return 0
         if args.command == "webhooks":
             if args.url or args.clear or args.rotate_secret:

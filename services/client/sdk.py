@@ -249,6 +249,39 @@ class Client(Following):
         )
         return reply.run
 
+    async def set_schedule(self, name: str, cron: str, **options: Any) -> replies.SchedulesReply:
+        """Create or replace the schedule `name` firing at `cron` (five fields, or six with
+        seconds first); `options`: tz, runner, input, overlap, catch_up_s, paused."""
+        cmd = commands.SetScheduleCommand(name=name, cron=cron, **options)
+        reply: replies.SchedulesReply = await self._request(
+            "set_schedule", cmd, replies.SchedulesReply
+        )
+        return reply
+
+    async def remove_schedule(self, name: str) -> replies.SchedulesReply:
+        cmd = commands.RemoveScheduleCommand(name=name)
+        reply: replies.SchedulesReply = await self._request(
+            "remove_schedule", cmd, replies.SchedulesReply
+        )
+        return reply
+
+    async def schedules(self) -> replies.SchedulesReply:
+        reply: replies.SchedulesReply = await self._request(
+            "list_schedules", commands.ListSchedulesCommand(), replies.SchedulesReply
+        )
+        return reply
+
+    async def backfill_schedule(
+        self, name: str, start: datetime, end: datetime
+    ) -> replies.SchedulesReply:
+        """Make the runs of the schedule's fires from `start` to `end` (past), each once:
+        `made` says how many were new."""
+        cmd = commands.BackfillScheduleCommand(name=name, start=start, end=end)
+        reply: replies.SchedulesReply = await self._request(
+            "backfill_schedule", cmd, replies.SchedulesReply
+        )
+        return reply
+
     async def set_webhooks(
         self, endpoints: list[dict[str, Any]], *, rotate_secret: bool = False
     ) -> replies.WebhooksReply:

@@ -24,6 +24,7 @@ from runwire.recovery.leases import ExpiredLeases, PresenceWatch
 from runwire.recovery.lost_jobs import LostJobs
 from runwire.recovery.queue_timeouts import QueueTimeouts
 from runwire.recovery.retention import Retention
+from runwire.recovery.schedules import ScheduleFires
 from runwire.recovery.sessions import SessionTurns
 from runwire.recovery.wait_timeouts import WaitTimeouts
 from runwire.recovery.webhooks import WebhookDeliveries
@@ -67,6 +68,7 @@ def duties(
         QueueTimeouts(settings, store, broker, outbox),
         WaitTimeouts(settings, store, outbox),
         SessionTurns(settings, store),
+        ScheduleFires(settings, store),
         WorkflowDeadlines(settings, store, outbox),
         LostJobs(settings, store, broker, outbox),
         EndedJobs(settings, store, broker),

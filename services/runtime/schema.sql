@@ -436,6 +436,63 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION public.fire_schedule(p_tenant text, p_name text, p_fires timestamp with time zone[], p_next timestamp with time zone, p_skipped integer, p_actor text) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+    s schedules;
+    r runs;
+    v_fire timestamp with time zone;
+    v_session text;
+    v_admit boolean;
+    v_made integer := 0;
+    v_skipped integer := p_skipped;
+BEGIN
+    SELECT * INTO s FROM schedules WHERE tenant = p_tenant AND name = p_name FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    v_session := CASE WHEN s.overlap = 'allow' THEN NULL ELSE 'schedule:' || s.name END;
+    FOREACH v_fire IN ARRAY coalesce(p_fires, '{}') LOOP
+        IF s.overlap = 'skip' AND session_blocked(p_tenant, v_session, NULL) THEN
+            v_skipped := v_skipped + 1;
+            CONTINUE;
+        END IF;
+        BEGIN
+            PERFORM submit_quota_check(p_tenant);
+            v_admit := submit_admits(p_tenant, v_session, NULL, now());
+        EXCEPTION WHEN SQLSTATE 'RWQ01' OR SQLSTATE 'RWQ02' THEN
+            v_skipped := v_skipped + 1;
+            CONTINUE;
+        END;
+        INSERT INTO runs (run_id, tenant, request_id, session_id, multitask, runner, input,
+                          metadata, max_attempts, attempt_timeout_ms, job_published_at,
+                          created_at, updated_at, auth_fence)
+        VALUES (gen_random_uuid(), p_tenant, 'schedule:' || s.name || ':' || rfc3339(v_fire),
+                v_session, 'enqueue', s.runner, s.input,
+                jsonb_build_object('schedule', s.name, 'fire_at', rfc3339(v_fire)),
+                s.max_attempts, s.attempt_timeout_ms, CASE WHEN v_admit THEN now() END,
+                clock_timestamp(), clock_timestamp(), run_authorization(p_tenant, NULL))
+        ON CONFLICT (tenant, request_id) DO NOTHING
+        RETURNING * INTO r;
+        IF FOUND THEN
+            INSERT INTO run_events (run_id, event, status, attempt, actor, reason, at)
+            VALUES (r.run_id, 'submitted', r.status, r.attempts, p_actor,
+                    'schedule ' || s.name || ', its fire at ' || rfc3339(v_fire), r.created_at);
+            v_made := v_made + 1;
+        END IF;
+    END LOOP;
+    UPDATE schedules
+       SET next_fire_at = coalesce(p_next, next_fire_at),
+           last_fire_at = greatest(last_fire_at, (SELECT max(f) FROM unnest(p_fires) f)),
+           fired = fired + v_made, skipped = skipped + v_skipped, updated_at = now()
+     WHERE tenant = p_tenant AND name = p_name;
+    RETURN v_made;
+END
+$$;
+
 CREATE FUNCTION public.forget_tenant(p_tenant text) RETURNS TABLE(o_active bigint, o_runs bigint, o_releases bigint)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
@@ -462,6 +519,7 @@ BEGIN
     DELETE FROM tenant_spend s WHERE s.tenant = p_tenant;
     DELETE FROM tenant_policies p WHERE p.tenant = p_tenant;
     DELETE FROM webhook_endpoints w WHERE w.tenant = p_tenant;
+    DELETE FROM schedules w WHERE w.tenant = p_tenant;
     DELETE FROM webhook_secrets w WHERE w.tenant = p_tenant;
     DELETE FROM webhook_deliveries w WHERE w.tenant = p_tenant;
     RETURN QUERY SELECT 0::bigint, v_runs, v_releases;
@@ -1885,6 +1943,28 @@ ALTER TABLE public.runs ALTER COLUMN submit_seq ADD GENERATED ALWAYS AS IDENTITY
     CACHE 1
 );
 
+CREATE TABLE public.schedules (
+    tenant text NOT NULL,
+    name text NOT NULL,
+    cron text NOT NULL,
+    tz text NOT NULL,
+    runner text NOT NULL,
+    input jsonb NOT NULL,
+    overlap text NOT NULL,
+    catch_up_s integer NOT NULL,
+    paused boolean DEFAULT false NOT NULL,
+    max_attempts integer NOT NULL,
+    attempt_timeout_ms integer NOT NULL,
+    next_fire_at timestamp with time zone NOT NULL,
+    last_fire_at timestamp with time zone,
+    fired bigint DEFAULT 0 NOT NULL,
+    skipped bigint DEFAULT 0 NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT schedules_catch_up_s_check CHECK ((catch_up_s >= 0)),
+    CONSTRAINT schedules_overlap_check CHECK ((overlap = ANY (ARRAY['skip'::text, 'buffer'::text, 'allow'::text])))
+);
+
 CREATE TABLE public.schema_functions (
     digest text NOT NULL,
     applied_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
@@ -2032,6 +2112,9 @@ ALTER TABLE ONLY public.runs
 ALTER TABLE ONLY public.runs
     ADD CONSTRAINT runs_request_unique UNIQUE (tenant, request_id);
 
+ALTER TABLE ONLY public.schedules
+    ADD CONSTRAINT schedules_pkey PRIMARY KEY (tenant, name);
+
 ALTER TABLE ONLY public.schema_functions
     ADD CONSTRAINT schema_functions_pkey PRIMARY KEY (digest);
 
@@ -2116,6 +2199,8 @@ CREATE INDEX runs_unclosed ON public.runs USING btree (ended_at) WHERE ((ended_a
 
 CREATE INDEX runs_unpurged ON public.runs USING btree (ended_at) WHERE ((ended_at IS NOT NULL) AND (stream_purged_at IS NULL));
 
+CREATE INDEX schedules_due ON public.schedules USING btree (next_fire_at) WHERE (NOT paused);
+
 CREATE INDEX webhook_deliveries_due ON public.webhook_deliveries USING btree (next_at) WHERE (state = 'pending'::text);
 
 CREATE INDEX webhook_deliveries_failed ON public.webhook_deliveries USING btree (tenant, ended_at DESC) WHERE (state = 'failed'::text);
@@ -2194,6 +2279,10 @@ GRANT ALL ON FUNCTION public.finish_runs(p_runs uuid[], p_generations integer[],
 
 REVOKE ALL ON FUNCTION public.finish_runs_told(p_runs uuid[], p_generations integer[], p_results text[], p_texts text[], p_actor text, p_close_seqs integer[], p_trace_parents text[]) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.finish_runs_told(p_runs uuid[], p_generations integer[], p_results text[], p_texts text[], p_actor text, p_close_seqs integer[], p_trace_parents text[]) TO runwire_executor;
+
+REVOKE ALL ON FUNCTION public.fire_schedule(p_tenant text, p_name text, p_fires timestamp with time zone[], p_next timestamp with time zone, p_skipped integer, p_actor text) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.fire_schedule(p_tenant text, p_name text, p_fires timestamp with time zone[], p_next timestamp with time zone, p_skipped integer, p_actor text) TO runwire_recovery;
+GRANT ALL ON FUNCTION public.fire_schedule(p_tenant text, p_name text, p_fires timestamp with time zone[], p_next timestamp with time zone, p_skipped integer, p_actor text) TO runwire_submitter;
 
 REVOKE ALL ON FUNCTION public.forget_tenant(p_tenant text) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.forget_tenant(p_tenant text) TO runwire_submitter;
@@ -2336,6 +2425,9 @@ GRANT USAGE ON SEQUENCE public.runs_submit_seq_seq TO runwire_submitter;
 GRANT USAGE ON SEQUENCE public.runs_submit_seq_seq TO runwire_executor;
 GRANT USAGE ON SEQUENCE public.runs_submit_seq_seq TO runwire_relay;
 GRANT USAGE ON SEQUENCE public.runs_submit_seq_seq TO runwire_recovery;
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.schedules TO runwire_submitter;
+GRANT SELECT,UPDATE ON TABLE public.schedules TO runwire_recovery;
 
 GRANT SELECT ON TABLE public.schema_functions TO runwire_submitter;
 GRANT SELECT ON TABLE public.schema_functions TO runwire_executor;

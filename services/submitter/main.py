@@ -15,6 +15,7 @@ from runwire.runtime.lifecycle import CannotStart, run
 from runwire.runtime.settings import SubmitterSettings, from_env
 from runwire.submitter.commands import Submitter
 from runwire.submitter.runners import RunnerCatalog
+from runwire.submitter.schedules import Schedules
 from runwire.submitter.tenants import TenantLimits
 
 QUEUE_GROUP = "submitter"
@@ -26,6 +27,7 @@ class SubmitterService(Service[SubmitterSettings]):
     name = "submitter"
     submitter: Submitter
     limits: TenantLimits
+    schedules: Schedules
 
     def __init__(
         self,
@@ -112,6 +114,31 @@ class SubmitterService(Service[SubmitterSettings]):
             with NOT_RESCHEDULABLE once it has its job."""
             return await self.submitter.reschedule(tenant(), body)
 
+        @command("set_schedule", max_bytes=settings.max_input_bytes)
+        async def set_schedule(body: commands.SetScheduleCommand) -> replies.SchedulesReply:
+            """Create or replace a schedule: runs of a runner at the times of a cron
+            expression in a time zone, each fire once."""
+            return await self.schedules.set(tenant(), body)
+
+        @command("remove_schedule", max_bytes=settings.max_input_bytes)
+        async def remove_schedule(
+            body: commands.RemoveScheduleCommand,
+        ) -> replies.SchedulesReply:
+            """Remove a schedule (its runs go on)."""
+            return await self.schedules.remove(tenant(), body)
+
+        @command("list_schedules", max_bytes=settings.max_input_bytes)
+        async def list_schedules(body: commands.ListSchedulesCommand) -> replies.SchedulesReply:
+            """The tenant's schedules."""
+            return await self.schedules.list(tenant())
+
+        @command("backfill_schedule", max_bytes=settings.max_input_bytes)
+        async def backfill_schedule(
+            body: commands.BackfillScheduleCommand,
+        ) -> replies.SchedulesReply:
+            """Make the runs of a schedule's fires in a past time range, each once."""
+            return await self.schedules.backfill(tenant(), body)
+
         @command("set_webhooks", max_bytes=settings.max_input_bytes)
         async def set_webhooks(body: commands.SetWebhooksCommand) -> replies.WebhooksReply:
             """Replace the tenant's webhook endpoints; the first time (or with
@@ -173,6 +200,7 @@ class SubmitterService(Service[SubmitterSettings]):
             self.settings, self.store, self.broker, self.outbox, self.catalog
         )
         self.limits = TenantLimits(self.store)
+        self.schedules = Schedules(self.settings, self.store, self.outbox)
 
 
 service = SubmitterService(from_env(SubmitterSettings))

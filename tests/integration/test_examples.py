@@ -165,6 +165,14 @@ def _flow_control(ran: Ran) -> None:
     (budget,) = _json_documents(ran.output("budget --share 2 --max-queued-runs 5000"))
     assert (budget["tenant"], budget["share"], budget["max_queued_runs"]) == ("default", 2, 5000)
     assert budget["max_runs_per_key"] == 3
+    (scheduled,) = _json_documents(ran.output("runwire schedule add nightly"))
+    (nightly,) = scheduled["schedules"]
+    assert (nightly["name"], nightly["tz"], nightly["overlap"]) == (
+        "nightly",
+        "Europe/Oslo",
+        "skip",
+    )
+    assert nightly["next_fire_at"] is not None
     later = ran.output('runwire submit --tokens "later" --delay-ms 3600000')
     assert re.fullmatch(r"run [0-9a-f-]{36} queued\n", later), later
     assert budget["share_runs"] == 2 * 64  # the stack's default share, weighed

@@ -29,7 +29,7 @@ from runwire.contracts.commands import BODIES
 from runwire.contracts.events import RunEvent
 from runwire.contracts.frames import Job, RawFrame
 from runwire.contracts.health import HealthReply
-from runwire.contracts.replies import BudgetReply, PolicyReply, ReleaseReply
+from runwire.contracts.replies import BudgetReply, PolicyReply, ReleaseReply, SchedulesReply
 from runwire.contracts.subjects import COMMANDS
 
 pytestmark = pytest.mark.unit
@@ -50,6 +50,10 @@ REPLIES: dict[str, type[BaseModel]] = {
     "resume": ResumeReply,
     "signal": SignalReply,
     "reschedule": RunReply,
+    "set_schedule": SchedulesReply,
+    "remove_schedule": SchedulesReply,
+    "list_schedules": SchedulesReply,
+    "backfill_schedule": SchedulesReply,
     "set_webhooks": WebhooksReply,
     "get_webhooks": WebhooksReply,
     "resolve_effect": RunReply,

@@ -281,3 +281,15 @@ DELETE FROM webhook_deliveries
                WHERE (state = 'delivered' AND ended_at < now() - make_interval(secs => $1))
                   OR (state = 'failed' AND ended_at < now() - make_interval(secs => $2))
                LIMIT 1000);
+
+-- name: due_schedules
+-- Up to $1 schedules whose next fire is due, locked (another replica skips them) until
+-- the transaction that fires them ends.
+SELECT tenant, name, cron, tz, catch_up_s, next_fire_at FROM schedules
+ WHERE NOT paused AND next_fire_at <= now()
+ ORDER BY next_fire_at
+ LIMIT $1
+   FOR UPDATE SKIP LOCKED;
+
+-- name: fire_schedule
+SELECT fire_schedule($1, $2, $3::timestamptz[], $4, $5, $6) AS made;

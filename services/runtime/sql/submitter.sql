@@ -393,3 +393,32 @@ SELECT r.*, w.wait_id AS wait_id, w.kind AS wait_kind, w.name AS wait_name,
    AND ($8::timestamptz IS NULL OR r.created_at < $8)
  ORDER BY r.submit_seq DESC
  LIMIT $6;
+
+-- name: set_schedule
+-- Create or replace a schedule; its next fire is $12 (after now), whatever it was.
+INSERT INTO schedules AS s (tenant, name, cron, tz, runner, input, overlap, catch_up_s,
+                            paused, max_attempts, attempt_timeout_ms, next_fire_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+ON CONFLICT (tenant, name) DO UPDATE
+   SET cron = EXCLUDED.cron, tz = EXCLUDED.tz, runner = EXCLUDED.runner,
+       input = EXCLUDED.input, overlap = EXCLUDED.overlap, catch_up_s = EXCLUDED.catch_up_s,
+       paused = EXCLUDED.paused, max_attempts = EXCLUDED.max_attempts,
+       attempt_timeout_ms = EXCLUDED.attempt_timeout_ms,
+       next_fire_at = EXCLUDED.next_fire_at, updated_at = now();
+
+-- name: remove_schedule
+DELETE FROM schedules WHERE tenant = $1 AND name = $2 RETURNING name;
+
+-- name: schedules_of
+-- A tenant's schedules, by name ($2: only that one, when given).
+SELECT name, cron, tz, runner, input, overlap, catch_up_s, paused,
+       CASE WHEN paused THEN NULL ELSE next_fire_at END AS next_fire_at, last_fire_at,
+       fired, skipped
+  FROM schedules
+ WHERE tenant = $1 AND ($2::text IS NULL OR name = $2)
+ ORDER BY name;
+
+-- name: backfill_schedule
+-- The runs of a schedule's fires $3 (see fire_schedule), its next fire unchanged.
+SELECT fire_schedule($1, $2, $3::timestamptz[], NULL, 0, $4) AS made,
+       pg_current_xact_id()::text AS xact;

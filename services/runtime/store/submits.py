@@ -96,6 +96,28 @@ class SubmitterQueries(Queries):
         assert rec is not None
         return dict(rec)
 
+    async def set_schedule(self, tenant: str, schedule: dict[str, Any]) -> None:
+        """Create or replace a schedule (the columns of `set_schedule`, by name)."""
+        names = ("name", "cron", "tz", "runner", "input", "overlap", "catch_up_s", "paused")
+        more = ("max_attempts", "attempt_timeout_ms", "next_fire_at")
+        await self._fetch("set_schedule", tenant, *(schedule[n] for n in (*names, *more)))
+
+    async def remove_schedule(self, tenant: str, name: str) -> bool:
+        return bool(await self._fetch("remove_schedule", tenant, name))
+
+    async def schedules_of(self, tenant: str, name: str | None = None) -> list[dict[str, Any]]:
+        """The tenant's schedules (or the one named), by name."""
+        return [dict(r) for r in await self._fetch("schedules_of", tenant, name)]
+
+    async def backfill_schedule(
+        self, tenant: str, name: str, fires: list[datetime], actor: str
+    ) -> tuple[int, str]:
+        """Make the runs of these fires of the schedule (each once): how many were made,
+        and the transaction whose outbox holds their jobs."""
+        rec = await self._fetchrow("backfill_schedule", tenant, name, fires, actor)
+        assert rec is not None
+        return int(rec["made"]), str(rec["xact"])
+
     async def queued_for(self, run_id: str) -> str | None:
         """What a queued run without a job waits for: `session`, `concurrency_key`,
         `share` (None: it has a job, or is not queued)."""

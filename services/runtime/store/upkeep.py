@@ -3,7 +3,8 @@ lost jobs, retention, and the queue gauges. Each takes its rows with `FOR UPDATE
 LOCKED`, so replicas never act twice on a run."""
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any
 
 from runwire.contracts.errors import ErrorBody
@@ -11,6 +12,7 @@ from runwire.runtime.metrics import TenantQueue
 from runwire.runtime.store.locks import EXECUTOR_PRESENCE_LOCKS
 from runwire.runtime.store.queries import Queries
 from runwire.runtime.store.rows import Run, parse_run_id
+from runwire.runtime.store.schema import QUERIES
 
 
 class RecoveryQueries(Queries):
@@ -83,6 +85,32 @@ class RecoveryQueries(Queries):
         stream); returns the transaction whose outbox holds them, if any."""
         rows = await self._fetch("reissue_jobs", [uuid.UUID(r) for r in run_ids])
         return rows[0]["xact"] if rows else None
+
+    async def fire_due_schedules(
+        self,
+        limit: int,
+        plan: Callable[[dict[str, Any]], tuple[list[datetime], datetime, int]],
+        actor: str,
+    ) -> tuple[int, int]:
+        """Fire the schedules that are due, in one transaction: `plan` says, for each,
+        which fires to make, its next fire and how many it skips; (schedules fired, runs
+        made)."""
+        made = 0
+        async with self._transaction("fire_schedules") as conn:
+            due = await conn.fetch(QUERIES["due_schedules"], limit)
+            for schedule in due:
+                fires, next_at, skipped = plan(dict(schedule))
+                rec = await conn.fetchrow(
+                    QUERIES["fire_schedule"],
+                    schedule["tenant"],
+                    schedule["name"],
+                    fires,
+                    next_at,
+                    skipped,
+                    actor,
+                )
+                made += int(rec["made"]) if rec else 0
+        return len(due), made
 
     async def webhooks_due(self, limit: int, lease_ms: int) -> list[dict[str, Any]]:
         """Up to `limit` deliveries due, each leased for `lease_ms`, with their tenant's

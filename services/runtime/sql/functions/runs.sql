@@ -488,6 +488,7 @@ BEGIN
     DELETE FROM tenant_spend s WHERE s.tenant = p_tenant;
     DELETE FROM tenant_policies p WHERE p.tenant = p_tenant;
     DELETE FROM webhook_endpoints w WHERE w.tenant = p_tenant;
+    DELETE FROM schedules w WHERE w.tenant = p_tenant;
     DELETE FROM webhook_secrets w WHERE w.tenant = p_tenant;
     DELETE FROM webhook_deliveries w WHERE w.tenant = p_tenant;
     RETURN QUERY SELECT 0::bigint, v_runs, v_releases;
