@@ -13,17 +13,23 @@ from runwire.runtime import cron
 from runwire.runtime.settings import RecoverySettings
 from runwire.runtime.store import Store
 
-# Fires of one schedule made in one tick at most (the rest, past the catch-up, skipped).
+# Fires of one schedule made in one tick at most (the latest ones of its window), and the
+# most fires counted as skipped at once.
 MAX_FIRES = 1000
+MAX_COUNTED = 100_000
+MOMENT = timedelta(microseconds=1)
 
 
 def plan(schedule: dict[str, Any], now: datetime) -> tuple[list[datetime], datetime, int]:
-    """Which fires of a due schedule to make now, its next fire, and how many it skips."""
+    """Which fires of a due schedule to make now (those of its catch-up window, the
+    latest missed one always), its next fire, and how many it skips."""
     expr, tz, first = schedule["cron"], schedule["tz"], schedule["next_fire_at"]
-    missed = [first, *cron.fires(expr, tz, first, now, MAX_FIRES)]
-    oldest = now - timedelta(seconds=schedule["catch_up_s"])
-    kept = [at for at in missed if at >= oldest] or missed[-1:]
-    return kept, cron.next_fire(expr, tz, now), len(missed) - len(kept)
+    oldest = max(first, now - timedelta(seconds=schedule["catch_up_s"]))
+    kept = cron.fires(expr, tz, oldest - MOMENT, now, MAX_COUNTED)[-MAX_FIRES:]
+    if not kept:
+        kept = [cron.latest_fire(expr, tz, now)]
+    skipped = len(cron.fires(expr, tz, first - MOMENT, kept[0] - MOMENT, MAX_COUNTED))
+    return kept, cron.next_fire(expr, tz, now), skipped
 
 
 class ScheduleFires:

@@ -2,7 +2,7 @@
 read in its time zone, daylight saving time included (a time that does not exist that day
 fires at the first one that does), as instants in UTC."""
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
@@ -35,3 +35,9 @@ def fires(expr: str, tz: str, after: datetime, until: datetime, limit: int) -> l
 def next_fire(expr: str, tz: str, after: datetime) -> datetime:
     """The first fire time after `after`."""
     return next(iter(CronSim(expr, after.astimezone(ZoneInfo(tz))))).astimezone(UTC)
+
+
+def latest_fire(expr: str, tz: str, at: datetime) -> datetime:
+    """The last fire time at or before `at`."""
+    moment = (at + timedelta(microseconds=1)).astimezone(ZoneInfo(tz))
+    return next(iter(CronSim(expr, moment, reverse=True))).astimezone(UTC)
