@@ -166,6 +166,10 @@ async def _consumers_of(broker: Broker, tenant: str) -> int:
     return sum(1 for info in infos if (info.config.filter_subject or "").startswith(own))
 
 
+async def _has_frames(client: Client, run_id: str) -> bool:
+    return (await client.get(run_id)).last_seq > 0
+
+
 async def test_a_removed_tenant_is_ended_and_forgotten_and_its_name_inherits_nothing(
     broker: Broker, secured: InProcessStack, db_url: str
 ) -> None:
@@ -205,6 +209,9 @@ async def test_a_removed_tenant_is_ended_and_forgotten_and_its_name_inherits_not
         await threads.put("acme.thread-1", b'{"last_run": "x"}')
         await threads.put("globex.thread-1", b'{"last_run": "y"}')
         await gateway.close()
+        # Once the stream holds its frames, a client follows it through a consumer (before
+        # that, a run it submitted is read on its subject, without one).
+        await eventually(lambda: _has_frames(acme, running), timeout=20)
         following = acme.stream(running)
         await anext(following)
         await eventually(lambda: _consumers_of(broker, "acme"), timeout=20)
