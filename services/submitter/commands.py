@@ -567,6 +567,8 @@ class Submitter:
     async def end_tenant(
         self, tenant: str, cmd: commands.EndTenantCommand
     ) -> replies.EndTenantReply:
+        # Its schedules first: they would start new runs (and keep it from being forgotten).
+        await self.store.pause_schedules(tenant)
         runs = await self.store.cancel_tenant(
             tenant, CANCELED, ACTOR, grace_ms=self.settings.supersede_grace_ms
         )

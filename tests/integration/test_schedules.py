@@ -8,7 +8,7 @@ import pytest
 
 from runwire import ClientError
 from runwire.contracts.errors import ErrorCode
-from runwire.testing.waiting import fault_window
+from runwire.testing.waiting import fault_window, pace
 from tests.services import InProcessStack, eventually
 
 pytestmark = pytest.mark.integration
@@ -109,3 +109,14 @@ async def test_overlap_skip_makes_no_run_while_one_is_active_and_backfill_makes_
 async def _skipped(stack: InProcessStack, name: str) -> bool:
     (shown,) = [s for s in (await stack.client.schedules()).schedules if s.name == name]
     return shown.skipped >= 2 and shown.fired >= 1
+
+
+async def test_an_ended_tenants_schedules_start_no_run(stack: InProcessStack) -> None:
+    await stack.client.set_schedule("tick", EVERY_SECOND, input=QUICK, overlap="allow")
+    await eventually(lambda: _at_least(stack, "tick", 1), timeout=20)
+    await stack.client.end_tenant()
+    (shown,) = (await stack.client.schedules()).schedules
+    made = len(await _runs_of(stack, "tick"))
+    await pace(2.5, "fires that would have come")
+    assert shown.paused
+    assert len(await _runs_of(stack, "tick")) == made

@@ -406,6 +406,9 @@ ON CONFLICT (tenant, name) DO UPDATE
        attempt_timeout_ms = EXCLUDED.attempt_timeout_ms,
        next_fire_at = EXCLUDED.next_fire_at, updated_at = now();
 
+-- name: pause_schedules
+UPDATE schedules SET paused = true, updated_at = now() WHERE tenant = $1 AND NOT paused;
+
 -- name: remove_schedule
 DELETE FROM schedules WHERE tenant = $1 AND name = $2 RETURNING name;
 

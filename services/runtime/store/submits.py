@@ -102,6 +102,10 @@ class SubmitterQueries(Queries):
         more = ("max_attempts", "attempt_timeout_ms", "next_fire_at")
         await self._fetch("set_schedule", tenant, *(schedule[n] for n in (*names, *more)))
 
+    async def pause_schedules(self, tenant: str) -> None:
+        """Pause every schedule of the tenant (an ended tenant starts no run)."""
+        await self._fetch("pause_schedules", tenant)
+
     async def remove_schedule(self, tenant: str, name: str) -> bool:
         return bool(await self._fetch("remove_schedule", tenant, name))
 
