@@ -6,8 +6,11 @@ removed tenant's runs end, and only an operator may end them."""
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from functools import partial
+from typing import Any
 
 import asyncpg
+import nats.errors
+import nats.js.errors
 import pytest
 
 from runwire import ClientError
@@ -166,6 +169,14 @@ async def _consumers_of(broker: Broker, tenant: str) -> int:
     return sum(1 for info in infos if (info.config.filter_subject or "").startswith(own))
 
 
+async def _put(bucket: Any, key: str, value: bytes) -> bool:
+    try:
+        await bucket.put(key, value)
+    except (nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError) as exc:
+        raise AssertionError(f"the bucket does not answer yet: {exc!r}") from exc
+    return True
+
+
 async def _has_frames(client: Client, run_id: str) -> bool:
     return (await client.get(run_id)).last_seq > 0
 
@@ -206,8 +217,9 @@ async def test_a_removed_tenant_is_ended_and_forgotten_and_its_name_inherits_not
         threads = await gateway.jetstream(timeout=30).create_key_value(
             bucket=broker.subjects.threads_bucket
         )
-        await threads.put("acme.thread-1", b'{"last_run": "x"}')
-        await threads.put("globex.thread-1", b'{"last_run": "y"}')
+        # On a cluster, a stream just made may not answer on every server at once.
+        await eventually(lambda: _put(threads, "acme.thread-1", b'{"last_run": "x"}'), 20)
+        await eventually(lambda: _put(threads, "globex.thread-1", b'{"last_run": "y"}'), 20)
         await gateway.close()
         # Once the stream holds its frames, a client follows it through a consumer (before
         # that, a run it submitted is read on its subject, without one).
