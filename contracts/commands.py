@@ -36,6 +36,8 @@ MAX_SEQ = MAX_SAFE_INTEGER
 EffectKind = Annotated[str, StringConstraints(pattern=EFFECT_KIND_PATTERN)]
 
 
+# A rate limit's name: a model provider's key, or `<key>:<model>`.
+RATE_LIMIT_KEY_PATTERN = r"^[A-Za-z0-9_.:/-]{1,200}$"
 # A schedule's name; how far back a schedule catches up after an outage (a day).
 SCHEDULE_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 MAX_CATCH_UP_S = 86_400
@@ -349,6 +351,23 @@ class BackfillScheduleCommand(Command):
     end: AwareDatetime
 
 
+class SetRateLimitCommand(Command):
+    """An operator's rate limit of a model provider's key or of one of its models
+    (`openai`, `openai:gpt-4o`), shared by every tenant and executor: at most `rpm`
+    requests and `tpm` tokens (prompt and answer) in any minute (null: no limit in that
+    unit). Each model call takes room under the limits of its provider key and its model
+    before it is made; a call without room waits, its run queued without a slot. Both
+    null: the limit is removed. An operator's command, not a tenant's."""
+
+    key: str = Field(pattern=RATE_LIMIT_KEY_PATTERN)
+    rpm: int | None = Field(default=None, ge=1, le=2**31 - 1, strict=True)
+    tpm: int | None = Field(default=None, ge=1, le=2**31 - 1, strict=True)
+
+
+class GetRateLimitsCommand(Command):
+    """Read the rate limits, what each holds of the last minute and the runs waiting."""
+
+
 class GetWebhooksCommand(Command):
     """Read the tenant's webhook endpoints, the deliveries still to make and those that
     failed for good."""
@@ -409,5 +428,7 @@ BODIES: dict[str, type[Command]] = {
     "get_budget": GetBudgetCommand,
     "set_policy": SetPolicyCommand,
     "get_policy": GetPolicyCommand,
+    "set_rate_limit": SetRateLimitCommand,
+    "get_rate_limits": GetRateLimitsCommand,
     "join": JoinCommand,
 }

@@ -69,9 +69,11 @@ class RunSummary(WireModel):
     concurrency_key: str | None = None
     # A queued run without a job yet (in `get` replies): what it waits for, `time` (it is
     # delayed until `not_before`), `session` (an earlier run of its session is active),
-    # `concurrency_key` (its key's runs hold the tenant's limit) or `share` (its tenant's
-    # runs hold its share of executor slots).
+    # `concurrency_key` (its key's runs hold the tenant's limit), `share` (its tenant's
+    # runs hold its share of executor slots) or `rate_limit` (its model call waits for
+    # room under `limit_key`, a rate limit, until `not_before` at the latest).
     queued_for: str | None = None
+    limit_key: str | None = None
     # A queued run that may not start before this time (a delayed run, or a retry's
     # backoff); absent otherwise.
     not_before: AwareDatetime | None = None
@@ -123,6 +125,26 @@ class SchedulesReply(Versioned):
     tenant: str
     schedules: list[ScheduleData]
     made: int = 0
+
+
+class RateLimitData(WireModel):
+    """A rate limit, and what it holds of the last minute: the calls granted and their
+    tokens (what each used once it answered, what it reserved before), and the runs
+    whose model call waits for room under it."""
+
+    key: str
+    rpm: int | None
+    tpm: int | None
+    requests: int
+    tokens: int
+    waiting: int
+
+
+class RateLimitsReply(Versioned):
+    """Every rate limit, by key."""
+
+    ok: Literal[True] = True
+    limits: list[RateLimitData]
 
 
 class WebhooksReply(Versioned):
@@ -246,6 +268,8 @@ class BudgetReply(Versioned):
     issued_runs: int = 0
     max_queued_runs: int | None = None
     queued_runs: int = 0
+    # Of those queued, the runs whose model call waits for room under a rate limit.
+    rate_limited_runs: int = 0
     # Runs of one concurrency key that may hold a job at once (null: no limit).
     max_runs_per_key: int | None = None
 

@@ -39,6 +39,8 @@ COMMANDS = (
     "get_budget",
     "set_policy",
     "get_policy",
+    "set_rate_limit",
+    "get_rate_limits",
     "join",
 )
 

@@ -12,7 +12,8 @@ exactly the subjects it needs, written as a nats-server `authorization` block.
   probes do).
   They manage the streams and consumers (`$JS.API.>`).
 - **Tenants** (`tenant-<name>`): request their own commands (`<prefix>.<tenant>.cmd.>`,
-  but not `set_budget`, `set_policy`, `resolve_effect` or `end_tenant`: an operator's), receive
+  but not `set_budget`, `set_policy`, `resolve_effect`, `end_tenant` or the rate limits:
+  an operator's), receive
   replies only on their own inbox prefix (`_INBOX_<tenant>.>`), and read only their own
   runs' frames and events: core subscriptions under `<prefix>.<tenant>.runs.>` and
   `.events.>`, JetStream consumers whose filter is under them (the filtered form of
@@ -67,7 +68,15 @@ from runwire.gateway.keys import add_key, expire_tenant_keys, new_key, remove_te
 from runwire.infra.embedded import ROUTE_USER, reload_server
 
 # Commands only an operator may send, whatever the tenant.
-ADMIN_COMMANDS = ("set_budget", "set_policy", "resolve_effect", "end_tenant", "forget_tenant")
+ADMIN_COMMANDS = (
+    "set_budget",
+    "set_policy",
+    "resolve_effect",
+    "end_tenant",
+    "forget_tenant",
+    "set_rate_limit",
+    "get_rate_limits",
+)
 # The routes of a deployment's three servers (infra/deploy: the headless Service's names
 # in Kubernetes, network aliases in compose.yaml).
 DEPLOY_ROUTES = ("nats-0.nats:6222", "nats-1.nats:6222", "nats-2.nats:6222")

@@ -5,7 +5,8 @@ The public names, importable from `runwire` itself:
 - the client: `Client`, `ClientError`, `Transcript`;
 - the runner API: `AttemptContext`, `RunnerError`, `runner` (declares a runner with its
   input model), `Runner`, `WaitTimeout` (a wait of `ctx.interrupt` or
-  `ctx.wait_for_signal` without an answer in time).
+  `ctx.wait_for_signal` without an answer in time), `RateLimited` (`ctx.take_rate`
+  without room: the run waits for it).
 
 The contract models live in `runwire.contracts`, the test kit in `runwire.testing`. Names
 load on first use, so a client-only install never imports the services' dependencies.
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from runwire.client.sdk import Client, ClientError, Transcript
     from runwire.runners.base import (
         AttemptContext,
+        RateLimited,
         Runner,
         RunnerError,
         RunnerSpec,
@@ -35,6 +37,7 @@ _PUBLIC = {
     "ClientError": "runwire.client.sdk",
     "Transcript": "runwire.client.sdk",
     "AttemptContext": "runwire.runners.base",
+    "RateLimited": "runwire.runners.base",
     "Runner": "runwire.runners.base",
     "RunnerError": "runwire.runners.base",
     "RunnerSpec": "runwire.runners.base",
@@ -51,6 +54,7 @@ __all__ = [
     "AttemptContext",
     "Client",
     "ClientError",
+    "RateLimited",
     "Runner",
     "RunnerError",
     "RunnerSpec",

@@ -29,6 +29,7 @@ class Stream:
     cut_after: int | None = None
     # Send nothing more after this many chunks, until the client closes the connection.
     stall_after: int | None = None
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -129,6 +130,54 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
 
 Reply = Stream | Status | Callable[["Request"], Stream | Status]
 
+# A provider's rate-limit window.
+MINUTE_S = 60.0
+
+
+@dataclass
+class TokenLimit:
+    """A provider's limit in tokens per minute, as strict as one can be: the tokens of
+    the requests that arrived in any 60 s (each counted at its arrival, with the usage it
+    is answered with) never exceed `tpm`; a request that would is answered 429, with
+    `Retry-After` and the rate-limit headers, and counts nothing."""
+
+    tpm: int
+    # (arrival, tokens) of each request answered.
+    taken: list[tuple[float, int]] = field(default_factory=list)
+    refused: int = 0
+
+    def used(self, now: float) -> int:
+        return sum(t for at, t in self.taken if at > now - MINUTE_S)
+
+    def until_room(self, now: float, tokens: int) -> float:
+        """Seconds until `tokens` more fit."""
+        over = self.used(now) + tokens - self.tpm
+        for at, t in self.taken:
+            if at > now - MINUTE_S:
+                over -= t
+                if over <= 0:
+                    return at + MINUTE_S - now
+        return MINUTE_S
+
+    def headers(self, now: float, tokens: int) -> dict[str, str]:
+        """The rate-limit headers of an answer (after `tokens` more were taken)."""
+        left = max(0, self.tpm - self.used(now) - tokens)
+        reset = self.until_room(now, self.tpm - left) if left < self.tpm else 0.0
+        return {
+            "x-ratelimit-limit-tokens": str(self.tpm),
+            "x-ratelimit-remaining-tokens": str(left),
+            "x-ratelimit-reset-tokens": f"{max(reset, 0.001):.3f}s",
+        }
+
+    def tokens_in(self, start: float, end: float) -> int:
+        """The tokens of the requests answered that arrived from `start` to before `end`."""
+        return sum(t for at, t in self.taken if start <= at < end)
+
+
+def _tokens(reply: Stream) -> int:
+    """The tokens a streamed answer reports using (its usage chunk)."""
+    return sum(c["usage"]["total_tokens"] for c in reply.chunks if c.get("usage") is not None)
+
 
 class OpenAIServer:
     """`async with OpenAIServer() as server:` serves on `server.base_url`. A queued reply
@@ -136,6 +185,10 @@ class OpenAIServer:
 
     def __init__(self) -> None:
         self.replies: deque[Reply] = deque()
+        # What a request gets when nothing is queued.
+        self.default: Reply = Stream(text_answer("ok"))
+        # A token limit the server enforces, if any.
+        self.limit: TokenLimit | None = None
         self.requests: list[Request] = []
         self.arrived = asyncio.Condition()
         self._server: asyncio.Server | None = None
@@ -156,6 +209,14 @@ class OpenAIServer:
                 self.arrived.wait_for(lambda: len(self.requests) >= count), timeout
             )
         return self.requests[:count]
+
+    async def wait_for(self, check: Callable[[Request], bool], timeout: float = 20) -> Request:
+        """The first request `check` holds for, once one arrived."""
+        async with self.arrived:
+            await asyncio.wait_for(
+                self.arrived.wait_for(lambda: any(check(r) for r in self.requests)), timeout
+            )
+        return next(r for r in self.requests if check(r))
 
     async def __aenter__(self) -> OpenAIServer:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -199,15 +260,30 @@ class OpenAIServer:
             self.arrived.notify_all()
         watcher = asyncio.create_task(self._watch_close(reader, request))
         try:
-            reply = self.replies.popleft() if self.replies else Stream(text_answer("ok"))
+            reply = self.replies.popleft() if self.replies else self.default
             if callable(reply):
                 reply = reply(request)
+            if isinstance(reply, Stream) and self.limit is not None:
+                reply = self._limited(reply, request.at)
             if isinstance(reply, Status):
                 await self._status(writer, reply)
             else:
                 await self._stream(writer, reply, request)
         finally:
             watcher.cancel()
+
+    def _limited(self, reply: Stream, now: float) -> Stream | Status:
+        """`reply` within the token limit, or a 429."""
+        assert self.limit is not None
+        tokens = _tokens(reply)
+        if self.limit.used(now) + tokens > self.limit.tpm:
+            self.limit.refused += 1
+            wait = self.limit.until_room(now, tokens)
+            headers = {**self.limit.headers(now, 0), "retry-after-ms": str(round(wait * 1000))}
+            return Status(429, "Rate limit reached for tokens per min (TPM)", headers)
+        headers = self.limit.headers(now, tokens)
+        self.limit.taken.append((now, tokens))
+        return Stream(reply.chunks, reply.delay_s, reply.cut_after, reply.stall_after, headers)
 
     @staticmethod
     async def _watch_close(reader: asyncio.StreamReader, request: Request) -> None:
@@ -232,9 +308,10 @@ class OpenAIServer:
 
     @staticmethod
     async def _stream(writer: asyncio.StreamWriter, reply: Stream, request: Request) -> None:
+        extra = "".join(f"{k}: {v}\r\n" for k, v in reply.headers.items())
         writer.write(
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-            b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n"
+            b"transfer-encoding: chunked\r\nconnection: close\r\n" + extra.encode() + b"\r\n"
         )
         await writer.drain()
 

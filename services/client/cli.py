@@ -143,6 +143,15 @@ def _parser() -> argparse.ArgumentParser:
         help="runs of one concurrency key holding a job at once, or 'none' (no limit)",
     )
 
+    limit = sub.add_parser("limit", help="rate limits of model providers (an operator's)")
+    verbs = limit.add_subparsers(dest="action", required=True)
+    setting = verbs.add_parser("set", help="limit a provider key or model, e.g. openai:gpt-4o")
+    setting.add_argument("key")
+    setting.add_argument("--tpm", type=int, help="tokens per minute (prompt and answer)")
+    setting.add_argument("--rpm", type=int, help="requests per minute")
+    verbs.add_parser("remove", help="remove a rate limit").add_argument("key")
+    verbs.add_parser("list", help="the limits, their last minute and the runs waiting")
+
     schedule = sub.add_parser("schedule", help="the tenant's schedules: runs at cron times")
     actions = schedule.add_subparsers(dest="action", required=True)
     add = actions.add_parser("add", help="create or replace a schedule")
@@ -451,6 +460,18 @@ async def _main(args: argparse.Namespace) -> int:
             }
             budget = await client.set_budget(**limits) if limits else await client.budget()
             print(budget.model_dump_json(indent=2, exclude={"v", "ok"}))
+            return 0
+        if args.command == "limit":
+            if args.action == "set" and args.tpm is None and args.rpm is None:
+                raise ValueError("give --tpm, --rpm or both")
+            rates = await (
+                client.set_rate_limit(args.key, rpm=args.rpm, tpm=args.tpm)
+                if args.action == "set"
+                else client.set_rate_limit(args.key)
+                if args.action == "remove"
+                else client.rate_limits()
+            )
+            print(rates.model_dump_json(indent=2, exclude={"v", "ok"}))
             return 0
         if args.command == "schedule":
             print((await _schedule(client, args)).model_dump_json(indent=2, exclude={"v", "ok"}))

@@ -336,6 +336,25 @@ class Client(Following):
         )
         return reply
 
+    async def set_rate_limit(
+        self, key: str, *, rpm: int | None = None, tpm: int | None = None
+    ) -> replies.RateLimitsReply:
+        """Limit a model provider's key or one of its models (`openai`, `openai:gpt-4o`)
+        to `rpm` requests and `tpm` tokens a minute, over every tenant; neither: remove
+        the limit. An operator's command. Returns every limit."""
+        cmd = commands.SetRateLimitCommand(key=key, rpm=rpm, tpm=tpm)
+        reply: replies.RateLimitsReply = await self._request(
+            "set_rate_limit", cmd, replies.RateLimitsReply
+        )
+        return reply
+
+    async def rate_limits(self) -> replies.RateLimitsReply:
+        """Every rate limit, what its last minute holds and the runs waiting for room."""
+        reply: replies.RateLimitsReply = await self._request(
+            "get_rate_limits", commands.GetRateLimitsCommand(), replies.RateLimitsReply
+        )
+        return reply
+
     async def budget(self) -> replies.BudgetReply:
         """The tenant's budgets, what its runs used and what they hold reserved."""
         reply: replies.BudgetReply = await self._request(

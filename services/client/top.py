@@ -494,13 +494,14 @@ def _share_table(share: BudgetReply) -> Table:
     """The tenant's fair share of executor slots and its queue (see docs/flow-control.md)."""
     table = Table(title="the tenant's share", title_justify="left", expand=True)
     table.caption = "runs holding a job (queued for an executor or running) against its share"
-    for name in ("jobs held", "share", "weight", "queued", "queue capacity"):
+    for name in ("jobs held", "share", "weight", "queued", "rate-limited", "queue capacity"):
         table.add_column(name, no_wrap=True)
     table.add_row(
         str(share.issued_runs),
         _count(share.share_runs),
         str(share.share or 1),
         str(share.queued_runs),
+        str(share.rate_limited_runs),
         _count(share.max_queued_runs),
     )
     return table

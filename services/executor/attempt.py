@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from runwire.contracts.errors import ErrorBody, ErrorCode
 from runwire.contracts.frames import Frame, FrameType, RawFrame
 from runwire.executor.effects import EffectFence
+from runwire.executor.rate_limits import AttemptRates
 from runwire.executor.resume import resume_point, resumes
 from runwire.executor.waits import AttemptWaits
 from runwire.runners.base import (
@@ -45,6 +46,7 @@ from runwire.runtime.errors import (
     RunwireError,
     Unavailable,
 )
+from runwire.runtime.outbox import Outbox
 from runwire.runtime.settings import ExecutorSettings
 from runwire.runtime.storable import storable, storable_text
 from runwire.runtime.store import Run, Store
@@ -103,13 +105,15 @@ class AbortReason(StrEnum):
 
 @dataclass(frozen=True)
 class Outcome:
-    """How an attempt ended: exactly one of result, error, abort or wait is set."""
+    """How an attempt ended: exactly one of result, error, abort, wait or limited is set."""
 
     result: dict[str, Any] | None = None
     error: ErrorBody | None = None
     abort: AbortReason | None = None
     # The wait the attempt ended for (the run waits).
     wait: str | None = None
+    # A model call had no room under a rate limit: until when, under which limit.
+    limited: tuple[datetime, str] | None = None
     # The soonest the next attempt may start after a retryable error (Retry-After).
     retry_after_ms: int | None = None
 
@@ -129,6 +133,7 @@ class Attempt:
         on_heartbeat: Any = None,
         tools: Mapping[str, ToolSpec] | None = None,
         effects: Mapping[str, EffectAdapter] | None = None,
+        outbox: Outbox | None = None,
     ) -> None:
         self.run = run
         self.generation = run.generation
@@ -137,6 +142,7 @@ class Attempt:
         self._runner = runner
         self._tools = tools or {}
         self.waits = AttemptWaits(store, run.run_id, run.generation, self._emit, self._storable)
+        self.rates = AttemptRates(store, outbox, run.run_id, owner)
         self._effects = EffectFence(
             store,
             effects or {},
@@ -456,6 +462,9 @@ class Attempt:
             _settle=self._settle,
             _wait=self.waits.begin,
             durable_sleep_s=self._settings.durable_sleep_s,
+            _take_rate=self.rates.take,
+            _settle_rate=self.rates.settle,
+            _observe_rate=self.rates.observe,
         )
         runner_span = tracing.tracer.start_span(
             "runner", attributes={**self._span_attributes(), "runner": self.run.runner}
@@ -499,6 +508,8 @@ class Attempt:
             return Outcome(abort=self.abort_reason)
         if self.waits.waiting_on is not None:
             return Outcome(wait=self.waits.waiting_on)
+        if self.rates.waiting is not None:
+            return Outcome(limited=self.rates.waiting)
         exc = task.exception()
         if exc is None:
             return Outcome(result=self._storable("result", task.result() or {}))

@@ -5,7 +5,8 @@ its attempts starts `python -m runwire.executor.runner_process`, which loads the
 (and the tools) the way the executor does and runs it on a proxy of the attempt's
 context. Everything the runner does goes through the executor, over a socket pair, one
 JSON line a message, and only for its own run: frames (`emit`, `message`, tool calls),
-`checkpoint`, `effect`, `reserve`, `settle` and waits (`interrupt`, `wait_for_signal`).
+`checkpoint`, `effect`, `reserve`, `settle`, rate limits (`take_rate`, `settle_rate`,
+`observe_rate`) and waits (`interrupt`, `wait_for_signal`).
 The process is given none of the executor's credentials (no database URL, no NATS
 identity: WITHHELD), so a runner that runs a tenant's code cannot read other tenants'
 runs or publish for other runs. The attempt's abort (cancel, deadline, shutdown) is
@@ -195,6 +196,14 @@ class IsolatedRunner:
                     args["name"], timeout=args["timeout"], key=args["key"]
                 )
             return await ctx.interrupt(args["payload"], timeout=args["timeout"], key=args["key"])
+        if name == "take_rate":
+            return await ctx.take_rate(args["limits"], args["name"], args["tokens"])
+        if name == "settle_rate":
+            await ctx.settle_rate(args["name"], args["tokens"])
+            return None
+        if name == "observe_rate":
+            await ctx.observe_rate(args["limits"], **args["said"])
+            return None
         if name == "settle":
             await ctx.settle(args["key"], args["tokens"], args["receipt"], cost=args["cost"])
             return None

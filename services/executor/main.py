@@ -306,6 +306,7 @@ class Executor:
             on_heartbeat=msg.in_progress,
             tools=self.tools,
             effects=self.effects,
+            outbox=self.outbox,
         )
         if self._draining:
             # Claimed while this executor is shutting down: hand it straight back.

@@ -6,6 +6,8 @@
 - fatal or exhausted → fail + term;
 - canceled → cancel (with the error the canceller chose: CANCELED or SUPERSEDED) + ack;
 - shutdown → hand back (not counted) + ack;
+- a model call without room under a rate limit → back to the queue until room comes
+  (not counted) + ack;
 - lease lost → ack only (the newer attempt owns the run).
 
 Each write also writes, in its transaction, what it implies (Postgres builds it: the
@@ -46,6 +48,8 @@ class Decision(StrEnum):
     HANDED_BACK = "handed_back"  # to the queue, for a shutdown: not counted as an attempt
     LOST = "lost"  # a newer attempt owns the run: nothing written
     WAITING = "waiting"  # the run waits for an answer: not counted as an attempt
+    # back to the queue until a rate limit has room: not counted as an attempt
+    RATE_LIMITED = "rate_limited"
 
     @property
     def coded(self) -> bool:
@@ -149,6 +153,16 @@ class Settler:
                 return ended, Decision.CANCELED
             log.info("run waits", extra=fields(wait_id=outcome.wait, status=ended.status))
             return ended, Decision.WAITING
+        if outcome.limited is not None:
+            until, limit = outcome.limited
+            ended = await self.store.rate_wait(
+                run.run_id, gen, until, limit, text, self.owner, close_seq, traceparent
+            )
+            if ended.status == RunStatus.CANCELED:
+                log.info("run canceled while its attempt ended", extra=fields(code=_code(ended)))
+                return ended, Decision.CANCELED
+            log.info("run waits for room under a rate limit", extra=fields(limit=limit))
+            return ended, Decision.RATE_LIMITED
         error = outcome.error or timeout_error(run.attempt_timeout_ms)
         # An attempt that ended to wait does not count.
         if error.retryable and run.attempts - run.waits < run.max_attempts:

@@ -99,6 +99,15 @@ def _context(start: dict[str, Any], executor: Executor, tools: Any) -> AttemptCo
     async def settle(key: str, tokens: int, receipt: str | None, cost: int) -> None:
         await executor.call("settle", key=key, tokens=tokens, receipt=receipt, cost=cost)
 
+    async def take_rate(limits: list[str], call: str, tokens: int) -> bool:
+        return bool(await executor.call("take_rate", limits=limits, name=call, tokens=tokens))
+
+    async def settle_rate(call: str, tokens: int) -> None:
+        await executor.call("settle_rate", name=call, tokens=tokens)
+
+    async def observe_rate(limits: list[str], said: dict[str, float]) -> None:
+        await executor.call("observe_rate", limits=limits, said=said)
+
     async def wait(
         kind: WaitKind, name: str | None, payload: Any, timeout: float | None, key: str | None
     ) -> Any:
@@ -124,6 +133,9 @@ def _context(start: dict[str, Any], executor: Executor, tools: Any) -> AttemptCo
         _settle=settle,
         _wait=wait,
         durable_sleep_s=start.get("durable_sleep_s"),
+        _take_rate=take_rate,
+        _settle_rate=settle_rate,
+        _observe_rate=observe_rate,
     )
 
 

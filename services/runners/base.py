@@ -13,7 +13,7 @@ import inspect
 import json
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +67,12 @@ class Waiting(AttemptClosed):
     """Raised by a wait that is not answered yet: the attempt ends here, and the run
     waits (no worker held); its next attempt, once the wait is decided, runs the runner
     again from its checkpoint, and the same wait then returns at once."""
+
+
+class RateLimited(AttemptClosed):
+    """Raised by `take_rate` when a rate limit has no room for the call: the attempt ends
+    here, and the run waits in the queue (no worker held) until room comes; its next
+    attempt runs the runner again, and the same call then gets its room at once."""
 
 
 class WaitTimeout(RunnerError):
@@ -251,6 +257,11 @@ class AttemptContext:
     ) = None
     # Sleeps of this many seconds or more are durable timers (None: none is).
     durable_sleep_s: float | None = None
+    # Rate limits: (limits, call, tokens) -> None or raises RateLimited; (call, tokens);
+    # (limits, what the provider said).
+    _take_rate: Callable[[list[str], str, int], Awaitable[bool]] | None = None
+    _settle_rate: Callable[[str, int], Awaitable[None]] | None = None
+    _observe_rate: Callable[[list[str], dict[str, float]], Awaitable[None]] | None = None
 
     async def interrupt(
         self, payload: Any = None, *, timeout: float | None = None, key: str | None = None
@@ -340,6 +351,35 @@ class AttemptContext:
         if self._settle is None:
             raise RunnerError("budgets are not available to this attempt", retryable=False)
         await self._settle(key, tokens, receipt, cost)
+
+    async def take_rate(self, limits: Sequence[str], call: str, tokens: int = 0) -> bool:
+        """Take room for a call to a model provider (one request, `tokens` tokens) under
+        each of the rate limits `limits` an operator set (`runwire limit set`; e.g.
+        `openai` and `openai:gpt-4o`; a limit not set takes nothing), before making it.
+        `call` names the call within the run: the same name for the same call in a later
+        attempt. Without room now, the run waits for it holding no worker: the call raises
+        `RateLimited` (let it through) and the runner runs again once room came, where the
+        same call gets it at once. The calls waiting under a limit get their room first
+        come, first served. RunnerError (not retryable) when the call needs more tokens
+        than a limit allows in a minute. Settle it with `settle_rate`. Returns whether
+        any of `limits` is set."""
+        if self._take_rate is None:
+            return False
+        return await self._take_rate(list(limits), call, max(0, tokens))
+
+    async def settle_rate(self, call: str, tokens: int) -> None:
+        """Settle call `call` with the tokens it used (the provider's usage): what it
+        took beyond that is room again, for the calls waiting."""
+        if self._settle_rate is not None:
+            await self._settle_rate(call, max(0, tokens))
+
+    async def observe_rate(self, limits: Sequence[str], **said: float) -> None:
+        """What the provider said of its limits, for every executor's next calls:
+        `retry_after_s` (a 429: no call before then), `tokens_left` and
+        `tokens_reset_s`, `requests_left` and `requests_reset_s` (its rate-limit
+        headers: a call that needs more than is left waits for the reset)."""
+        if self._observe_rate is not None and said:
+            await self._observe_rate(list(limits), said)
 
     async def call_tool(
         self,

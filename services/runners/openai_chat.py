@@ -14,6 +14,14 @@ the provider's `Retry-After`); 400, 401, 403, 404 and 422 fail the run (`RUNNER_
 with the provider's message). The SDK retries nothing itself. A cancel or a deadline
 closes the HTTP stream at once.
 
+Each model call takes room under the rate limits an operator set for the provider key
+(`RUNWIRE_OPENAI_RATE_LIMIT_KEY`, `openai` by default) and for `<key>:<model>` (see
+`runwire limit set`): the tokens it may take, settled with the usage it reports. A call
+without room waits, its run queued without a slot. A 429 under a limit makes every
+call under it wait as the provider asks, and the run waits instead of failing; the
+provider's rate-limit headers (tokens and requests left) hold back calls that would not
+fit before their reset.
+
 The base URL and the key come from `RUNWIRE_OPENAI_BASE_URL` and `RUNWIRE_OPENAI_API_KEY`
 (else the SDK's `OPENAI_BASE_URL` and `OPENAI_API_KEY`). The key is never written to a
 log, a frame, an error or a span: a provider message that quotes it is redacted. The
@@ -26,30 +34,27 @@ import contextlib
 import hashlib
 import json
 import logging
-import math
 import re
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from functools import cache
 from importlib import import_module
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from pydantic import AliasChoices, Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field
 
 from runwire.contracts.base import WireModel
 from runwire.contracts.frames import FrameType
 from runwire.runners.base import AttemptContext, RunnerError, RunnerSpec
+from runwire.runners.openai_headers import rate_headers, retry_after
 from runwire.runners.openai_history import assistant_message, resume_conversation
+from runwire.runners.openai_settings import DEFAULT_BASE_URL, OpenAISettings
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_MAX_STEPS = 8
 # What a model call is reserved for when the run sets no limit on the answer's length.
 DEFAULT_ANSWER_TOKENS = 4096
@@ -69,6 +74,8 @@ SAMPLING = (
     "reasoning_effort",
     "response_format",
 )
+# How long every call under a limit waits after a 429 that names no Retry-After.
+RATE_LIMITED_WAIT_S = 1.0
 RESUME_INSTRUCTION = (
     "Your previous answer was cut off after the text above. Continue it from exactly where "
     "it stops, without repeating any of it."
@@ -93,59 +100,6 @@ def _http() -> Any:
         with contextlib.suppress(ImportError):
             return import_module(name)
     raise ImportError("the openai SDK's HTTP library (httpx2 or httpx) is not installed")
-
-
-class OpenAISettings(BaseSettings):
-    """Where the `openai` runner sends its requests; read from the environment (or given
-    by field name, as tests do)."""
-
-    model_config = SettingsConfigDict(
-        extra="ignore", populate_by_name=True, use_attribute_docstrings=True
-    )
-
-    base_url: str = Field(
-        default=DEFAULT_BASE_URL,
-        validation_alias=AliasChoices("RUNWIRE_OPENAI_BASE_URL", "OPENAI_BASE_URL"),
-    )
-    """The OpenAI-compatible endpoint (else `OPENAI_BASE_URL`)."""
-    api_key: SecretStr | None = Field(
-        default=None, validation_alias=AliasChoices("RUNWIRE_OPENAI_API_KEY", "OPENAI_API_KEY")
-    )
-    """The provider's key (else `OPENAI_API_KEY`); it never reaches a log, a frame, an
-    error or a span."""
-    read_timeout_s: float = Field(
-        default=120.0, gt=0, validation_alias=AliasChoices("RUNWIRE_OPENAI_READ_TIMEOUT_S")
-    )
-    """How long a stream may stay silent before the attempt gives up on it
-    (retryable)."""
-    connect_timeout_s: float = Field(
-        default=10.0, gt=0, validation_alias=AliasChoices("RUNWIRE_OPENAI_CONNECT_TIMEOUT_S")
-    )
-    """How long connecting to the provider may take."""
-    max_in_flight: int | None = Field(
-        default=None, ge=1, validation_alias=AliasChoices("RUNWIRE_OPENAI_MAX_IN_FLIGHT")
-    )
-    """Attempts of the runner in flight at once over all executors (the provider's
-    concurrency limit); none: the executor's `RUNWIRE_MAX_IN_FLIGHT`."""
-    input_cost_per_million: float | None = Field(
-        default=None, ge=0, validation_alias=AliasChoices("RUNWIRE_OPENAI_INPUT_COST_PER_MILLION")
-    )
-    """The price of a million prompt tokens in the tenant's cost units: with it or the
-    next set, each model call also reserves and settles cost units."""
-    output_cost_per_million: float | None = Field(
-        default=None,
-        ge=0,
-        validation_alias=AliasChoices("RUNWIRE_OPENAI_OUTPUT_COST_PER_MILLION"),
-    )
-    """The price of a million answer tokens in the tenant's cost units."""
-
-    def cost(self, input_tokens: int, output_tokens: int) -> int:
-        """What a call of this many tokens costs, in cost units (rounded up)."""
-        units = (
-            input_tokens * (self.input_cost_per_million or 0)
-            + output_tokens * (self.output_cost_per_million or 0)
-        ) / 1_000_000
-        return math.ceil(units)
 
 
 class OpenAIInput(WireModel):
@@ -199,6 +153,8 @@ class _Step:
     usage: dict[str, int] | None = None
     model: str | None = None
     id: str | None = None
+    # What the provider's rate-limit headers said (see _rate_headers).
+    said: dict[str, float] = field(default_factory=dict)
 
 
 class _Aborted(Exception):
@@ -219,22 +175,6 @@ async def _or_abort(ctx: AttemptContext, work: Awaitable[T]) -> T:
             await task
         raise _Aborted
     return task.result()
-
-
-def _retry_after(headers: Mapping[str, str]) -> float | None:
-    """Seconds a provider asks to wait (`retry-after-ms`, `Retry-After` in seconds or as
-    an HTTP date)."""
-    if (ms := headers.get("retry-after-ms")) is not None:
-        with contextlib.suppress(ValueError):
-            return max(0.0, float(ms) / 1000)
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    with contextlib.suppress(ValueError):
-        return max(0.0, float(value))
-    with contextlib.suppress(TypeError, ValueError):
-        return max(0.0, (parsedate_to_datetime(value) - datetime.now(UTC)).total_seconds())
-    return None
 
 
 class OpenAIChat:
@@ -306,7 +246,7 @@ class OpenAIChat:
                 return RunnerError(message, retryable=False)
             if status in RETRYABLE_STATUS or status >= 500:
                 return RunnerError(
-                    message, retryable=True, retry_after_s=_retry_after(exc.response.headers)
+                    message, retryable=True, retry_after_s=retry_after(exc.response.headers)
                 )
             return RunnerError(message, retryable=False)
         if isinstance(exc, openai.APITimeoutError | http.TimeoutException):
@@ -360,7 +300,9 @@ class OpenAIChat:
 
     async def _step(self, ctx: AttemptContext, request: dict[str, Any], step: _Step) -> None:
         """One streamed model call into `step`; text deltas are emitted as they arrive."""
-        stream = await _or_abort(ctx, self.client.chat.completions.create(**request))
+        raw = await _or_abort(ctx, self.client.chat.completions.with_raw_response.create(**request))
+        step.said = rate_headers(raw.headers)
+        stream = raw.parse()
         try:
             await _or_abort(ctx, self._consume(ctx, stream, step))
         finally:
@@ -419,6 +361,61 @@ class OpenAIChat:
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": content})
         return client_calls
 
+    async def _model_call(
+        self,
+        ctx: AttemptContext,
+        args: OpenAIInput,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        steps: int,
+    ) -> _Step:
+        """One model call: room under the rate limits and the budgets taken before it
+        (the prompt's size and the most it may answer), settled with its usage after."""
+        prompt, answer = _estimate(args, messages)
+        estimate, estimate_cost = prompt + answer, self.settings.cost(prompt, answer)
+        # Named by its place in the conversation: the same call in a later attempt.
+        call = f"model-call-at-{len(messages)}"
+        limits = [self.settings.rate_limit_key, f"{self.settings.rate_limit_key}:{args.model}"]
+        limited = await ctx.take_rate(limits, call, estimate)
+        reservation = f"model-call-{steps}"
+        try:
+            await ctx.reserve(reservation, estimate, cost=estimate_cost)
+        except RunnerError:
+            await ctx.settle_rate(call, 0)  # no call made
+            raise
+        step = _Step()
+        try:
+            await self._step(ctx, self._request(args, messages, tools), step)
+        except _Aborted:
+            # Cut short: count what it may have used.
+            await ctx.settle(reservation, estimate, cost=estimate_cost)
+            await ctx.settle_rate(call, estimate)
+            raise
+        except Exception as exc:  # noqa: BLE001 - mapped to an outcome, or raised again
+            used, cost = self._failed_use(exc, step, estimate, estimate_cost)
+            await ctx.settle(reservation, used, step.id, cost=cost)
+            await ctx.settle_rate(call, used)
+            failure = self._failure(exc)
+            if limited and isinstance(exc, _sdk().RateLimitError):
+                # The provider's limit is tighter than runwire's: every call under it
+                # waits as long as it asks, and this run waits in the queue (the attempt
+                # not counted) rather than failing.
+                wait = failure.retry_after_s or RATE_LIMITED_WAIT_S
+                await ctx.observe_rate(limits, retry_after_s=wait)
+                await ctx.take_rate(limits, call, estimate)
+                await ctx.settle_rate(call, 0)
+            raise failure from None
+        if step.usage is not None:
+            used = step.usage["total_tokens"]
+            cost = self.settings.cost(step.usage["input_tokens"], step.usage["output_tokens"])
+        else:
+            used, cost = estimate, estimate_cost
+        await ctx.settle(reservation, used, step.id, cost=cost)
+        await ctx.settle_rate(call, used)
+        if limited and step.said:
+            await ctx.observe_rate(limits, **step.said)
+        return step
+
     async def __call__(self, ctx: AttemptContext) -> dict[str, Any]:
         # The first attempt imports the SDK in a thread: the event loop goes on renewing
         # the leases of every attempt meanwhile (an import of a second would stall them).
@@ -452,28 +449,10 @@ class OpenAIChat:
             ]
         while steps < args.max_steps:
             steps += 1
-            # Reserved before the call: the prompt's size and the most it may answer.
-            reservation = f"model-call-{steps}"
-            prompt, answer = _estimate(args, messages)
-            estimate, estimate_cost = prompt + answer, self.settings.cost(prompt, answer)
-            await ctx.reserve(reservation, estimate, cost=estimate_cost)
-            step = _Step()
             try:
-                await self._step(ctx, self._request(args, messages, tools), step)
+                step = await self._model_call(ctx, args, messages, tools, steps)
             except _Aborted:
-                # Cut short: count what it may have used.
-                await ctx.settle(reservation, estimate, cost=estimate_cost)
                 return {"usage": usage}  # the executor records the abort, not this result
-            except Exception as exc:  # noqa: BLE001 - mapped to an outcome, or raised again
-                used, cost = self._failed_use(exc, step, estimate, estimate_cost)
-                await ctx.settle(reservation, used, step.id, cost=cost)
-                raise self._failure(exc) from None
-            if step.usage is not None:
-                used = step.usage["total_tokens"]
-                cost = self.settings.cost(step.usage["input_tokens"], step.usage["output_tokens"])
-            else:
-                used, cost = estimate, estimate_cost
-            await ctx.settle(reservation, used, step.id, cost=cost)
             if step.usage is not None:
                 for key in usage:
                     usage[key] += step.usage[key]

@@ -146,8 +146,7 @@ ATTEMPT_DURATION = Histogram(
 ATTEMPT_OUTCOMES = Counter(
     "runwire_attempt_outcomes_total",
     "Attempts ended, by outcome (finished, retry, failed, canceled, released, waiting, "
-    "lost) and "
-    "error code (none when finished).",
+    "rate_limited, lost) and error code (none when finished).",
     ["outcome", "code"],
     registry=None,
 )
@@ -166,6 +165,12 @@ RETRIES = Counter(
     "runwire_retries_total",
     "Attempts that failed and were requeued for another attempt, by error code.",
     ["code"],
+    registry=None,
+)
+RATE_LIMITED = Counter(
+    "runwire_rate_limited_calls_total",
+    "Model calls that found no room under a rate limit (their runs waited), by limit.",
+    ["limit"],
     registry=None,
 )
 
@@ -266,7 +271,14 @@ def freeze_startup_objects() -> None:
 # submitter (submit, get, cancel, ...) and the relay (join) both run.
 FAMILIES: dict[str, tuple[Collector, ...]] = {
     "submitter": (COMMAND_DURATION, COMMANDS_REFUSED),
-    "executor": (ATTEMPTS_IN_FLIGHT, ATTEMPT_DURATION, ATTEMPT_OUTCOMES, RETRIES, WAIT_DURATION),
+    "executor": (
+        ATTEMPTS_IN_FLIGHT,
+        ATTEMPT_DURATION,
+        ATTEMPT_OUTCOMES,
+        RETRIES,
+        WAIT_DURATION,
+        RATE_LIMITED,
+    ),
     "relay": (FRAMES_RELAYED, RELAY_LAG, COMMAND_DURATION, COMMANDS_REFUSED),
     "recovery": (QUEUE, RECOVERIES, INTERRUPTED),
 }

@@ -199,7 +199,8 @@ CREATE TABLE public.runs (
     prev_close_seq integer,
     waits integer DEFAULT 0 NOT NULL,
     priority smallint DEFAULT 0 NOT NULL,
-    concurrency_key text
+    concurrency_key text,
+    limit_key text
 );
 
 CREATE FUNCTION public.claim_runs(p_runs uuid[], p_generations integer[], p_owner text, p_lease_ms integer, p_job_acks text[], p_presence integer) RETURNS SETOF public.runs
@@ -216,7 +217,7 @@ BEGIN
                lease_owner = p_owner,
                lease_expires_at = now() + make_interval(secs => p_lease_ms / 1000.0),
                job_ack = p_job_acks[i], lease_presence = p_presence,
-               prev_close_seq = close_seq, close_seq = NULL,
+               prev_close_seq = close_seq, close_seq = NULL, limit_key = NULL,
                started_at = coalesce(started_at, now()), updated_at = now()
          WHERE run_id = p_runs[i] AND generation = p_generations[i] AND run_awaits_attempt(status)
            AND NOT cancel_requested AND not_before <= now()
@@ -684,6 +685,247 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION public.provider_room(p_left integer, p_limit integer, p_seen timestamp with time zone, p_reset timestamp with time zone, p_need integer) RETURNS timestamp with time zone
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT CASE WHEN p_left IS NULL OR p_reset IS NULL OR p_reset <= now()
+                     OR p_left >= p_need THEN NULL
+                WHEN p_limit IS NULL OR p_limit <= p_left OR p_need > p_limit THEN p_reset
+                ELSE p_seen + (p_reset - p_seen) * ((p_need - p_left)::float8 / (p_limit - p_left))
+           END
+$$;
+
+CREATE FUNCTION public.rate_fit(p_keys text[], p_run uuid, p_tokens integer, OUT o_at timestamp with time zone, OUT o_key text) RETURNS record
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+    l rate_limits;
+    v_since timestamp with time zone;
+    v_ahead_tokens bigint;
+    v_ahead bigint;
+    v_at timestamp with time zone;
+BEGIN
+    o_at := now();
+    SELECT since INTO v_since FROM rate_waiters WHERE run_id = p_run;
+    FOR l IN SELECT * FROM rate_limits WHERE key = ANY(p_keys) ORDER BY key LOOP
+        SELECT coalesce(sum(w.tokens), 0), count(*) INTO v_ahead_tokens, v_ahead
+          FROM rate_waiters w JOIN runs r ON r.run_id = w.run_id AND run_active_attempt(r.status)
+         WHERE l.key = ANY(w.keys) AND w.run_id <> p_run
+           AND (v_since IS NULL OR w.since < v_since);
+        v_at := rate_room(l, v_ahead_tokens + p_tokens, v_ahead + 1, p_tokens);
+        IF v_at > o_at THEN
+            o_at := v_at;
+            o_key := l.key;
+        END IF;
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION public.rate_grant(p_keys text[], p_run uuid, p_call text, p_tokens integer) RETURNS void
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    INSERT INTO rate_grants (key, run_id, call, tokens)
+    SELECT key, p_run, p_call, p_tokens FROM rate_limits WHERE key = ANY(p_keys);
+    UPDATE rate_limits
+       SET tokens_left = CASE WHEN tokens_reset_at > now() THEN tokens_left - p_tokens
+                              ELSE tokens_left END,
+           requests_left = CASE WHEN requests_reset_at > now() THEN requests_left - 1
+                                ELSE requests_left END
+     WHERE key = ANY(p_keys);
+    DELETE FROM rate_waiters WHERE run_id = p_run;
+$$;
+
+CREATE FUNCTION public.rate_observe(p_keys text[], p_said jsonb) RETURNS void
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    UPDATE rate_limits
+       SET blocked_until = greatest(blocked_until, now() + make_interval(
+               secs => (p_said->>'retry_after_s')::float8)),
+           observed_at = CASE WHEN p_said ? 'tokens_left' OR p_said ? 'requests_left'
+                              THEN now() ELSE observed_at END,
+           tokens_left = coalesce((p_said->>'tokens_left')::numeric::integer, tokens_left),
+           tokens_limit = CASE WHEN p_said ? 'tokens_left'
+                               THEN (p_said->>'tokens_limit')::numeric::integer ELSE tokens_limit END,
+           tokens_reset_at = CASE WHEN p_said ? 'tokens_left' THEN now() + make_interval(
+                                      secs => (p_said->>'tokens_reset_s')::float8)
+                                  ELSE tokens_reset_at END,
+           requests_left = coalesce((p_said->>'requests_left')::numeric::integer, requests_left),
+           requests_limit = CASE WHEN p_said ? 'requests_left'
+                                 THEN (p_said->>'requests_limit')::numeric::integer
+                                 ELSE requests_limit END,
+           requests_reset_at = CASE WHEN p_said ? 'requests_left' THEN now() + make_interval(
+                                        secs => (p_said->>'requests_reset_s')::float8)
+                                    ELSE requests_reset_at END,
+           updated_at = now()
+     WHERE key = ANY(p_keys);
+$$;
+
+CREATE FUNCTION public.rate_reserve(p_keys text[], p_run uuid, p_call text, p_tokens integer, p_actor text, OUT o_granted boolean, OUT o_at timestamp with time zone, OUT o_key text, OUT o_limited boolean) RETURNS record
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+    v_keys text[];
+BEGIN
+    -- One caller at a time per limit: the rows locked in key order.
+    SELECT array_agg(key ORDER BY key) INTO v_keys
+      FROM (SELECT key FROM rate_limits WHERE key = ANY(p_keys) ORDER BY key FOR UPDATE) l;
+    o_granted := true;
+    o_limited := v_keys IS NOT NULL;
+    IF v_keys IS NULL THEN
+        RETURN;
+    END IF;
+    DELETE FROM rate_grants WHERE key = ANY(v_keys) AND at < now() - 2 * rate_window();
+    PERFORM rate_serve_waiters(v_keys, p_actor);
+    IF EXISTS (SELECT 1 FROM rate_grants
+                WHERE run_id = p_run AND call = p_call AND NOT settled
+                  AND at > now() - rate_window()) THEN
+        DELETE FROM rate_waiters WHERE run_id = p_run;
+        RETURN;
+    END IF;
+    SELECT f.o_at, f.o_key INTO o_at, o_key FROM rate_fit(v_keys, p_run, p_tokens) f;
+    IF o_at <= now() THEN
+        PERFORM rate_grant(v_keys, p_run, p_call, p_tokens);
+        o_at := NULL;
+        o_key := NULL;
+        RETURN;
+    END IF;
+    o_granted := false;
+    IF o_at = 'infinity' THEN
+        o_at := NULL;
+    ELSE
+        INSERT INTO rate_waiters (run_id, call, keys, tokens)
+        VALUES (p_run, p_call, v_keys, p_tokens)
+        ON CONFLICT (run_id) DO UPDATE
+           SET call = EXCLUDED.call, keys = EXCLUDED.keys, tokens = EXCLUDED.tokens;
+    END IF;
+END
+$$;
+
+CREATE TABLE public.rate_limits (
+    key text NOT NULL,
+    rpm integer,
+    tpm integer,
+    blocked_until timestamp with time zone,
+    observed_at timestamp with time zone,
+    tokens_left integer,
+    tokens_limit integer,
+    tokens_reset_at timestamp with time zone,
+    requests_left integer,
+    requests_limit integer,
+    requests_reset_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT rate_limits_key_check CHECK (((length(key) >= 1) AND (length(key) <= 200))),
+    CONSTRAINT rate_limits_rpm_check CHECK ((rpm > 0)),
+    CONSTRAINT rate_limits_tpm_check CHECK ((tpm > 0))
+);
+
+CREATE FUNCTION public.rate_room(l public.rate_limits, p_tokens bigint, p_requests bigint, p_own_tokens integer) RETURNS timestamp with time zone
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+    v_at timestamp with time zone := now();
+    v_used bigint;
+    v_count bigint;
+    v_tokens bigint;
+    v_requests bigint;
+    g record;
+BEGIN
+    IF l.tpm IS NOT NULL AND p_own_tokens > l.tpm THEN
+        RETURN 'infinity';
+    END IF;
+    -- What the provider said last.
+    IF l.blocked_until > v_at THEN
+        v_at := l.blocked_until;
+    END IF;
+    v_at := greatest(v_at, provider_room(l.tokens_left, l.tokens_limit, l.observed_at,
+                                         l.tokens_reset_at, p_own_tokens),
+                     provider_room(l.requests_left, l.requests_limit, l.observed_at,
+                                   l.requests_reset_at, 1));
+    -- The grants of the last minute: enough of them must leave it first.
+    SELECT coalesce(sum(tokens), 0), count(*) INTO v_used, v_count
+      FROM rate_grants WHERE key = l.key AND at > now() - rate_window();
+    v_tokens := CASE WHEN l.tpm IS NULL THEN 0 ELSE v_used + p_tokens - l.tpm END;
+    v_requests := CASE WHEN l.rpm IS NULL THEN 0 ELSE v_count + p_requests - l.rpm END;
+    IF v_tokens <= 0 AND v_requests <= 0 THEN
+        RETURN v_at;
+    END IF;
+    FOR g IN SELECT tokens, at FROM rate_grants
+              WHERE key = l.key AND at > now() - rate_window() ORDER BY at LOOP
+        v_tokens := v_tokens - g.tokens;
+        v_requests := v_requests - 1;
+        IF v_tokens <= 0 AND v_requests <= 0 THEN
+            RETURN greatest(v_at, g.at + rate_window());
+        END IF;
+    END LOOP;
+    -- Those waiting ahead need more than the window holds: a window later at least.
+    RETURN greatest(v_at, now() + rate_window());
+END
+$$;
+
+CREATE FUNCTION public.rate_serve_waiters(p_keys text[], p_actor text) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+    v_w rate_waiters;
+    v_fit record;
+    v_served integer := 0;
+BEGIN
+    DELETE FROM rate_waiters w WHERE w.keys && p_keys AND NOT EXISTS (
+        SELECT 1 FROM runs r WHERE r.run_id = w.run_id AND run_active_attempt(r.status));
+    FOR v_w IN SELECT * FROM rate_waiters WHERE keys && p_keys ORDER BY since LOOP
+        SELECT * INTO v_fit FROM rate_fit(v_w.keys, v_w.run_id, v_w.tokens);
+        EXIT WHEN v_fit.o_at > now();
+        PERFORM rate_grant(v_w.keys, v_w.run_id, v_w.call, v_w.tokens);
+        WITH upd AS (
+            UPDATE runs SET not_before = now(), job_published_at = now(), limit_key = NULL,
+                            updated_at = now()
+             WHERE run_id = v_w.run_id AND status = 'queued' AND limit_key IS NOT NULL
+            RETURNING *
+        )
+        INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
+        SELECT run_id, 'rate_granted', status, attempts, p_actor,
+               'room under its rate limits for ' || v_w.call FROM upd;
+        v_served := v_served + 1;
+    END LOOP;
+    RETURN v_served;
+END
+$$;
+
+CREATE FUNCTION public.rate_settle(p_run uuid, p_call text, p_tokens integer, p_actor text) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+    v_keys text[];
+BEGIN
+    SELECT array_agg(key ORDER BY key) INTO v_keys FROM rate_grants
+     WHERE run_id = p_run AND call = p_call AND NOT settled;
+    IF v_keys IS NULL THEN
+        RETURN 0;
+    END IF;
+    PERFORM 1 FROM rate_limits WHERE key = ANY(v_keys) ORDER BY key FOR UPDATE;
+    UPDATE rate_grants SET tokens = greatest(p_tokens, 0), settled = true
+     WHERE run_id = p_run AND call = p_call AND NOT settled;
+    RETURN rate_serve_waiters(v_keys, p_actor);
+END
+$$;
+
+CREATE FUNCTION public.rate_window() RETURNS interval
+    LANGUAGE sql IMMUTABLE
+    AS $$ SELECT interval '61 seconds' $$;
+
 CREATE FUNCTION public.resume_run(p_tenant text, p_run_id uuid, p_wait_id text, p_value jsonb, p_request_id text, p_actor text) RETURNS text
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
@@ -732,6 +974,12 @@ CREATE FUNCTION public.run_active(p_status public.run_status) RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
     SELECT p_status IN ('queued', 'running', 'recovering', 'waiting')
+$$;
+
+CREATE FUNCTION public.run_active_attempt(p_status public.run_status) RETURNS boolean
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT p_status IN ('queued', 'running', 'recovering')
 $$;
 
 CREATE FUNCTION public.run_authorization(p_tenant text, p_effects text[]) RETURNS text
@@ -820,7 +1068,9 @@ CREATE FUNCTION public.run_queued_for(r public.runs) RETURNS text
     LANGUAGE sql STABLE SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     AS $$
-    SELECT CASE WHEN r.status <> 'queued' OR r.job_published_at IS NOT NULL THEN NULL
+    SELECT CASE WHEN r.status = 'queued' AND r.limit_key IS NOT NULL
+                     AND r.not_before > now() THEN 'rate_limit'
+                WHEN r.status <> 'queued' OR r.job_published_at IS NOT NULL THEN NULL
                 WHEN r.not_before > now() THEN 'time'
                 WHEN session_blocked(r.tenant, r.session_id, r.submit_seq) THEN 'session'
                 WHEN key_blocked(r.tenant, r.concurrency_key) THEN 'concurrency_key'
@@ -1884,6 +2134,35 @@ CREATE TABLE public.queue_defaults (
     CONSTRAINT queue_defaults_share_runs_check CHECK ((share_runs > 0))
 );
 
+CREATE TABLE public.rate_grants (
+    id bigint NOT NULL,
+    key text NOT NULL,
+    run_id uuid NOT NULL,
+    call text NOT NULL,
+    tokens integer NOT NULL,
+    settled boolean DEFAULT false NOT NULL,
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT rate_grants_tokens_check CHECK ((tokens >= 0))
+);
+
+CREATE SEQUENCE public.rate_grants_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+ALTER SEQUENCE public.rate_grants_id_seq OWNED BY public.rate_grants.id;
+
+CREATE TABLE public.rate_waiters (
+    run_id uuid NOT NULL,
+    call text NOT NULL,
+    keys text[] NOT NULL,
+    tokens integer NOT NULL,
+    since timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT rate_waiters_tokens_check CHECK ((tokens >= 0))
+);
+
 CREATE TABLE public.releases (
     tenant text NOT NULL,
     release_id text NOT NULL,
@@ -2052,6 +2331,8 @@ CREATE TABLE public.workflow_runs (
 
 ALTER TABLE ONLY public.outbox ALTER COLUMN id SET DEFAULT nextval('public.outbox_id_seq'::regclass);
 
+ALTER TABLE ONLY public.rate_grants ALTER COLUMN id SET DEFAULT nextval('public.rate_grants_id_seq'::regclass);
+
 ALTER TABLE ONLY public.run_events ALTER COLUMN id SET DEFAULT nextval('public.run_events_id_seq'::regclass);
 
 ALTER TABLE ONLY public.run_signals ALTER COLUMN seq SET DEFAULT nextval('public.run_signals_seq_seq'::regclass);
@@ -2085,11 +2366,20 @@ ALTER TABLE ONLY public.outbox
 ALTER TABLE ONLY public.queue_defaults
     ADD CONSTRAINT queue_defaults_pkey PRIMARY KEY (only_row);
 
+ALTER TABLE ONLY public.rate_grants
+    ADD CONSTRAINT rate_grants_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.rate_limits
+    ADD CONSTRAINT rate_limits_pkey PRIMARY KEY (key);
+
+ALTER TABLE ONLY public.rate_waiters
+    ADD CONSTRAINT rate_waiters_pkey PRIMARY KEY (run_id);
+
 ALTER TABLE ONLY public.releases
     ADD CONSTRAINT releases_pkey PRIMARY KEY (tenant, release_id, version);
 
 ALTER TABLE public.run_events
-    ADD CONSTRAINT run_events_event_known CHECK ((event = ANY (ARRAY['submitted'::text, 'claimed'::text, 'finished'::text, 'failed'::text, 'canceled'::text, 'retry'::text, 'released'::text, 'cancel_requested'::text, 'session_turn'::text, 'share_turn'::text, 'rescheduled'::text, 'recovering'::text, 'interrupted'::text, 'waiting'::text, 'resumed'::text, 'signaled'::text, 'budget_reserved'::text, 'budget_settled'::text, 'budget_released'::text, 'effect_resolved'::text, 'node_ready'::text, 'node_started'::text, 'node_retrying'::text, 'node_waiting'::text, 'node_resumed'::text, 'node_completed'::text, 'node_failed'::text, 'node_fell_back'::text, 'node_skipped'::text, 'node_timed_out'::text]))) NOT VALID;
+    ADD CONSTRAINT run_events_event_known CHECK ((event = ANY (ARRAY['submitted'::text, 'claimed'::text, 'finished'::text, 'failed'::text, 'canceled'::text, 'retry'::text, 'released'::text, 'cancel_requested'::text, 'session_turn'::text, 'share_turn'::text, 'rescheduled'::text, 'recovering'::text, 'interrupted'::text, 'rate_limited'::text, 'rate_granted'::text, 'waiting'::text, 'resumed'::text, 'signaled'::text, 'budget_reserved'::text, 'budget_settled'::text, 'budget_released'::text, 'effect_resolved'::text, 'node_ready'::text, 'node_started'::text, 'node_retrying'::text, 'node_waiting'::text, 'node_resumed'::text, 'node_completed'::text, 'node_failed'::text, 'node_fell_back'::text, 'node_skipped'::text, 'node_timed_out'::text]))) NOT VALID;
 
 ALTER TABLE ONLY public.run_events
     ADD CONSTRAINT run_events_pkey PRIMARY KEY (id);
@@ -2160,6 +2450,12 @@ CREATE INDEX outbox_by_due ON public.outbox USING btree (due_at, id);
 CREATE INDEX outbox_by_xact ON public.outbox USING btree (xact);
 
 CREATE INDEX outbox_jobs_by_run ON public.outbox USING btree (run_id) WHERE (kind = 'job'::public.outbox_kind);
+
+CREATE INDEX rate_grants_call ON public.rate_grants USING btree (run_id, call) WHERE (NOT settled);
+
+CREATE INDEX rate_grants_window ON public.rate_grants USING btree (key, at);
+
+CREATE INDEX rate_waiters_keys ON public.rate_waiters USING gin (keys);
 
 CREATE INDEX run_events_by_run ON public.run_events USING btree (run_id, id);
 
@@ -2302,6 +2598,27 @@ REVOKE ALL ON FUNCTION public.outbox_frame(r public.runs, p_generation integer, 
 
 REVOKE ALL ON FUNCTION public.outbox_put(p_kind public.outbox_kind, p_tenant text, p_run_id uuid, p_msg_id text, p_body jsonb, p_trace_parent text, p_due_at timestamp with time zone) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION public.rate_fit(p_keys text[], p_run uuid, p_tokens integer, OUT o_at timestamp with time zone, OUT o_key text) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.rate_grant(p_keys text[], p_run uuid, p_call text, p_tokens integer) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.rate_observe(p_keys text[], p_said jsonb) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.rate_observe(p_keys text[], p_said jsonb) TO runwire_executor;
+
+REVOKE ALL ON FUNCTION public.rate_reserve(p_keys text[], p_run uuid, p_call text, p_tokens integer, p_actor text, OUT o_granted boolean, OUT o_at timestamp with time zone, OUT o_key text, OUT o_limited boolean) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.rate_reserve(p_keys text[], p_run uuid, p_call text, p_tokens integer, p_actor text, OUT o_granted boolean, OUT o_at timestamp with time zone, OUT o_key text, OUT o_limited boolean) TO runwire_executor;
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.rate_limits TO runwire_submitter;
+GRANT SELECT ON TABLE public.rate_limits TO runwire_executor;
+GRANT SELECT ON TABLE public.rate_limits TO runwire_recovery;
+
+REVOKE ALL ON FUNCTION public.rate_room(l public.rate_limits, p_tokens bigint, p_requests bigint, p_own_tokens integer) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.rate_serve_waiters(p_keys text[], p_actor text) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.rate_settle(p_run uuid, p_call text, p_tokens integer, p_actor text) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.rate_settle(p_run uuid, p_call text, p_tokens integer, p_actor text) TO runwire_executor;
+
 REVOKE ALL ON FUNCTION public.resume_run(p_tenant text, p_run_id uuid, p_wait_id text, p_value jsonb, p_request_id text, p_actor text) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.resume_run(p_tenant text, p_run_id uuid, p_wait_id text, p_value jsonb, p_request_id text, p_actor text) TO runwire_submitter;
 
@@ -2405,6 +2722,12 @@ GRANT SELECT,INSERT,UPDATE ON TABLE public.queue_defaults TO runwire_submitter;
 GRANT SELECT ON TABLE public.queue_defaults TO runwire_executor;
 GRANT SELECT ON TABLE public.queue_defaults TO runwire_relay;
 GRANT SELECT ON TABLE public.queue_defaults TO runwire_recovery;
+
+GRANT SELECT ON TABLE public.rate_grants TO runwire_submitter;
+GRANT SELECT ON TABLE public.rate_grants TO runwire_recovery;
+
+GRANT SELECT ON TABLE public.rate_waiters TO runwire_submitter;
+GRANT SELECT ON TABLE public.rate_waiters TO runwire_recovery;
 
 GRANT SELECT,INSERT ON TABLE public.releases TO runwire_submitter;
 

@@ -378,10 +378,15 @@ class Submitter:
                 cost=spent["budget_cost"],
                 **{k: int(v) for k, v in spent.items() if not k.startswith("budget_")},
             )
-        queued_for = None
-        if run.status == RunStatus.QUEUED and run.job_published_at is None:
+        queued_for = limit_key = None
+        if run.status == RunStatus.QUEUED and (
+            run.job_published_at is None or run.limit_key is not None
+        ):
             queued_for = await self.store.queued_for(run.run_id)
+            if queued_for == "rate_limit":
+                limit_key = run.limit_key
         update = {
+            "limit_key": limit_key,
             "effects": effects,
             "nodes": nodes,
             "waiting_for": waiting_for,

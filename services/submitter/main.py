@@ -92,6 +92,18 @@ class SubmitterService(Service[SubmitterSettings]):
             """Read the tenant's policy."""
             return await self.limits.get_policy(tenant(), body)
 
+        @command("set_rate_limit", max_bytes=settings.max_input_bytes)
+        async def set_rate_limit(body: commands.SetRateLimitCommand) -> replies.RateLimitsReply:
+            """An operator's: set a rate limit of a model provider's key or model (requests
+            and tokens per minute, over every tenant; both null: remove it)."""
+            return await self.limits.set_rate_limit(tenant(), body)
+
+        @command("get_rate_limits", max_bytes=settings.max_input_bytes)
+        async def get_rate_limits(body: commands.GetRateLimitsCommand) -> replies.RateLimitsReply:
+            """Read the rate limits, what each holds of the last minute and the runs
+            waiting for room."""
+            return await self.limits.get_rate_limits(tenant(), body)
+
         @command("abort_session", max_bytes=settings.max_input_bytes)
         async def abort_session(body: commands.AbortSessionCommand) -> replies.AbortSessionReply:
             """Cancel every active and queued run of a session."""

@@ -1,7 +1,9 @@
 """A tenant's limits, policy and webhooks: its budget, quotas, share of executor slots
 and queue (`set_budget`, `get_budget`) and the effect kinds its runs may perform
 (`set_policy`, `get_policy`), as an operator sets them; the endpoints its runs' webhooks
-go to (`set_webhooks`, `get_webhooks`), as the tenant sets them."""
+go to (`set_webhooks`, `get_webhooks`), as the tenant sets them. And the rate limits
+of model providers, which every tenant shares (`set_rate_limit`, `get_rate_limits`), as
+an operator sets them."""
 
 import logging
 
@@ -54,6 +56,7 @@ class TenantLimits:
             issued_runs=state["issued_runs"],
             max_queued_runs=state["max_queued_runs"],
             queued_runs=state["queued_runs"],
+            rate_limited_runs=state["rate_limited_runs"],
             max_runs_per_key=state["max_runs_per_key"],
         )
 
@@ -90,4 +93,33 @@ class TenantLimits:
             endpoints=[WebhookEndpoint.model_validate(e) for e in state["endpoints"]],
             pending=state["pending"],
             failed=[WebhookFailure.model_validate(f) for f in state["failed"]],
+        )
+
+    async def set_rate_limit(
+        self, tenant: str, cmd: commands.SetRateLimitCommand
+    ) -> replies.RateLimitsReply:
+        if cmd.rpm is None and cmd.tpm is None:
+            removed = await self.store.remove_rate_limit(cmd.key)
+            log.info("rate limit removed", extra=fields(limit=cmd.key, removed=removed))
+        else:
+            await self.store.set_rate_limit(cmd.key, cmd.rpm, cmd.tpm)
+            log.info("rate limit set", extra=fields(limit=cmd.key, rpm=cmd.rpm, tpm=cmd.tpm))
+        return await self.get_rate_limits(tenant, commands.GetRateLimitsCommand())
+
+    async def get_rate_limits(
+        self, tenant: str, cmd: commands.GetRateLimitsCommand
+    ) -> replies.RateLimitsReply:
+        del tenant, cmd  # the limits are every tenant's
+        return replies.RateLimitsReply(
+            limits=[
+                replies.RateLimitData(
+                    key=r.key,
+                    rpm=r.rpm,
+                    tpm=r.tpm,
+                    requests=r.requests,
+                    tokens=r.tokens,
+                    waiting=r.waiting,
+                )
+                for r in await self.store.rate_limits()
+            ]
         )

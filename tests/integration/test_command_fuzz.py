@@ -63,6 +63,8 @@ VALID: dict[str, dict[str, Any]] = {
     "get_budget": {"v": 1},
     "set_policy": {"v": 1, "effects": None},
     "get_policy": {"v": 1},
+    "set_rate_limit": {"v": 1, "key": "openai:fuzz-model", "tpm": 1000},
+    "get_rate_limits": {"v": 1},
     "release": {
         "v": 1,
         "release_id": "fuzzed",

@@ -176,6 +176,10 @@ def _flow_control(ran: Ran) -> None:
     later = ran.output('runwire submit --tokens "later" --delay-ms 3600000')
     assert re.fullmatch(r"run [0-9a-f-]{36} queued\n", later), later
     assert budget["share_runs"] == 2 * 64  # the stack's default share, weighed
+    (limits,) = _json_documents(ran.output("limit set openai:gpt-4o"))
+    assert limits["limits"] == [
+        {"key": "openai:gpt-4o", "rpm": 500, "tpm": 30000, "requests": 0, "tokens": 0, "waiting": 0}
+    ]
 
 
 def _webhooks(ran: Ran) -> None:

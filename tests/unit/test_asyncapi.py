@@ -29,7 +29,13 @@ from runwire.contracts.commands import BODIES
 from runwire.contracts.events import RunEvent
 from runwire.contracts.frames import Job, RawFrame
 from runwire.contracts.health import HealthReply
-from runwire.contracts.replies import BudgetReply, PolicyReply, ReleaseReply, SchedulesReply
+from runwire.contracts.replies import (
+    BudgetReply,
+    PolicyReply,
+    RateLimitsReply,
+    ReleaseReply,
+    SchedulesReply,
+)
 from runwire.contracts.subjects import COMMANDS
 
 pytestmark = pytest.mark.unit
@@ -61,6 +67,8 @@ REPLIES: dict[str, type[BaseModel]] = {
     "get_budget": BudgetReply,
     "set_policy": PolicyReply,
     "get_policy": PolicyReply,
+    "set_rate_limit": RateLimitsReply,
+    "get_rate_limits": RateLimitsReply,
     "join": JoinReply,
 }
 

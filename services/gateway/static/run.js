@@ -41,6 +41,7 @@ const QUEUED_FOR = {
   session: "its session: an earlier run of it is active",
   concurrency_key: "its concurrency key: its runs hold the tenant's limit",
   share: "its tenant's share of executor slots",
+  time: "its start time",
 };
 
 function drawSummary(run) {
@@ -60,7 +61,11 @@ function drawSummary(run) {
   if (run.priority) row("priority", String(run.priority));
   if (run.concurrency_key) row("concurrency key", run.concurrency_key);
   // A queued run without a job yet: what it waits for before an executor may take it.
-  if (run.queued_for) row("waits for", QUEUED_FOR[run.queued_for] || run.queued_for);
+  if (run.queued_for === "rate_limit") {
+    row("waits for", `room under rate limit ${run.limit_key}, until ${when(run.not_before)} at the latest`);
+  } else if (run.queued_for) {
+    row("waits for", QUEUED_FOR[run.queued_for] || run.queued_for);
+  }
   row("created", when(run.created_at));
   if (run.started_at) row("started", when(run.started_at));
   if (run.ended_at) row("ended", when(run.ended_at));

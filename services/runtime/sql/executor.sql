@@ -13,7 +13,7 @@ WITH upd AS (
        SET status = 'running', attempts = attempts + 1, generation = generation + 1,
            lease_owner = $3, lease_expires_at = now() + make_interval(secs => $4 / 1000.0),
            job_ack = $5, lease_presence = $6, prev_close_seq = close_seq, close_seq = NULL,
-           started_at = coalesce(started_at, now()), updated_at = now()
+           limit_key = NULL, started_at = coalesce(started_at, now()), updated_at = now()
      WHERE run_id = $1 AND generation = $2 AND run_awaits_attempt(status)
        AND NOT cancel_requested AND not_before <= now()
        AND (attempts > 0 OR queue_timeout_ms IS NULL
@@ -166,6 +166,43 @@ WITH upd AS (
            attempts, $4, error->>'code', 'executor shutting down' FROM upd
 )
 SELECT *, pg_current_xact_id()::text AS xact FROM upd;
+
+-- name: rate_wait_run
+-- The attempt's model call waits for room under rate limit $4: the run goes back to the
+-- queue, the attempt not counted, its job due at $3 (or sooner, when room comes: see
+-- rate_serve_waiters); or, when a cancel arrived meanwhile, the run is closed as canceled.
+WITH upd AS (
+    UPDATE runs
+       SET status = CASE WHEN cancel_requested THEN 'canceled'::run_status
+                         ELSE 'queued'::run_status END,
+           error = CASE WHEN cancel_requested THEN coalesce(cancel_error, $7) ELSE error END,
+           ended_at = CASE WHEN cancel_requested THEN now() END,
+           attempts = attempts - 1, partial_text = $5,
+           not_before = greatest($3, now()), limit_key = $4,
+           lease_owner = NULL, lease_expires_at = NULL,
+           close_seq = CASE WHEN cancel_requested THEN $8::integer END,
+           implied_trace_parent = $9, job_published_at = now(), updated_at = now()
+     WHERE run_id = $1 AND generation = $2 AND status = 'running'
+    RETURNING *
+), ev AS (
+    INSERT INTO run_events (run_id, event, status, attempt, actor, code, reason)
+    SELECT run_id, CASE WHEN status = 'canceled' THEN 'canceled' ELSE 'rate_limited' END,
+           status, attempts, $6, error->>'code',
+           CASE WHEN status = 'canceled' THEN error->>'message'
+                ELSE 'waits for room under rate limit ' || $4 || ' until '
+                     || rfc3339(not_before) END
+      FROM upd
+)
+SELECT *, pg_current_xact_id()::text AS xact FROM upd;
+
+-- name: rate_reserve
+SELECT * FROM rate_reserve($1::text[], $2, $3, $4, $5);
+
+-- name: rate_settle
+SELECT rate_settle($1, $2, $3, $4) AS served, pg_current_xact_id()::text AS xact;
+
+-- name: rate_observe
+SELECT rate_observe($1::text[], $2::jsonb);
 
 -- name: register_runner
 -- An executor serves runner $1 (input schema $2, NULL for any object); the latest wins.

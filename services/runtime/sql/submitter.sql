@@ -300,12 +300,14 @@ RETURNING tokens;
 -- A tenant's limits (NULL: none, also without a row), what it spent (settled and still
 -- reserved, tokens and cost units), its active runs and the runs it submitted today (UTC);
 -- its share of jobs (in runs, its weight applied) and queue capacity, and how many of its
--- runs hold a job and wait for an attempt now.
+-- runs hold a job and wait for an attempt now (and for room under a rate limit).
 SELECT b.tokens, b.max_active_runs, b.max_runs_per_day, b.cost, b.share, b.max_runs_per_key,
        sh.o_share AS share_runs, sh.o_max_queued AS max_queued_runs,
        tenant_issued($1) AS issued_runs,
        (SELECT count(*) FROM runs WHERE tenant = $1 AND status = 'queued'
            AND parent_run_id IS NULL) AS queued_runs,
+       (SELECT count(*) FROM runs WHERE tenant = $1 AND status = 'queued'
+           AND limit_key IS NOT NULL AND not_before > now()) AS rate_limited_runs,
        (SELECT count(*) FROM runs WHERE tenant = $1 AND run_active(status)) AS active_runs,
        (SELECT count(*) FROM runs WHERE tenant = $1
            AND created_at >= date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC')
@@ -425,3 +427,30 @@ SELECT name, cron, tz, runner, input, overlap, catch_up_s, paused,
 -- The runs of a schedule's fires $3 (see fire_schedule), its next fire unchanged.
 SELECT fire_schedule($1, $2, $3::timestamptz[], NULL, 0, $4) AS made,
        pg_current_xact_id()::text AS xact;
+
+-- name: set_rate_limit
+-- An operator's rate limit of a provider key or model ($2 requests, $3 tokens per minute;
+-- NULL: not limited in that unit); what the provider said of it before is forgotten.
+INSERT INTO rate_limits (key, rpm, tpm) VALUES ($1, $2, $3)
+ON CONFLICT (key) DO UPDATE
+   SET rpm = EXCLUDED.rpm, tpm = EXCLUDED.tpm, blocked_until = NULL, observed_at = NULL,
+       tokens_left = NULL, tokens_limit = NULL, tokens_reset_at = NULL,
+       requests_left = NULL, requests_limit = NULL, requests_reset_at = NULL,
+       updated_at = now();
+
+-- name: remove_rate_limit
+-- The calls waiting under it are granted as they come back (the limit is gone).
+DELETE FROM rate_limits WHERE key = $1 RETURNING key;
+
+-- name: rate_limits
+-- Every limit, and what its last minute holds: the calls granted, their tokens, and the
+-- runs waiting for room.
+SELECT l.key, l.rpm, l.tpm,
+       (SELECT count(*) FROM rate_grants g
+         WHERE g.key = l.key AND g.at > now() - rate_window()) AS requests,
+       (SELECT coalesce(sum(g.tokens), 0) FROM rate_grants g
+         WHERE g.key = l.key AND g.at > now() - rate_window())::bigint AS tokens,
+       (SELECT count(*) FROM rate_waiters w JOIN runs r ON r.run_id = w.run_id
+         WHERE l.key = ANY(w.keys) AND r.status = 'queued') AS waiting
+  FROM rate_limits l
+ ORDER BY l.key;

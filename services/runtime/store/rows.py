@@ -92,6 +92,8 @@ class Run:
     # Its priority among its tenant's waiting runs, and its concurrency key.
     priority: int = 0
     concurrency_key: str | None = None
+    # A queued run whose model call waits for room under this rate limit.
+    limit_key: str | None = None
     # The transaction of the transition that returned this row: what it implies waits in
     # the outbox under this id, for the service to publish (None for a plain read).
     xact: str | None = None
@@ -151,6 +153,7 @@ class Run:
             waits=rec.get("waits") or 0,
             priority=rec.get("priority") or 0,
             concurrency_key=rec.get("concurrency_key"),
+            limit_key=rec.get("limit_key"),
             xact=rec.get("xact"),
             messages=messages,
         )

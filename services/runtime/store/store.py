@@ -22,6 +22,7 @@ from runwire.runtime.errors import MigrationsPending, StoreError, Unavailable
 from runwire.runtime.store.attempts import ExecutorQueries
 from runwire.runtime.store.outbox import OutboxQueries
 from runwire.runtime.store.queries import UNAVAILABLE
+from runwire.runtime.store.rate_limits import RateLimitQueries
 from runwire.runtime.store.rows import Run, parse_run_id
 from runwire.runtime.store.schema import QUERIES, init_connection, migrate
 from runwire.runtime.store.segments import RelayQueries
@@ -43,7 +44,13 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 
 
 class Store(
-    SubmitterQueries, ExecutorQueries, RecoveryQueries, RelayQueries, OutboxQueries, WaitQueries
+    SubmitterQueries,
+    ExecutorQueries,
+    RecoveryQueries,
+    RelayQueries,
+    OutboxQueries,
+    WaitQueries,
+    RateLimitQueries,
 ):
     """Named, guarded reads and writes of runs, their events, their frame segments and
     the outbox."""

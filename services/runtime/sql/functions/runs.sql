@@ -178,10 +178,13 @@ REVOKE ALL ON FUNCTION issue_turns(text, text, text, text, text) FROM PUBLIC;
 -- Why a queued run has no job yet: `time` (it is delayed), `session` (an earlier run of
 -- its session is active),
 -- `concurrency_key` (its key's runs hold the tenant's limit), `share` (its tenant holds
--- its share of jobs); NULL for a run with a job, or not queued.
+-- its share of jobs), `rate_limit` (its model call waits for room under a rate limit,
+-- `limit_key`); NULL for a run with a job, or not queued.
 CREATE OR REPLACE FUNCTION run_queued_for(r runs)
 RETURNS text LANGUAGE sql STABLE SECURITY DEFINER SET search_path TO 'public', 'pg_temp' AS $$
-    SELECT CASE WHEN r.status <> 'queued' OR r.job_published_at IS NOT NULL THEN NULL
+    SELECT CASE WHEN r.status = 'queued' AND r.limit_key IS NOT NULL
+                     AND r.not_before > now() THEN 'rate_limit'
+                WHEN r.status <> 'queued' OR r.job_published_at IS NOT NULL THEN NULL
                 WHEN r.not_before > now() THEN 'time'
                 WHEN session_blocked(r.tenant, r.session_id, r.submit_seq) THEN 'session'
                 WHEN key_blocked(r.tenant, r.concurrency_key) THEN 'concurrency_key'
@@ -282,7 +285,7 @@ BEGIN
                lease_owner = p_owner,
                lease_expires_at = now() + make_interval(secs => p_lease_ms / 1000.0),
                job_ack = p_job_acks[i], lease_presence = p_presence,
-               prev_close_seq = close_seq, close_seq = NULL,
+               prev_close_seq = close_seq, close_seq = NULL, limit_key = NULL,
                started_at = coalesce(started_at, now()), updated_at = now()
          WHERE run_id = p_runs[i] AND generation = p_generations[i] AND run_awaits_attempt(status)
            AND NOT cancel_requested AND not_before <= now()
