@@ -24,6 +24,9 @@ class RunEventName(StrEnum):
     RESCHEDULED = "rescheduled"  # a waiting run's start time was moved (`reschedule`)
     RECOVERING = "recovering"  # its executor stopped renewing the lease; resumed elsewhere
     INTERRUPTED = "interrupted"  # closed after repeated recoveries without progress
+    # Its model call found no room under a rate limit: back to the queue, not counted.
+    RATE_LIMITED = "rate_limited"
+    RATE_GRANTED = "rate_granted"  # room came under its rate limits: job issued at once
     WAITING = "waiting"  # its attempt ended to wait (an interrupt, a signal): no worker held
     RESUMED = "resumed"  # its wait was answered, signaled or timed out: next attempt queued
     SIGNALED = "signaled"  # a signal was sent to it (kept until a wait of it takes it)

@@ -38,12 +38,17 @@ class AttemptRates:
         self._owner = owner
         # Once a call had no room: until when the run waits, and under which limit.
         self.waiting: tuple[datetime, str] | None = None
+        # The calls granted under a limit: only theirs are settled (a call under no
+        # limit costs no second query).
+        self._granted: set[str] = set()
 
     async def take(self, limits: list[str], call: str, tokens: int) -> bool:
         if self.waiting is not None:
             raise RateLimited(f"the attempt already ends to wait under {self.waiting[1]}")
         grant = await self._store.rate_reserve(limits, self._run_id, call, tokens, self._owner)
         if grant.granted:
+            if grant.limited:
+                self._granted.add(call)
             return grant.limited
         if grant.at is None:
             raise RunnerError(
@@ -61,6 +66,9 @@ class AttemptRates:
         raise RateLimited(f"no room under rate limit {grant.key} before {grant.at.isoformat()}")
 
     async def settle(self, call: str, tokens: int) -> None:
+        if call not in self._granted:
+            return
+        self._granted.discard(call)
         xact = await self._store.rate_settle(self._run_id, call, tokens, self._owner)
         if xact is not None and self._outbox is not None:
             # Runs that waited under the limit got their room: their jobs, at once.

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from runwire.recovery.decisions import ACTOR
-from runwire.runtime import cron
+from runwire.runtime import cron, faults
 from runwire.runtime.settings import RecoverySettings
 from runwire.runtime.store import Store
 
@@ -47,4 +47,6 @@ class ScheduleFires:
         fired, made = await self.store.fire_due_schedules(
             self.settings.batch_size, lambda s: plan(s, now), ACTOR
         )
+        if made:
+            await faults.point(faults.SCHEDULE_FIRED)
         return {"schedules_fired": fired, "scheduled_runs": made}

@@ -43,6 +43,9 @@ NODE_TIMED_OUT = "node.timed_out"
 # Waits past their timeout decided `timed_out` by recovery and their runs queued
 # (committed), before the jobs of their next attempts are published.
 WAIT_TIMED_OUT = "wait.timed_out"
+# A schedule's fires committed by recovery (their runs made, with the next fire), before
+# the runs' jobs are published.
+SCHEDULE_FIRED = "schedule.fired"
 
 KNOWN = frozenset(
     {
@@ -50,6 +53,7 @@ KNOWN = frozenset(
         NODE_SETTLED,
         NODE_TIMED_OUT,
         WAIT_TIMED_OUT,
+        SCHEDULE_FIRED,
         OUTBOX_COMMITTED,
         OUTBOX_SWEPT,
         RELAY_UNWRITTEN,

@@ -136,6 +136,7 @@ async def test_budget_sets_and_shows_the_tenants_limits(
         "issued_runs": 0,
         "max_queued_runs": 10000,
         "queued_runs": 0,
+        "rate_limited_runs": 0,
         "max_runs_per_key": None,
     }
     code, out, err = await _runwire("budget", "--tokens", "none", cwd=stack_dir, env=_clean_env())

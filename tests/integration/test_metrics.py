@@ -33,6 +33,7 @@ OWN_FAMILIES = {
         "runwire_attempt_outcomes",
         "runwire_retries",
         "runwire_wait_duration_seconds",
+        "runwire_rate_limited_calls",
     },
     "relay": {
         "runwire_frames_relayed",

@@ -93,7 +93,7 @@ async def test_runwire_top_once_prints_a_snapshot(stack: InProcessStack, tmp_pat
     # The tenant's fair share of executor slots and its queue, at the stack's defaults.
     assert "the tenant's share" in text
     share = next(line for line in text.splitlines() if " 64 " in line and "10000" in line)
-    assert [c.strip() for c in share.split("│") if c.strip()] == ["0", "64", "1", "0", "10000"]
+    assert [c.strip() for c in share.split("│") if c.strip()] == ["0", "64", "1", "0", "0", "10000"]
 
 
 async def test_top_shows_a_tenant_its_own_runs_and_the_operator_the_whole_queue(
