@@ -4,6 +4,7 @@ sql/functions/rate_limits.sql). A call without room ends the attempt, and the ru
 in the queue until room comes, holding no slot."""
 
 import logging
+import math
 from datetime import datetime
 
 from runwire.runners.base import RateLimited, RunnerError
@@ -14,6 +15,9 @@ from runwire.runtime.store import Store
 
 log = logging.getLogger(__name__)
 
+# The longest a provider's word holds every call under a limit (a 429's Retry-After, a
+# reset time).
+MAX_PROVIDER_WAIT_S = 300.0
 # What a runner may say of a provider's limits (see AttemptContext.observe_rate).
 SAID = frozenset(
     {
@@ -46,6 +50,9 @@ class AttemptRates:
         if self.waiting is not None:
             raise RateLimited(f"the attempt already ends to wait under {self.waiting[1]}")
         grant = await self._store.rate_reserve(limits, self._run_id, call, tokens, self._owner)
+        if grant.served is not None and self._outbox is not None:
+            # Runs that waited under the limits got their room: their jobs, at once.
+            await self._outbox.dispatch_xact(grant.served)
         if grant.granted:
             if grant.limited:
                 self._granted.add(call)
@@ -75,6 +82,16 @@ class AttemptRates:
             await self._outbox.dispatch_xact(xact)
 
     async def observe(self, limits: list[str], said: dict[str, float]) -> None:
-        known = {k: float(v) for k, v in said.items() if k in SAID}
+        known = {k: _bounded(k, v) for k, v in said.items() if k in SAID}
         if known:
             await self._store.rate_observe(limits, known)
+
+
+def _bounded(name: str, value: float) -> float:
+    """What a runner says of a provider, kept within sense: no count below zero, no wait
+    longer than MAX_PROVIDER_WAIT_S (a runner's mistake, or a tenant's runner in a process
+    of its own, must not hold every tenant's calls for longer)."""
+    value = float(value)
+    if not math.isfinite(value) or value < 0:
+        raise RunnerError(f"{name} must be a finite number, not negative", retryable=False)
+    return min(value, MAX_PROVIDER_WAIT_S) if name.endswith("_s") else value

@@ -39,7 +39,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import import_module
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from pydantic import Field
 
@@ -394,16 +394,18 @@ class OpenAIChat:
         except Exception as exc:  # noqa: BLE001 - mapped to an outcome, or raised again
             used, cost = self._failed_use(exc, step, estimate, estimate_cost)
             await ctx.settle(reservation, used, step.id, cost=cost)
-            await ctx.settle_rate(call, used)
             failure = self._failure(exc)
-            if limited and isinstance(exc, _sdk().RateLimitError):
+            if limited and _rate_limited(exc):
                 # The provider's limit is tighter than runwire's: every call under it
-                # waits as long as it asks, and this run waits in the queue (the attempt
-                # not counted) rather than failing.
+                # waits as long as it asks (told before this call's room is given back,
+                # so that no waiting call goes now), and this run waits in the queue (the
+                # attempt not counted) rather than failing.
                 wait = failure.retry_after_s or RATE_LIMITED_WAIT_S
-                await ctx.observe_rate(limits, retry_after_s=wait)
+                said = rate_headers(cast(Any, exc).response.headers)
+                await ctx.observe_rate(limits, **said, retry_after_s=wait)
+                await ctx.settle_rate(call, used)
                 await ctx.take_rate(limits, call, estimate)
-                await ctx.settle_rate(call, 0)
+            await ctx.settle_rate(call, used)
             raise failure from None
         if step.usage is not None:
             used = step.usage["total_tokens"]
@@ -498,6 +500,15 @@ async def _approved_call(ctx: AttemptContext, call: dict[str, Any]) -> tuple[str
         announced=True,
     )
     return outcome.error, outcome.output
+
+
+def _rate_limited(exc: Exception) -> bool:
+    """A 429 that passes: too many requests or tokens for now (not a quota spent, which
+    waiting does not cure: that one fails the attempt, as without a limit)."""
+    return (
+        isinstance(exc, _sdk().RateLimitError)
+        and getattr(exc, "code", None) != "insufficient_quota"
+    )
 
 
 def _estimate(args: OpenAIInput, messages: list[dict[str, Any]]) -> tuple[int, int]:

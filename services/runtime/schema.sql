@@ -738,6 +738,14 @@ CREATE FUNCTION public.rate_grant(p_keys text[], p_run uuid, p_call text, p_toke
     DELETE FROM rate_waiters WHERE run_id = p_run;
 $$;
 
+CREATE FUNCTION public.rate_granted_run(p_run uuid) RETURNS boolean
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT EXISTS (SELECT 1 FROM rate_grants
+                    WHERE run_id = p_run AND NOT settled AND at > now() - rate_window())
+$$;
+
 CREATE FUNCTION public.rate_observe(p_keys text[], p_said jsonb) RETURNS void
     LANGUAGE sql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
@@ -761,10 +769,11 @@ CREATE FUNCTION public.rate_observe(p_keys text[], p_said jsonb) RETURNS void
                                         secs => (p_said->>'requests_reset_s')::float8)
                                     ELSE requests_reset_at END,
            updated_at = now()
-     WHERE key = ANY(p_keys);
+     WHERE key = (SELECT key FROM rate_limits WHERE key = ANY(p_keys)
+                   ORDER BY length(key) DESC, key LIMIT 1);
 $$;
 
-CREATE FUNCTION public.rate_reserve(p_keys text[], p_run uuid, p_call text, p_tokens integer, p_actor text, OUT o_granted boolean, OUT o_at timestamp with time zone, OUT o_key text, OUT o_limited boolean) RETURNS record
+CREATE FUNCTION public.rate_reserve(p_keys text[], p_run uuid, p_call text, p_tokens integer, p_actor text, OUT o_granted boolean, OUT o_at timestamp with time zone, OUT o_key text, OUT o_limited boolean, OUT o_served integer) RETURNS record
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
@@ -772,6 +781,7 @@ CREATE FUNCTION public.rate_reserve(p_keys text[], p_run uuid, p_call text, p_to
 DECLARE
     v_keys text[];
 BEGIN
+    o_served := 0;
     -- One caller at a time per limit: the rows locked in key order.
     SELECT array_agg(key ORDER BY key) INTO v_keys
       FROM (SELECT key FROM rate_limits WHERE key = ANY(p_keys) ORDER BY key FOR UPDATE) l;
@@ -781,10 +791,24 @@ BEGIN
         RETURN;
     END IF;
     DELETE FROM rate_grants WHERE key = ANY(v_keys) AND at < now() - 2 * rate_window();
-    PERFORM rate_serve_waiters(v_keys, p_actor);
+    o_served := rate_serve_waiters(v_keys, p_actor);
     IF EXISTS (SELECT 1 FROM rate_grants
                 WHERE run_id = p_run AND call = p_call AND NOT settled
                   AND at > now() - rate_window()) THEN
+        -- Made earlier; while the provider asks every call to wait, this one waits too.
+        SELECT blocked_until, key INTO o_at, o_key FROM rate_limits
+         WHERE key = ANY(v_keys) AND blocked_until > now()
+         ORDER BY blocked_until DESC LIMIT 1;
+        IF FOUND THEN
+            o_granted := false;
+            INSERT INTO rate_waiters (run_id, call, keys, tokens)
+            VALUES (p_run, p_call, v_keys, p_tokens)
+            ON CONFLICT (run_id) DO UPDATE SET call = EXCLUDED.call, keys = EXCLUDED.keys;
+            RETURN;
+        END IF;
+        -- The call is made now: it counts for a minute from now.
+        UPDATE rate_grants SET at = now()
+         WHERE run_id = p_run AND call = p_call AND NOT settled;
         DELETE FROM rate_waiters WHERE run_id = p_run;
         RETURN;
     END IF;
@@ -883,7 +907,9 @@ DECLARE
 BEGIN
     DELETE FROM rate_waiters w WHERE w.keys && p_keys AND NOT EXISTS (
         SELECT 1 FROM runs r WHERE r.run_id = w.run_id AND run_active_attempt(r.status));
-    FOR v_w IN SELECT * FROM rate_waiters WHERE keys && p_keys ORDER BY since LOOP
+    -- Only those whose every limit is among `p_keys` (locked by the caller): a waiter
+    -- under a limit not locked here is served by that limit's next caller.
+    FOR v_w IN SELECT * FROM rate_waiters WHERE keys <@ p_keys ORDER BY since LOOP
         SELECT * INTO v_fit FROM rate_fit(v_w.keys, v_w.run_id, v_w.tokens);
         EXIT WHEN v_fit.o_at > now();
         PERFORM rate_grant(v_w.keys, v_w.run_id, v_w.call, v_w.tokens);
@@ -2602,11 +2628,14 @@ REVOKE ALL ON FUNCTION public.rate_fit(p_keys text[], p_run uuid, p_tokens integ
 
 REVOKE ALL ON FUNCTION public.rate_grant(p_keys text[], p_run uuid, p_call text, p_tokens integer) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION public.rate_granted_run(p_run uuid) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.rate_granted_run(p_run uuid) TO runwire_executor;
+
 REVOKE ALL ON FUNCTION public.rate_observe(p_keys text[], p_said jsonb) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.rate_observe(p_keys text[], p_said jsonb) TO runwire_executor;
 
-REVOKE ALL ON FUNCTION public.rate_reserve(p_keys text[], p_run uuid, p_call text, p_tokens integer, p_actor text, OUT o_granted boolean, OUT o_at timestamp with time zone, OUT o_key text, OUT o_limited boolean) FROM PUBLIC;
-GRANT ALL ON FUNCTION public.rate_reserve(p_keys text[], p_run uuid, p_call text, p_tokens integer, p_actor text, OUT o_granted boolean, OUT o_at timestamp with time zone, OUT o_key text, OUT o_limited boolean) TO runwire_executor;
+REVOKE ALL ON FUNCTION public.rate_reserve(p_keys text[], p_run uuid, p_call text, p_tokens integer, p_actor text, OUT o_granted boolean, OUT o_at timestamp with time zone, OUT o_key text, OUT o_limited boolean, OUT o_served integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.rate_reserve(p_keys text[], p_run uuid, p_call text, p_tokens integer, p_actor text, OUT o_granted boolean, OUT o_at timestamp with time zone, OUT o_key text, OUT o_limited boolean, OUT o_served integer) TO runwire_executor;
 
 GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.rate_limits TO runwire_submitter;
 GRANT SELECT ON TABLE public.rate_limits TO runwire_executor;

@@ -71,9 +71,12 @@ async def test_a_saturated_provider_answers_no_429_and_serves_close_to_the_limit
         server.limit = TokenLimit(tpm)
         # Two executor slots: runs waiting for room must not hold them.
         async with limited_stack(infra, db_url, prefix, server, max_in_flight=2) as stack:
+            # The model's limit binds; the provider key's (much wider) is taken too.
+            await stack.client.set_rate_limit("openai", tpm=100 * tpm, rpm=10_000)
             limits = await stack.client.set_rate_limit(f"openai:{MODEL}", tpm=tpm)
             assert [(x.key, x.tpm, x.rpm) for x in limits.limits] == [
-                (f"openai:{MODEL}", tpm, None)
+                ("openai", 100 * tpm, 10_000),
+                (f"openai:{MODEL}", tpm, None),
             ]
             # Demand for 9,000 tokens in the first minute: half again the limit.
             runs = [
@@ -85,7 +88,7 @@ async def test_a_saturated_provider_answers_no_429_and_serves_close_to_the_limit
             # While the calls wait for room, another runner's run gets a slot at once.
             async def some_wait() -> bool:
                 listed = await stack.client.rate_limits()
-                return listed.limits[0].waiting > 0
+                return listed.limits[1].waiting > 0
 
             await eventually(some_wait, timeout=30)
             other = await stack.client.submit({"tokens": ["not ", "held"]})

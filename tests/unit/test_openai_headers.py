@@ -62,3 +62,16 @@ def test_retry_after_in_milliseconds_seconds_or_a_date() -> None:
     assert 25 < (retry_after({"retry-after": format_datetime(later, usegmt=True)}) or 0) <= 30
     assert retry_after({"retry-after": "whenever"}) is None
     assert retry_after({}) is None
+
+
+def test_what_a_runner_says_of_a_provider_is_kept_within_sense() -> None:
+    from runwire.executor.rate_limits import MAX_PROVIDER_WAIT_S, _bounded
+    from runwire.runners.base import RunnerError
+
+    assert _bounded("tokens_left", 1200) == 1200
+    # No tenant's runner holds every tenant's calls for a day.
+    assert _bounded("retry_after_s", 86_400) == MAX_PROVIDER_WAIT_S
+    assert _bounded("tokens_reset_s", 1.5) == 1.5
+    for wrong in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(RunnerError):
+            _bounded("retry_after_s", wrong)

@@ -170,7 +170,9 @@ SELECT *, pg_current_xact_id()::text AS xact FROM upd;
 -- name: rate_wait_run
 -- The attempt's model call waits for room under rate limit $4: the run goes back to the
 -- queue, the attempt not counted, its job due at $3 (or sooner, when room comes: see
--- rate_serve_waiters); or, when a cancel arrived meanwhile, the run is closed as canceled.
+-- rate_serve_waiters; at once when room came while the attempt was ending); or, when a
+-- cancel arrived meanwhile, the run is closed as canceled. As after a shutdown's hand
+-- back, the next attempt has the same number: it resumes from what the relay stored.
 WITH upd AS (
     UPDATE runs
        SET status = CASE WHEN cancel_requested THEN 'canceled'::run_status
@@ -178,7 +180,9 @@ WITH upd AS (
            error = CASE WHEN cancel_requested THEN coalesce(cancel_error, $7) ELSE error END,
            ended_at = CASE WHEN cancel_requested THEN now() END,
            attempts = attempts - 1, partial_text = $5,
-           not_before = greatest($3, now()), limit_key = $4,
+           not_before = CASE WHEN rate_granted_run(run_id) THEN now()
+                             ELSE greatest($3, now()) END,
+           limit_key = $4,
            lease_owner = NULL, lease_expires_at = NULL,
            close_seq = CASE WHEN cancel_requested THEN $8::integer END,
            implied_trace_parent = $9, job_published_at = now(), updated_at = now()
@@ -196,7 +200,7 @@ WITH upd AS (
 SELECT *, pg_current_xact_id()::text AS xact FROM upd;
 
 -- name: rate_reserve
-SELECT * FROM rate_reserve($1::text[], $2, $3, $4, $5);
+SELECT *, pg_current_xact_id()::text AS xact FROM rate_reserve($1::text[], $2, $3, $4, $5);
 
 -- name: rate_settle
 SELECT rate_settle($1, $2, $3, $4) AS served, pg_current_xact_id()::text AS xact;

@@ -21,6 +21,9 @@ class RateGrant:
     limited: bool
     at: datetime | None = None
     key: str | None = None
+    # The transaction's id when runs waiting under the limits got their room (their
+    # jobs are in the outbox), else None.
+    served: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,9 +48,10 @@ class RateLimitQueries(Queries):
             "rate_reserve", sorted(set(keys)), uuid.UUID(run_id), call, tokens, actor
         )
         assert rec is not None
+        served = rec["xact"] if rec["o_served"] else None
         if rec["o_granted"]:
-            return RateGrant(True, rec["o_limited"])
-        return RateGrant(False, True, rec["o_at"], rec["o_key"])
+            return RateGrant(True, rec["o_limited"], served=served)
+        return RateGrant(False, True, rec["o_at"], rec["o_key"], served)
 
     async def rate_settle(self, run_id: str, call: str, tokens: int, actor: str) -> str | None:
         """Settle a call's grant; the transaction's id when runs waiting under its limits

@@ -140,7 +140,9 @@ DECLARE
 BEGIN
     DELETE FROM rate_waiters w WHERE w.keys && p_keys AND NOT EXISTS (
         SELECT 1 FROM runs r WHERE r.run_id = w.run_id AND run_active_attempt(r.status));
-    FOR v_w IN SELECT * FROM rate_waiters WHERE keys && p_keys ORDER BY since LOOP
+    -- Only those whose every limit is among `p_keys` (locked by the caller): a waiter
+    -- under a limit not locked here is served by that limit's next caller.
+    FOR v_w IN SELECT * FROM rate_waiters WHERE keys <@ p_keys ORDER BY since LOOP
         SELECT * INTO v_fit FROM rate_fit(v_w.keys, v_w.run_id, v_w.tokens);
         EXIT WHEN v_fit.o_at > now();
         PERFORM rate_grant(v_w.keys, v_w.run_id, v_w.call, v_w.tokens);
@@ -167,15 +169,18 @@ REVOKE ALL ON FUNCTION rate_serve_waiters(text[], text) FROM PUBLIC;
 -- and no call waits ahead of it; else the run waits for it: `o_granted` false, `o_at`
 -- the soonest time it may fit (NULL: never, it needs more than the limit), `o_key` the
 -- limit that holds it. `o_limited`: whether any limit of `p_keys` is set.
+-- Its signature before it told how many waiting runs it served:
+DROP FUNCTION IF EXISTS rate_reserve(text[], uuid, text, integer, text);
 CREATE OR REPLACE FUNCTION rate_reserve(p_keys text[], p_run uuid, p_call text,
     p_tokens integer, p_actor text,
     OUT o_granted boolean, OUT o_at timestamp with time zone, OUT o_key text,
-    OUT o_limited boolean)
+    OUT o_limited boolean, OUT o_served integer)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path TO 'public', 'pg_temp'
 SET plan_cache_mode TO 'force_generic_plan' AS $$
 DECLARE
     v_keys text[];
 BEGIN
+    o_served := 0;
     -- One caller at a time per limit: the rows locked in key order.
     SELECT array_agg(key ORDER BY key) INTO v_keys
       FROM (SELECT key FROM rate_limits WHERE key = ANY(p_keys) ORDER BY key FOR UPDATE) l;
@@ -185,10 +190,24 @@ BEGIN
         RETURN;
     END IF;
     DELETE FROM rate_grants WHERE key = ANY(v_keys) AND at < now() - 2 * rate_window();
-    PERFORM rate_serve_waiters(v_keys, p_actor);
+    o_served := rate_serve_waiters(v_keys, p_actor);
     IF EXISTS (SELECT 1 FROM rate_grants
                 WHERE run_id = p_run AND call = p_call AND NOT settled
                   AND at > now() - rate_window()) THEN
+        -- Made earlier; while the provider asks every call to wait, this one waits too.
+        SELECT blocked_until, key INTO o_at, o_key FROM rate_limits
+         WHERE key = ANY(v_keys) AND blocked_until > now()
+         ORDER BY blocked_until DESC LIMIT 1;
+        IF FOUND THEN
+            o_granted := false;
+            INSERT INTO rate_waiters (run_id, call, keys, tokens)
+            VALUES (p_run, p_call, v_keys, p_tokens)
+            ON CONFLICT (run_id) DO UPDATE SET call = EXCLUDED.call, keys = EXCLUDED.keys;
+            RETURN;
+        END IF;
+        -- The call is made now: it counts for a minute from now.
+        UPDATE rate_grants SET at = now()
+         WHERE run_id = p_run AND call = p_call AND NOT settled;
         DELETE FROM rate_waiters WHERE run_id = p_run;
         RETURN;
     END IF;
@@ -212,6 +231,16 @@ END
 $$;
 REVOKE ALL ON FUNCTION rate_reserve(text[], uuid, text, integer, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION rate_reserve(text[], uuid, text, integer, text) TO runwire_executor;
+
+-- Whether run `p_run` holds a grant it has not used yet (made while it waited, maybe
+-- while its attempt was still ending).
+CREATE OR REPLACE FUNCTION rate_granted_run(p_run uuid)
+RETURNS boolean LANGUAGE sql STABLE SECURITY DEFINER SET search_path TO 'public', 'pg_temp' AS $$
+    SELECT EXISTS (SELECT 1 FROM rate_grants
+                    WHERE run_id = p_run AND NOT settled AND at > now() - rate_window())
+$$;
+REVOKE ALL ON FUNCTION rate_granted_run(uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION rate_granted_run(uuid) TO runwire_executor;
 
 -- Settle call `p_call` of run `p_run` with the tokens it used (what it reserved counts
 -- no more); the calls waiting under its limits that fit now get their grants. Returns
@@ -237,7 +266,9 @@ $$;
 REVOKE ALL ON FUNCTION rate_settle(uuid, text, integer, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION rate_settle(uuid, text, integer, text) TO runwire_executor;
 
--- What the provider said about the limits `p_keys` (those set), in seconds from now:
+-- What the provider said about the most specific of the limits `p_keys` that is set (a
+-- model's, before its provider key's: a provider limits each model apart), in seconds
+-- from now (one row locked: never in an order against rate_reserve's):
 -- `retry_after_s` (a 429: no call before then); `tokens_left` of `tokens_limit`, full
 -- again in `tokens_reset_s`, and the same of requests (its rate-limit headers). What it
 -- did not say is kept.
@@ -262,7 +293,8 @@ RETURNS void LANGUAGE sql SECURITY DEFINER SET search_path TO 'public', 'pg_temp
                                         secs => (p_said->>'requests_reset_s')::float8)
                                     ELSE requests_reset_at END,
            updated_at = now()
-     WHERE key = ANY(p_keys);
+     WHERE key = (SELECT key FROM rate_limits WHERE key = ANY(p_keys)
+                   ORDER BY length(key) DESC, key LIMIT 1);
 $$;
 REVOKE ALL ON FUNCTION rate_observe(text[], jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION rate_observe(text[], jsonb) TO runwire_executor;
