@@ -138,10 +138,13 @@ async def test_a_tenant_cannot_manage_streams_publish_jobs_or_control_runs(
             "$JS.API.STREAM.CREATE.MINE",
             s.command("acme", "set_budget"),
             s.command("acme", "set_policy"),
+            # Rate limits are every tenant's: an operator's.
+            s.command("acme", "set_rate_limit"),
+            s.command("acme", "get_rate_limits"),
         ):
             await nc.publish(subject, b"{}")
         await nc.flush()
-        await eventually(lambda: sum("publish" in e.lower() for e in errors) >= 10)
+        await eventually(lambda: sum("publish" in e.lower() for e in errors) >= 12)
     finally:
         await nc.close()
     service, _ = await broker.connect(service_user("recovery"), inbox=service_inbox("recovery"))
