@@ -42,8 +42,9 @@ async def test_each_fire_runs_once_when_the_replica_that_fired_it_is_killed(
     killed_at = datetime.now(UTC)
     assert f"fault point {faults.SCHEDULE_FIRED}" in armed.logs()
     made = await _runs(processes)
-    assert len(made) == 1
-    assert made[0]["status"] == "queued"  # its job was never published
+    # Its tick made one fire, or two when a second came due meanwhile; none got its job.
+    assert 1 <= len(made) <= 2
+    assert {r["status"] for r in made} == {"queued"}
     await fault_window(2.5, "no recovery: fires are missed")
     # Two replicas race for every fire from now on.
     processes.start("recovery")
