@@ -191,6 +191,8 @@ async def test_a_workflow_run_shows_its_node_tree_and_the_fallback_that_handled_
         await _screenshot(page, "console-workflow.png", full_page=True)
         # A node run opens from the tree, and names its workflow run.
         await cheaper.get_by_role("link", name="node run").click()
+        await expect(page.locator("#run-id")).not_to_have_text(run_id)  # the node run's page
+        await expect(page.locator("#run-status")).to_have_text("finished")
         await expect(page.locator("#text")).to_have_text("cheap draft ")
         await expect(page.locator("#run-meta")).to_contain_text("cheaper of its workflow run")
         await expect(page.locator("#workflow-box")).to_be_hidden()

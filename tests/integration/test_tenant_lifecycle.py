@@ -177,6 +177,15 @@ async def _put(bucket: Any, key: str, value: bytes) -> bool:
     return True
 
 
+async def _bucket(nc: Any, name: str) -> Any:
+    """The key-value bucket `name`, made if missing. On a busy cluster the JetStream API
+    may not answer while its servers choose a new metadata leader: that is "not yet"."""
+    try:
+        return await nc.jetstream(timeout=15).create_key_value(bucket=name)
+    except nats.errors.TimeoutError as exc:
+        raise AssertionError(f"the JetStream API does not answer yet: {exc!r}") from exc
+
+
 async def _has_frames(client: Client, run_id: str) -> bool:
     return (await client.get(run_id)).last_seq > 0
 
@@ -214,8 +223,8 @@ async def test_a_removed_tenant_is_ended_and_forgotten_and_its_name_inherits_not
         await operator.set_budget(tokens=1000, max_active_runs=5)
         await operator.set_policy(effects=["noop"])
         gateway, _ = await broker.connect(service_user(GATEWAY), inbox=GATEWAY_INBOX)
-        threads = await gateway.jetstream(timeout=30).create_key_value(
-            bucket=broker.subjects.threads_bucket
+        threads = await eventually(
+            lambda: _bucket(gateway, broker.subjects.threads_bucket), 90, interval=1
         )
         # On a cluster, a stream just made may not answer on every server at once.
         await eventually(lambda: _put(threads, "acme.thread-1", b'{"last_run": "x"}'), 20)
