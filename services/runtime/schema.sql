@@ -223,7 +223,7 @@ BEGIN
            AND NOT cancel_requested AND not_before <= now()
            AND (attempts > 0 OR queue_timeout_ms IS NULL
                 OR created_at + make_interval(secs => queue_timeout_ms / 1000.0) > now())
-           AND NOT session_blocked(tenant, session_id, submit_seq)
+           AND (session_id IS NULL OR NOT session_blocked(tenant, session_id, submit_seq))
         RETURNING * INTO r;
         IF FOUND THEN
             INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
@@ -585,19 +585,25 @@ DECLARE
     v_at timestamp with time zone;
     released integer := 0;
 BEGIN
-    v_room := (SELECT o_share FROM tenant_share(p_tenant)) - tenant_issued(p_tenant);
-    SELECT make_interval(secs => priority_max_wait_ms / 1000.0) INTO v_wait FROM queue_defaults;
-    WHILE released < v_room LOOP
+    LOOP
         v_run := NULL;
         -- The oldest that may start: first if it waited too long.
         SELECT run_id, created_at INTO v_run, v_at FROM runs
          WHERE tenant = p_tenant AND status = 'queued' AND parent_run_id IS NULL
            AND job_published_at IS NULL AND (p_session IS NULL OR session_id = p_session)
-           AND not_before <= now() AND NOT session_blocked(tenant, session_id, submit_seq)
-           AND NOT key_blocked(tenant, concurrency_key)
+           AND not_before <= now()
+           AND (session_id IS NULL OR NOT session_blocked(tenant, session_id, submit_seq))
+           AND (concurrency_key IS NULL OR NOT key_blocked(tenant, concurrency_key))
          ORDER BY submit_seq
          LIMIT 1;
         EXIT WHEN v_run IS NULL;
+        -- The share's room is counted once, and only when a run waits for it.
+        IF v_room IS NULL THEN
+            v_room := (SELECT o_share FROM tenant_share(p_tenant)) - tenant_issued(p_tenant);
+            SELECT make_interval(secs => priority_max_wait_ms / 1000.0) INTO v_wait
+              FROM queue_defaults;
+        END IF;
+        EXIT WHEN released >= v_room;
         IF v_at <= now() - v_wait THEN
             SELECT run_id INTO v_run FROM runs
              WHERE run_id = v_run AND status = 'queued' AND job_published_at IS NULL
@@ -609,8 +615,9 @@ BEGIN
             SELECT run_id INTO v_run FROM runs
              WHERE tenant = p_tenant AND status = 'queued' AND parent_run_id IS NULL
                AND job_published_at IS NULL AND (p_session IS NULL OR session_id = p_session)
-               AND not_before <= now() AND NOT session_blocked(tenant, session_id, submit_seq)
-               AND NOT key_blocked(tenant, concurrency_key)
+               AND not_before <= now()
+               AND (session_id IS NULL OR NOT session_blocked(tenant, session_id, submit_seq))
+               AND (concurrency_key IS NULL OR NOT key_blocked(tenant, concurrency_key))
              ORDER BY priority DESC, submit_seq
              LIMIT 1
                FOR UPDATE SKIP LOCKED;
@@ -656,18 +663,17 @@ CREATE FUNCTION public.outbox_frame(r public.runs, p_generation integer, p_seq i
     SET search_path TO 'public', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$
-    SELECT outbox_put('frame', r.tenant, r.run_id,
-                      r.run_id || ':' || p_generation || ':' || p_seq
-                          || coalesce(':' || left(frame_token(r.frame_secret, p_generation), 16),
-                                      ''),
-                      jsonb_build_object('v', 1, 'run_id', r.run_id, 'tenant', r.tenant,
-                                         'generation', p_generation, 'seq', p_seq,
-                                         'type', p_type, 'data', p_data,
-                                         'at', rfc3339(clock_timestamp()))
-                          || CASE WHEN r.frame_secret IS NULL THEN '{}'::jsonb
-                                  ELSE jsonb_build_object(
-                                      'token', frame_token(r.frame_secret, p_generation)) END,
-                      coalesce(r.implied_trace_parent, r.trace_parent), now())
+    INSERT INTO outbox (kind, tenant, run_id, msg_id, body, trace_parent, due_at)
+    SELECT 'frame', r.tenant, r.run_id,
+           r.run_id || ':' || p_generation || ':' || p_seq || coalesce(':' || left(t.token, 16), ''),
+           jsonb_build_object('v', 1, 'run_id', r.run_id, 'tenant', r.tenant,
+                              'generation', p_generation, 'seq', p_seq,
+                              'type', p_type, 'data', p_data,
+                              'at', rfc3339(clock_timestamp()))
+               || CASE WHEN t.token IS NULL THEN '{}'::jsonb
+                       ELSE jsonb_build_object('token', t.token) END,
+           coalesce(r.implied_trace_parent, r.trace_parent), now()
+      FROM (SELECT frame_token(r.frame_secret, p_generation) AS token OFFSET 0) t
 $$;
 
 CREATE FUNCTION public.outbox_put(p_kind public.outbox_kind, p_tenant text, p_run_id uuid, p_msg_id text, p_body jsonb, p_trace_parent text, p_due_at timestamp with time zone) RETURNS void
@@ -991,7 +997,7 @@ END
 $$;
 
 CREATE FUNCTION public.rfc3339(p_at timestamp with time zone) RETURNS text
-    LANGUAGE sql IMMUTABLE
+    LANGUAGE sql STABLE
     AS $$
     SELECT to_char(p_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
 $$;
@@ -1065,7 +1071,8 @@ BEGIN
             v_done := v_done || jsonb_build_object('code', NEW.error->'code');
         END IF;
         PERFORM outbox_frame(NEW, v_generation, v_seq, 'done', v_done);
-        IF NEW.parent_run_id IS NULL THEN
+        IF NEW.parent_run_id IS NULL
+           AND EXISTS (SELECT 1 FROM webhook_endpoints WHERE tenant = NEW.tenant) THEN
             PERFORM webhook_put(NEW, 'ended');
         END IF;
         IF NEW.session_id IS NOT NULL THEN
@@ -1075,7 +1082,8 @@ BEGIN
           AND NEW.error IS NOT NULL THEN
         PERFORM outbox_frame(NEW, v_generation, v_seq, 'error', NEW.error);
     END IF;
-    IF NEW.status = 'waiting' AND NEW.parent_run_id IS NULL THEN
+    IF NEW.status = 'waiting' AND NEW.parent_run_id IS NULL
+       AND EXISTS (SELECT 1 FROM webhook_endpoints WHERE tenant = NEW.tenant) THEN
         PERFORM webhook_put(NEW, 'waiting');
     END IF;
     -- A run that stops holding a job (it ended, or waits for an answer) makes room in
@@ -1098,8 +1106,10 @@ CREATE FUNCTION public.run_queued_for(r public.runs) RETURNS text
                      AND r.not_before > now() THEN 'rate_limit'
                 WHEN r.status <> 'queued' OR r.job_published_at IS NOT NULL THEN NULL
                 WHEN r.not_before > now() THEN 'time'
-                WHEN session_blocked(r.tenant, r.session_id, r.submit_seq) THEN 'session'
-                WHEN key_blocked(r.tenant, r.concurrency_key) THEN 'concurrency_key'
+                WHEN r.session_id IS NOT NULL
+                     AND session_blocked(r.tenant, r.session_id, r.submit_seq) THEN 'session'
+                WHEN r.concurrency_key IS NOT NULL
+                     AND key_blocked(r.tenant, r.concurrency_key) THEN 'concurrency_key'
                 ELSE 'share' END
 $$;
 
@@ -1192,19 +1202,33 @@ CREATE FUNCTION public.submit_admits(p_tenant text, p_session text, p_key text, 
 DECLARE
     v_share integer;
     v_max_queued integer;
+    v_oldest bigint;
     v_queued bigint;
 BEGIN
     SELECT o_share, o_max_queued INTO v_share, v_max_queued FROM tenant_share(p_tenant);
-    SELECT count(*) INTO v_queued FROM (
-        SELECT 1 FROM runs
-         WHERE tenant = p_tenant AND status = 'queued' AND parent_run_id IS NULL
-         LIMIT v_max_queued) q;
+    -- Counting a deep queue at every submit costs as much as the queue is deep: count
+    -- only when the runs submitted (by anyone) since the tenant's oldest queued run could
+    -- fill its capacity.
+    SELECT submit_seq INTO v_oldest FROM runs
+     WHERE tenant = p_tenant AND status = 'queued' AND parent_run_id IS NULL
+     ORDER BY submit_seq LIMIT 1;
+    IF v_oldest IS NOT NULL AND (v_max_queued = 0 OR
+        (SELECT last_value FROM runs_submit_seq_seq) - v_oldest + 1 >= v_max_queued) THEN
+        SELECT count(*) INTO v_queued FROM (
+            SELECT 1 FROM runs
+             WHERE tenant = p_tenant AND status = 'queued' AND parent_run_id IS NULL
+             LIMIT v_max_queued) q;
+    ELSE
+        v_queued := CASE WHEN v_oldest IS NULL THEN 0 ELSE 1 END;
+    END IF;
     IF v_queued >= v_max_queued THEN
         RAISE EXCEPTION 'tenant % has % runs queued, its queue''s capacity; submit again later',
             p_tenant, v_queued USING ERRCODE = 'RWQ02';
     END IF;
-    RETURN p_not_before <= now() AND NOT session_blocked(p_tenant, p_session, NULL)
-           AND NOT key_blocked(p_tenant, p_key) AND tenant_issued(p_tenant) < v_share;
+    RETURN p_not_before <= now()
+           AND (p_session IS NULL OR NOT session_blocked(p_tenant, p_session, NULL))
+           AND (p_key IS NULL OR NOT key_blocked(p_tenant, p_key))
+           AND tenant_issued(p_tenant) < v_share;
 END
 $$;
 
@@ -2509,8 +2533,6 @@ CREATE INDEX runs_issued_by_key ON public.runs USING btree (tenant, concurrency_
 
 CREATE INDEX runs_issued_by_tenant ON public.runs USING btree (tenant) WHERE ((status = ANY (ARRAY['queued'::public.run_status, 'running'::public.run_status, 'recovering'::public.run_status])) AND (job_published_at IS NOT NULL) AND (parent_run_id IS NULL));
 
-CREATE INDEX runs_queued_by_priority ON public.runs USING btree (tenant, priority DESC, submit_seq) WHERE ((status = 'queued'::public.run_status) AND (parent_run_id IS NULL));
-
 CREATE INDEX runs_queued_by_tenant ON public.runs USING btree (tenant, submit_seq) WHERE ((status = 'queued'::public.run_status) AND (parent_run_id IS NULL));
 
 CREATE INDEX runs_session_active ON public.runs USING btree (tenant, session_id, submit_seq) WHERE ((session_id IS NOT NULL) AND (status = ANY (ARRAY['queued'::public.run_status, 'running'::public.run_status, 'recovering'::public.run_status, 'waiting'::public.run_status])));
@@ -2520,6 +2542,10 @@ CREATE INDEX runs_session_waiting ON public.runs USING btree (submit_seq) WHERE 
 CREATE INDEX runs_unclosed ON public.runs USING btree (ended_at) WHERE ((ended_at IS NOT NULL) AND (NOT frames_closed));
 
 CREATE INDEX runs_unpurged ON public.runs USING btree (ended_at) WHERE ((ended_at IS NOT NULL) AND (stream_purged_at IS NULL));
+
+CREATE INDEX runs_waiting_by_priority ON public.runs USING btree (tenant, priority DESC, submit_seq) WHERE ((status = 'queued'::public.run_status) AND (parent_run_id IS NULL) AND (job_published_at IS NULL));
+
+CREATE INDEX runs_waiting_by_tenant ON public.runs USING btree (tenant, submit_seq) WHERE ((status = 'queued'::public.run_status) AND (parent_run_id IS NULL) AND (job_published_at IS NULL));
 
 CREATE INDEX schedules_due ON public.schedules USING btree (next_fire_at) WHERE (NOT paused);
 

@@ -18,7 +18,7 @@ WITH upd AS (
        AND NOT cancel_requested AND not_before <= now()
        AND (attempts > 0 OR queue_timeout_ms IS NULL
             OR created_at + make_interval(secs => queue_timeout_ms / 1000.0) > now())
-       AND NOT session_blocked(tenant, session_id, submit_seq)
+       AND (session_id IS NULL OR NOT session_blocked(tenant, session_id, submit_seq))
     RETURNING *
 ), ev AS (
     INSERT INTO run_events (run_id, event, status, attempt, actor, reason)

@@ -58,7 +58,7 @@ SELECT *, pg_current_xact_id()::text AS xact FROM upd;
 SELECT coalesce(sum(start_session_turn(s.tenant, s.session_id, $2)), 0)::integer AS started
   FROM (SELECT DISTINCT tenant, session_id FROM runs
          WHERE status = 'queued' AND job_published_at IS NULL AND session_id IS NOT NULL
-           AND NOT session_blocked(tenant, session_id, submit_seq)
+           AND (session_id IS NULL OR NOT session_blocked(tenant, session_id, submit_seq))
          LIMIT $1) s;
 
 -- name: start_share_turns

@@ -22,22 +22,22 @@ REVOKE ALL ON FUNCTION outbox_put(outbox_kind, text, uuid, text, jsonb, text,
     timestamp with time zone) FROM PUBLIC;
 
 -- The closing frames a transition implies carry the token of their generation too.
+-- (The outbox row written here, not through outbox_put: a frame's id is never NULL.)
 CREATE OR REPLACE FUNCTION outbox_frame(r runs, p_generation integer, p_seq integer,
     p_type text, p_data jsonb)
 RETURNS void LANGUAGE sql SECURITY DEFINER SET search_path TO 'public', 'pg_temp'
 SET plan_cache_mode TO 'force_generic_plan' AS $$
-    SELECT outbox_put('frame', r.tenant, r.run_id,
-                      r.run_id || ':' || p_generation || ':' || p_seq
-                          || coalesce(':' || left(frame_token(r.frame_secret, p_generation), 16),
-                                      ''),
-                      jsonb_build_object('v', 1, 'run_id', r.run_id, 'tenant', r.tenant,
-                                         'generation', p_generation, 'seq', p_seq,
-                                         'type', p_type, 'data', p_data,
-                                         'at', rfc3339(clock_timestamp()))
-                          || CASE WHEN r.frame_secret IS NULL THEN '{}'::jsonb
-                                  ELSE jsonb_build_object(
-                                      'token', frame_token(r.frame_secret, p_generation)) END,
-                      coalesce(r.implied_trace_parent, r.trace_parent), now())
+    INSERT INTO outbox (kind, tenant, run_id, msg_id, body, trace_parent, due_at)
+    SELECT 'frame', r.tenant, r.run_id,
+           r.run_id || ':' || p_generation || ':' || p_seq || coalesce(':' || left(t.token, 16), ''),
+           jsonb_build_object('v', 1, 'run_id', r.run_id, 'tenant', r.tenant,
+                              'generation', p_generation, 'seq', p_seq,
+                              'type', p_type, 'data', p_data,
+                              'at', rfc3339(clock_timestamp()))
+               || CASE WHEN t.token IS NULL THEN '{}'::jsonb
+                       ELSE jsonb_build_object('token', t.token) END,
+           coalesce(r.implied_trace_parent, r.trace_parent), now()
+      FROM (SELECT frame_token(r.frame_secret, p_generation) AS token OFFSET 0) t
 $$;
 REVOKE ALL ON FUNCTION outbox_frame(runs, integer, integer, text, jsonb) FROM PUBLIC;
 
@@ -89,7 +89,8 @@ BEGIN
             v_done := v_done || jsonb_build_object('code', NEW.error->'code');
         END IF;
         PERFORM outbox_frame(NEW, v_generation, v_seq, 'done', v_done);
-        IF NEW.parent_run_id IS NULL THEN
+        IF NEW.parent_run_id IS NULL
+           AND EXISTS (SELECT 1 FROM webhook_endpoints WHERE tenant = NEW.tenant) THEN
             PERFORM webhook_put(NEW, 'ended');
         END IF;
         IF NEW.session_id IS NOT NULL THEN
@@ -99,7 +100,8 @@ BEGIN
           AND NEW.error IS NOT NULL THEN
         PERFORM outbox_frame(NEW, v_generation, v_seq, 'error', NEW.error);
     END IF;
-    IF NEW.status = 'waiting' AND NEW.parent_run_id IS NULL THEN
+    IF NEW.status = 'waiting' AND NEW.parent_run_id IS NULL
+       AND EXISTS (SELECT 1 FROM webhook_endpoints WHERE tenant = NEW.tenant) THEN
         PERFORM webhook_put(NEW, 'waiting');
     END IF;
     -- A run that stops holding a job (it ended, or waits for an answer) makes room in

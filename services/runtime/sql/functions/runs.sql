@@ -39,8 +39,9 @@ RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
 $$;
 
 -- A time as the wire writes it: RFC 3339 in UTC, whatever the session's time zone.
+-- STABLE as to_char is: so it is inlined where it is used, not called.
 CREATE OR REPLACE FUNCTION rfc3339(p_at timestamp with time zone)
-RETURNS text LANGUAGE sql IMMUTABLE AS $$
+RETURNS text LANGUAGE sql STABLE AS $$
     SELECT to_char(p_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
 $$;
 
@@ -99,19 +100,33 @@ SET plan_cache_mode TO 'force_generic_plan' AS $$
 DECLARE
     v_share integer;
     v_max_queued integer;
+    v_oldest bigint;
     v_queued bigint;
 BEGIN
     SELECT o_share, o_max_queued INTO v_share, v_max_queued FROM tenant_share(p_tenant);
-    SELECT count(*) INTO v_queued FROM (
-        SELECT 1 FROM runs
-         WHERE tenant = p_tenant AND status = 'queued' AND parent_run_id IS NULL
-         LIMIT v_max_queued) q;
+    -- Counting a deep queue at every submit costs as much as the queue is deep: count
+    -- only when the runs submitted (by anyone) since the tenant's oldest queued run could
+    -- fill its capacity.
+    SELECT submit_seq INTO v_oldest FROM runs
+     WHERE tenant = p_tenant AND status = 'queued' AND parent_run_id IS NULL
+     ORDER BY submit_seq LIMIT 1;
+    IF v_oldest IS NOT NULL AND (v_max_queued = 0 OR
+        (SELECT last_value FROM runs_submit_seq_seq) - v_oldest + 1 >= v_max_queued) THEN
+        SELECT count(*) INTO v_queued FROM (
+            SELECT 1 FROM runs
+             WHERE tenant = p_tenant AND status = 'queued' AND parent_run_id IS NULL
+             LIMIT v_max_queued) q;
+    ELSE
+        v_queued := CASE WHEN v_oldest IS NULL THEN 0 ELSE 1 END;
+    END IF;
     IF v_queued >= v_max_queued THEN
         RAISE EXCEPTION 'tenant % has % runs queued, its queue''s capacity; submit again later',
             p_tenant, v_queued USING ERRCODE = 'RWQ02';
     END IF;
-    RETURN p_not_before <= now() AND NOT session_blocked(p_tenant, p_session, NULL)
-           AND NOT key_blocked(p_tenant, p_key) AND tenant_issued(p_tenant) < v_share;
+    RETURN p_not_before <= now()
+           AND (p_session IS NULL OR NOT session_blocked(p_tenant, p_session, NULL))
+           AND (p_key IS NULL OR NOT key_blocked(p_tenant, p_key))
+           AND tenant_issued(p_tenant) < v_share;
 END
 $$;
 
@@ -133,19 +148,25 @@ DECLARE
     v_at timestamp with time zone;
     released integer := 0;
 BEGIN
-    v_room := (SELECT o_share FROM tenant_share(p_tenant)) - tenant_issued(p_tenant);
-    SELECT make_interval(secs => priority_max_wait_ms / 1000.0) INTO v_wait FROM queue_defaults;
-    WHILE released < v_room LOOP
+    LOOP
         v_run := NULL;
         -- The oldest that may start: first if it waited too long.
         SELECT run_id, created_at INTO v_run, v_at FROM runs
          WHERE tenant = p_tenant AND status = 'queued' AND parent_run_id IS NULL
            AND job_published_at IS NULL AND (p_session IS NULL OR session_id = p_session)
-           AND not_before <= now() AND NOT session_blocked(tenant, session_id, submit_seq)
-           AND NOT key_blocked(tenant, concurrency_key)
+           AND not_before <= now()
+           AND (session_id IS NULL OR NOT session_blocked(tenant, session_id, submit_seq))
+           AND (concurrency_key IS NULL OR NOT key_blocked(tenant, concurrency_key))
          ORDER BY submit_seq
          LIMIT 1;
         EXIT WHEN v_run IS NULL;
+        -- The share's room is counted once, and only when a run waits for it.
+        IF v_room IS NULL THEN
+            v_room := (SELECT o_share FROM tenant_share(p_tenant)) - tenant_issued(p_tenant);
+            SELECT make_interval(secs => priority_max_wait_ms / 1000.0) INTO v_wait
+              FROM queue_defaults;
+        END IF;
+        EXIT WHEN released >= v_room;
         IF v_at <= now() - v_wait THEN
             SELECT run_id INTO v_run FROM runs
              WHERE run_id = v_run AND status = 'queued' AND job_published_at IS NULL
@@ -157,8 +178,9 @@ BEGIN
             SELECT run_id INTO v_run FROM runs
              WHERE tenant = p_tenant AND status = 'queued' AND parent_run_id IS NULL
                AND job_published_at IS NULL AND (p_session IS NULL OR session_id = p_session)
-               AND not_before <= now() AND NOT session_blocked(tenant, session_id, submit_seq)
-               AND NOT key_blocked(tenant, concurrency_key)
+               AND not_before <= now()
+               AND (session_id IS NULL OR NOT session_blocked(tenant, session_id, submit_seq))
+               AND (concurrency_key IS NULL OR NOT key_blocked(tenant, concurrency_key))
              ORDER BY priority DESC, submit_seq
              LIMIT 1
                FOR UPDATE SKIP LOCKED;
@@ -186,8 +208,10 @@ RETURNS text LANGUAGE sql STABLE SECURITY DEFINER SET search_path TO 'public', '
                      AND r.not_before > now() THEN 'rate_limit'
                 WHEN r.status <> 'queued' OR r.job_published_at IS NOT NULL THEN NULL
                 WHEN r.not_before > now() THEN 'time'
-                WHEN session_blocked(r.tenant, r.session_id, r.submit_seq) THEN 'session'
-                WHEN key_blocked(r.tenant, r.concurrency_key) THEN 'concurrency_key'
+                WHEN r.session_id IS NOT NULL
+                     AND session_blocked(r.tenant, r.session_id, r.submit_seq) THEN 'session'
+                WHEN r.concurrency_key IS NOT NULL
+                     AND key_blocked(r.tenant, r.concurrency_key) THEN 'concurrency_key'
                 ELSE 'share' END
 $$;
 
@@ -291,7 +315,7 @@ BEGIN
            AND NOT cancel_requested AND not_before <= now()
            AND (attempts > 0 OR queue_timeout_ms IS NULL
                 OR created_at + make_interval(secs => queue_timeout_ms / 1000.0) > now())
-           AND NOT session_blocked(tenant, session_id, submit_seq)
+           AND (session_id IS NULL OR NOT session_blocked(tenant, session_id, submit_seq))
         RETURNING * INTO r;
         IF FOUND THEN
             INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
