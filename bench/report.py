@@ -50,6 +50,12 @@ TARGETS = (
     Target("ratio_vs_dbos", "throughput, runwire / DBOS", "at least 4", lambda v: v >= 4),
     Target("ratio_vs_pgqueuer", "throughput, runwire / pgqueuer", "at least 1", lambda v: v >= 1),
     Target(
+        "cpu_us_per_run",
+        "machine CPU per no-op run (services, nats-server, Postgres), 1 executor",
+        "at most 1,500 µs",
+        lambda v: v <= 1500,
+    ),
+    Target(
         "ratio_two_executors_vs_one",
         "throughput, 2 executors / 1",
         "above 1 (measurably)",
@@ -159,6 +165,7 @@ def fill_headline(results: Results, long_stream: int) -> None:
         "ratio_vs_dbos": max((r for r in ratios["dbos"] if r is not None), default=None),
         "ratio_vs_pgqueuer": max((r for r in ratios["pgqueuer"] if r is not None), default=None),
         "ratio_two_executors_vs_one": round(two / one, 2) if one and two else None,
+        "cpu_us_per_run": v("1 throughput (1 executor)", "machine CPU per run"),
         "many_streams_offered_tokens_per_s": _largest_level(results, ours, "offered"),
         "many_streams_delivered_tokens_per_s": _largest_level(results, ours, "delivered"),
         "many_streams_relay_lag_p99_ms": _largest_level(results, ours, "lag p99"),

@@ -12,6 +12,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.cpu import CpuClock
 from bench.results import Results
 from bench.stack import Stack, progress
 from runwire.client import Client, ClientError
@@ -68,10 +69,13 @@ async def measure(
     suffix = f" (round {round_no})" if round_no is not None else ""
     progress(f"{scenario}: {n} no-op runs, {OUTSTANDING} outstanding{suffix}")
     stack.sampler.begin(f"throughput {label}")
+    clock = machine_clock(stack)
+    cpu_before = clock.read()
     sent = await submit_many(stack.client, n)
     last_end = await stack.wait_terminal(sent.run_ids, timeout=max(120.0, n / 20))
     await stack.wait_relayed(sent.run_ids, timeout=max(120.0, n / 10))
     relayed = time.time() - sent.first_submit
+    cpu_after = clock.read()
     peaks = stack.sampler.end()
     elapsed = last_end - sent.first_submit
     rate = len(sent.run_ids) / elapsed if elapsed > 0 else 0.0
@@ -95,6 +99,15 @@ async def measure(
     )
     submit_rate = len(sent.run_ids) / max(1e-9, sent.last_reply - sent.first_submit)
     results.add(scenario, "submits answered per second", round(submit_rate, 1), "submits/s")
+    used = {name: (cpu_after[name] - cpu_before[name]) * 1e6 / n for name in cpu_after}
+    results.add(
+        scenario,
+        "machine CPU per run",
+        round(sum(used.values())),
+        "µs/run",
+        "the services, nats-server and Postgres (the client excluded): "
+        + ", ".join(f"{name} {us:.0f}" for name, us in sorted(used.items())),
+    )
     results.add(
         scenario,
         "terminal statuses",
@@ -110,6 +123,15 @@ async def measure(
     if round_no is None:
         results.throughput[f"runwire ({label})"] = round(rate, 1)
     return rate
+
+
+def machine_clock(stack: Stack) -> CpuClock:
+    """CPU of the stack's services, nats-server and Postgres (all its processes)."""
+    nats_pid, pg_pid = stack.servers.nats.pid, stack.servers.postgres.pid
+    assert nats_pid is not None
+    assert pg_pid is not None
+    services = {name: proc.pid for name, proc in stack.procs.items()}
+    return CpuClock(single={**services, "nats-server": nats_pid}, trees={"postgres": pg_pid})
 
 
 async def warm_up(stack: Stack, runs: int = 20) -> None:

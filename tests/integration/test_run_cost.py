@@ -1,0 +1,127 @@
+"""What a no-op run costs the infrastructure, counted by the servers themselves: NATS
+messages on the stack's subjects, Postgres function calls and row writes. Each bound is
+the count today: a change that adds work to every run fails here and says where."""
+
+import asyncio
+import collections
+import re
+from typing import Any
+
+import asyncpg
+import nats
+import pytest
+
+from tests.services import InProcessStack, eventually
+
+pytestmark = pytest.mark.integration
+
+RUNS = 200
+NOOP = {"tokens": ["x"]}
+
+# Checks a run without a session, a concurrency key or a webhook endpoint never needs:
+# before they were skipped, every run called some of them.
+NEVER_CALLED = ("session_blocked", "key_blocked", "webhook_put", "rfc3339")
+# Functions called once for a batch of runs (how many per run depends on how busy the
+# stack is), and recovery's, called on its timer.
+BATCH = ("claim_runs", "finish_runs", "finish_runs_told", "insert_runs", "submit_runs")
+BATCH += ("write_segments", "outbox_done", "xact_messages")
+PERIODIC = ("time_out_waits", "workflow_sweep")
+
+
+async def _counters(admin: asyncpg.Connection) -> dict[str, float]:
+    """The database's counters now: row writes per table, calls per function."""
+    await admin.execute("SELECT pg_stat_clear_snapshot()")
+    out: dict[str, float] = {}
+    for row in await admin.fetch(
+        "SELECT relname, n_tup_ins, n_tup_upd, n_tup_del FROM pg_stat_user_tables"
+    ):
+        for what in ("ins", "upd", "del"):
+            out[f"{row['relname']}.{what}"] = row[f"n_tup_{what}"]
+    for row in await admin.fetch("SELECT funcname, calls FROM pg_stat_user_functions"):
+        out[f"{row['funcname']}()"] = row["calls"]
+    return out
+
+
+async def _settled(admin: asyncpg.Connection, runs: int) -> dict[str, float]:
+    """The counters once every backend has reported the runs' writes (a backend reports
+    its counters up to seconds after its transactions)."""
+
+    async def reported() -> dict[str, float]:
+        counters = await _counters(admin)
+        events = await admin.fetchval("SELECT count(*) FROM run_events")
+        published = await admin.fetchval(
+            "SELECT count(*) FROM run_events WHERE published_at IS NOT NULL"
+        )
+        assert counters.get("runs.ins") == runs, counters.get("runs.ins")
+        assert counters.get("run_events.ins") == events
+        assert counters.get("run_events.upd") == published == events
+        return counters
+
+    return await eventually(reported, timeout=60, interval=0.5)
+
+
+async def test_a_no_op_run_costs_a_bounded_count_of_messages_calls_and_writes(
+    infra: Any, db_url: str, prefix: str
+) -> None:
+    name = db_url.rsplit("/", 1)[1]
+    admin_db = await asyncpg.connect(infra.database_url(name))
+    try:
+        # Function calls are counted for sessions that start after this: the services'.
+        await admin_db.execute(f"ALTER DATABASE \"{name}\" SET track_functions = 'all'")
+        await admin_db.execute("SELECT pg_stat_reset()")
+        tap = await nats.connect(infra.nats_url)
+        seen: collections.Counter[str] = collections.Counter()
+        streams = prefix.upper()
+
+        async def count(msg: Any) -> None:
+            subject = msg.subject
+            if subject.startswith("$JS.ACK.") and streams in subject:
+                seen["$JS.ACK"] += 1
+            elif subject.startswith(prefix + "."):
+                seen[re.sub(r"\.[0-9a-f]{8}-[0-9a-f-]{27}(\.\d+)?", ".<run>", subject)] += 1
+
+        await tap.subscribe(">", cb=count, pending_msgs_limit=1_000_000)
+        await tap.flush()
+        async with InProcessStack(infra.nats_url, db_url, prefix) as stack:
+            gate = asyncio.Semaphore(64)
+
+            async def submit() -> str:
+                async with gate:
+                    return (await stack.client.submit(NOOP)).run.run_id
+
+            run_ids = await asyncio.gather(*(submit() for _ in range(RUNS)))
+            await eventually(
+                lambda: admin_db.fetchval(
+                    "SELECT count(*) = $2 FROM runs WHERE run_id = ANY($1::uuid[])"
+                    " AND status = 'finished' AND frames_closed",
+                    run_ids,
+                    RUNS,
+                ),
+                timeout=120,
+                interval=0.2,
+            )
+            counters = await _settled(admin_db, RUNS)
+        await tap.flush()
+        await tap.close()
+    finally:
+        await admin_db.close()
+
+    per_run = {k: v / RUNS for k, v in counters.items() if v}
+    messages = sum(seen.values()) / RUNS
+    calls = sum(
+        v
+        for k, v in per_run.items()
+        if k.endswith("()") and k[:-2] not in BATCH and k[:-2] not in PERIODIC
+    )
+    report = f"messages by subject: {dict(seen)}; per run: {per_run}"
+    for name in NEVER_CALLED:
+        assert per_run.get(f"{name}()", 0) == 0, report
+    # The counts today: 19 messages on the stack's subjects (a submit; its job published
+    # and delivered; 3 run events; 3 raw frames published and delivered; 3 client frames;
+    # 4 acks); 14 calls of functions that run once per run (42 before the checks above
+    # were skipped); the run's row written 4 times after its insert; 3 run events.
+    assert messages <= 19.5, report
+    assert calls <= 14.5, report
+    assert per_run.get("runs.upd", 0) <= 4.5, report
+    assert per_run.get("run_events.ins", 0) <= 3.5, report
+    assert per_run.get("outbox.ins", 0) <= 2, report
