@@ -209,7 +209,9 @@ async def test_a_removed_tenant_is_ended_and_forgotten_and_its_name_inherits_not
     acme = await broker.tenant("acme")
     globex = await broker.tenant("globex")
     operator = await _as_operator(broker, "acme")
-    slow = {"tokens": ["t "] * 200, "token_delay_ms": 50}
+    # Slow enough (two minutes) to be still running when forgotten on a busy cluster; the
+    # tenant's end cancels it.
+    slow = {"tokens": ["t "] * 2400, "token_delay_ms": 50}
     following = None
     try:
         # What acme leaves behind: runs of a session (one running, one queued behind it),
