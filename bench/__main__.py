@@ -216,10 +216,19 @@ async def streams(
     """Scenario 10, runwire (a stack of its own, with room for every stream at once) and
     the Redis Streams peer level by level; runwire's levels are left in `ours`."""
     most = max(sizes.stream_levels)
-    settings = {**BASE_SETTINGS, "max_in_flight": most}
+    # Text deltas held up to this long join one frame (off in the latency scenarios).
+    hold = many_streams.COALESCE_MS
+    settings = {**BASE_SETTINGS, "max_in_flight": most, "coalesce_ms": hold}
     stack = Stack(srv, "streams", settings, executors=1)
+    results.add(
+        "10 many streams",
+        "runwire's text deltas held to join a frame",
+        hold,
+        "ms",
+        "RUNWIRE_COALESCE_MS; 0 (the default) in every other scenario",
+    )
     try:
-        progress("starting runwire for many streams at once")
+        progress(f"starting runwire for many streams at once (RUNWIRE_COALESCE_MS={hold})")
         await stack.start()
         await many_streams.measure_first_burst(stack, results)
         await throughput.warm_up(stack)

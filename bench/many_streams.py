@@ -44,6 +44,10 @@ MIN_DELIVERED = 0.95
 MAX_LAG_P99_MS = 100.0
 MAX_FIRST_P99_MS = 50.0
 MAX_RSS_MIB = 200.0
+# How long runwire's executor holds a text delta for the next ones to join its frame
+# (RUNWIRE_COALESCE_MS): at a token every 20 ms, two or three tokens a frame, for a
+# token lag of at most this much more.
+COALESCE_MS = 40
 START_DELAY_S = 2.0  # reader processes start and connect meanwhile
 LEVEL_TIMEOUT_S = 150.0
 # The level run on a stack that has only just started.

@@ -13,7 +13,6 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Any
 
 from opentelemetry import trace
@@ -22,6 +21,7 @@ from pydantic import ValidationError
 from runwire.contracts.errors import ErrorBody, ErrorCode
 from runwire.contracts.frames import Frame, FrameType, RawFrame
 from runwire.executor.effects import EffectFence
+from runwire.executor.ending import AbortReason, Outcome, attempt_error
 from runwire.executor.rate_limits import AttemptRates
 from runwire.executor.resume import resume_point, resumes
 from runwire.executor.waits import AttemptWaits
@@ -61,22 +61,6 @@ PUBLISH_RETRY_MAX_S = 1.0
 PUBLISH_WINDOW = 256
 # The most text one coalesced `message` frame holds (characters).
 COALESCE_MAX_CHARS = 16_384
-# What a run records when its attempt failed on Postgres or NATS (see `attempt_error`).
-ATTEMPT_UNAVAILABLE_MESSAGE = (
-    "the attempt could not reach runwire's store or broker; the executor logged the "
-    "details with the run_id"
-)
-
-
-def attempt_error(exc: RunwireError, retryable: bool) -> ErrorBody:
-    """The error a run records for a runwire error that ended its attempt. One of
-    runwire's infrastructure (Postgres or NATS away or refusing, code UNAVAILABLE) says
-    so and no more: what the driver said (a query, an address) stays in the log, as it
-    does for a command's reply."""
-    if exc.code != ErrorCode.UNAVAILABLE:
-        return ErrorBody(code=exc.code, message=storable_text(exc.message), retryable=retryable)
-    log.warning("the attempt failed on runwire's store or broker: %s", exc.message)
-    return ErrorBody(code=exc.code, message=ATTEMPT_UNAVAILABLE_MESSAGE, retryable=retryable)
 
 
 @dataclass
@@ -88,34 +72,12 @@ class _Held:
     at: datetime
     parts: list[str]
     size: int
+    # What sends it when its time (`coalesce_ms`) is up, if it is held for a time.
+    timer: asyncio.TimerHandle | None = None
 
     def add(self, text: str) -> None:
         self.parts.append(text)
         self.size += len(text)
-
-
-class AbortReason(StrEnum):
-    """Why an attempt was stopped before its runner returned."""
-
-    CANCEL = "cancel"
-    TIMEOUT = "timeout"
-    SHUTDOWN = "shutdown"
-    LOST = "lost"
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How an attempt ended: exactly one of result, error, abort, wait or limited is set."""
-
-    result: dict[str, Any] | None = None
-    error: ErrorBody | None = None
-    abort: AbortReason | None = None
-    # The wait the attempt ended for (the run waits).
-    wait: str | None = None
-    # A model call had no room under a rate limit: until when, under which limit.
-    limited: tuple[datetime, str] | None = None
-    # The soonest the next attempt may start after a retryable error (Retry-After).
-    retry_after_ms: int | None = None
 
 
 class Attempt:
@@ -166,6 +128,7 @@ class Attempt:
         self._pending: deque[tuple[RawFrame, str | None, asyncio.Future[int]]] = deque()
         # Text deltas waiting for the frame before them to be stored (see `publish`).
         self._held: _Held | None = None
+        self._last_type: FrameType | None = None  # of the attempt's last frame sent
         self._flushing: set[asyncio.Task[None]] = set()
         self._sync_lock = asyncio.Lock()
         self.continuation = run.partial_text
@@ -208,7 +171,9 @@ class Attempt:
         attempt's previous frame is still on its way to the stream waits for it, and the
         deltas emitted meanwhile join it, up to COALESCE_MAX_CHARS: a runner that emits
         faster than frames are stored sends fewer, larger frames (a client sees the same
-        text), and one that emits slower sends each delta at once.
+        text), and one that emits slower sends each delta at once. With `coalesce_ms`, a
+        delta that follows a `message` frame is held that long for later ones, whatever
+        the pace (the first delta after any other frame still goes at once).
         """
         text = data.get("text") if type == FrameType.MESSAGE else None
         if isinstance(text, str) and self._coalescing():
@@ -219,10 +184,15 @@ class Attempt:
                 self._held.add(text)
                 return
             await self._send_held()
-            if len(text) < most and self._in_flight():
+            hold_s = self._settings.coalesce_ms / 1000
+            if len(text) < most and (self._in_flight() or (hold_s and self._after_text())):
                 self._seq += 1  # its place in the attempt's frames is taken now
-                self._held = _Held(self._seq, datetime.now(UTC), [text], len(text))
-                self._pending[-1][2].add_done_callback(self._flush_held)
+                held = self._held = _Held(self._seq, datetime.now(UTC), [text], len(text))
+                if hold_s:
+                    loop = asyncio.get_running_loop()
+                    held.timer = loop.call_later(hold_s, self._flush_held, None)
+                else:
+                    self._pending[-1][2].add_done_callback(self._flush_held)
                 return
         await self._send_held()
         await self._publish(type, data, self._seq + 1, datetime.now(UTC))
@@ -251,8 +221,12 @@ class Attempt:
         frame, _, sent = self._pending[-1]
         return frame.type == FrameType.MESSAGE and not sent.done()
 
-    def _flush_held(self, _: "asyncio.Future[int]") -> None:
-        # The frame before it is acknowledged: send the joined deltas now.
+    def _after_text(self) -> bool:
+        """Whether the attempt's last frame sent is a text delta (acknowledged or not)."""
+        return self._last_type == FrameType.MESSAGE
+
+    def _flush_held(self, _: "asyncio.Future[int] | None") -> None:
+        # The frame before it is acknowledged, or its time is up: send the joined deltas.
         if self._held is not None:
             task = asyncio.ensure_future(self._send_held())
             self._flushing.add(task)
@@ -262,6 +236,8 @@ class Attempt:
         """Send the coalesced text deltas, if any (before any later frame)."""
         held, self._held = self._held, None
         if held is not None:
+            if held.timer is not None:
+                held.timer.cancel()
             await self._publish(FrameType.MESSAGE, {"text": "".join(held.parts)}, held.seq, held.at)
 
     async def _publish(self, type: FrameType, data: dict[str, Any], seq: int, at: datetime) -> None:
@@ -297,6 +273,7 @@ class Attempt:
         except Unavailable as exc:
             sent = failed_publish(exc)  # `sync` sends it again, within patience
         self._pending.append((frame, text, sent))
+        self._last_type = type
         if self.closed or len(self._pending) >= PUBLISH_WINDOW:
             await self.sync()
 

@@ -29,8 +29,9 @@ from pydantic import ValidationError
 
 from runwire.contracts.frames import Job
 from runwire.contracts.status import RunStatus
-from runwire.executor.attempt import AbortReason, Attempt, Outcome, attempt_error
+from runwire.executor.attempt import Attempt
 from runwire.executor.ended_effects import EndedEffects
+from runwire.executor.ending import AbortReason, Outcome, attempt_error
 from runwire.executor.isolation import IsolatedRunner, isolated
 from runwire.executor.outcome import Settler
 from runwire.executor.presence import Presence

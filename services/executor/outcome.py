@@ -25,7 +25,8 @@ from nats.aio.msg import Msg
 
 from runwire.contracts.errors import ErrorBody, ErrorCode
 from runwire.contracts.status import RunStatus
-from runwire.executor.attempt import AbortReason, Attempt, Outcome
+from runwire.executor.attempt import Attempt
+from runwire.executor.ending import AbortReason, Outcome
 from runwire.runtime import faults, tracing
 from runwire.runtime.errors import CANCELED_ERROR, LostRace
 from runwire.runtime.logs import fields

@@ -44,6 +44,8 @@ DEFAULT_EFFECT_CLAIM_MS = 30_000
 DEFAULT_EFFECT_RECONCILE_MS = 5_000
 DEFAULT_DRAIN_MS = 10_000
 DEFAULT_PUBLISH_PATIENCE_MS = 30_000
+# The longest a text delta may be held for later ones to join it (`coalesce_ms`).
+MAX_COALESCE_MS = 1_000
 DEFAULT_SEGMENT_FLUSH_MS = 50
 DEFAULT_SEGMENT_BYTES = 64 * 1024
 DEFAULT_REPLAY_MAX_BYTES = 512 * 1024
@@ -257,6 +259,11 @@ class ExecutorSettings(CommonSettings):
     """Text deltas a runner emits while its previous `message` frame is on its way to
     the stream join into one frame (the same text, fewer frames; a first delta is never
     held); false: one frame per delta, whatever the pace."""
+    coalesce_ms: int = Field(default=0, ge=0, le=MAX_COALESCE_MS)
+    """With `coalesce_text`, hold a text delta that follows another up to this long for
+    the deltas after it to join it (fewer frames for many slow streams, at up to this
+    much latency for each delta but the first after any other frame); 0: a delta waits
+    only for the frame before it to be stored."""
 
     @field_validator("effect_http_allow_hosts")
     @classmethod

@@ -81,3 +81,20 @@ async def test_with_coalescing_off_each_delta_is_a_frame(stack: InProcessStack) 
     assert texts(frames) == DELTAS[:500]
     assert transcript.text == "".join(DELTAS[:500])
     assert_well_formed(frames)
+
+
+@pytest.mark.stack(coalesce_ms=200)
+async def test_with_a_hold_time_slow_deltas_join_too_and_the_first_goes_at_once(
+    stack: InProcessStack,
+) -> None:
+    # A delta every 20 ms: each one's frame is stored long before the next, so without a
+    # hold time every delta is a frame of its own.
+    paced = [f"{i} " for i in range(20)]
+    reply = await stack.client.submit({"tokens": paced, "token_delay_ms": 20})
+    frames, transcript = await collect(stack.client, reply.run.run_id)
+
+    assert transcript.text == "".join(paced)
+    assert_well_formed(frames)
+    assert texts(frames)[0] == paced[0]
+    # About 400 ms of deltas held 200 ms at a time: the first, then two or three frames.
+    assert len(texts(frames)) <= 6, texts(frames)
