@@ -128,6 +128,22 @@ class Subjects:
         """The stored raw frames of one partition (a consumer's filter)."""
         return f"{self.prefix}.frames.in.*.*.{partition}"
 
+    def frames_out(self, tenant: str, run_id: str) -> str:
+        """Where an attempt (or a service closing a run) publishes a run's numbered frames:
+        the frames stream stores each under the run's client subject (`run_frames`). Only
+        services may publish here; followers read the stored frames only."""
+        return f"{self.prefix}.frames.out.{tenant}.{run_id}"
+
+    @property
+    def frames_out_wildcard(self) -> str:
+        return f"{self.prefix}.frames.out.*.*"
+
+    @property
+    def frames_out_stored(self) -> str:
+        """The run's client subject as a mapping's destination: how the frames stream
+        stores a frame published on `frames_out`, and where it republishes it."""
+        return f"{self.prefix}.{{{{wildcard(1)}}}}.runs.{{{{wildcard(2)}}}}.frames"
+
     def run_frames(self, tenant: str, run_id: str) -> str:
         """Where clients read a run's frames, in `seq` order."""
         return f"{self.prefix}.{tenant}.runs.{run_id}.frames"

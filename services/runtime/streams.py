@@ -12,6 +12,7 @@ from nats.js.api import (
     ConsumerConfig,
     ConsumerInfo,
     DiscardPolicy,
+    RePublish,
     RetentionPolicy,
     StorageType,
     StreamConfig,
@@ -71,7 +72,7 @@ class StreamAdmin:
     subjects: Subjects
 
     async def ensure_streams(self, limits: "StreamLimits") -> None:
-        """Create or update the jobs, raw frames and client frames streams."""
+        """Create or update the jobs, run events and frames streams."""
         s = self.subjects
         queue_capacity, frame_max_age_s = limits.queue_capacity, limits.frame_max_age_s
         replicas = limits.replicas
@@ -81,23 +82,6 @@ class StreamAdmin:
                 subjects=[s.jobs_wildcard],
                 retention=RetentionPolicy.WORK_QUEUE,
                 max_msgs=queue_capacity,
-                discard=DiscardPolicy.NEW,
-                storage=StorageType.FILE,
-                duplicate_window=DUPLICATE_WINDOW_S,
-                num_replicas=replicas,
-            )
-        )
-        await self._ensure_stream(
-            StreamConfig(
-                name=s.frames_in_stream,
-                subjects=[s.frames_in_wildcard],
-                # Stored under a partition token derived from the run id, so that each
-                # partition has one consumer and one relay at a time: a run's frames stay
-                # in order while several relays share the work.
-                subject_transform=SubjectTransform(
-                    src=s.frames_in_wildcard, dest=s.frames_in_partitioned(RELAY_PARTITIONS)
-                ),
-                retention=RetentionPolicy.WORK_QUEUE,
                 discard=DiscardPolicy.NEW,
                 storage=StorageType.FILE,
                 duplicate_window=DUPLICATE_WINDOW_S,
@@ -118,7 +102,15 @@ class StreamAdmin:
         await self._ensure_stream(
             StreamConfig(
                 name=s.run_frames_stream,
-                subjects=[s.run_frames_wildcard],
+                # Attempts publish a run's frames on `frames_out`, each numbered and fenced
+                # by the last one stored (Nats-Expected-Last-Subject-Sequence); the stream
+                # stores them under the run's client subject, and republishes only what it
+                # stored there for plain subscribers (a refused publish reaches nobody).
+                subjects=[s.frames_out_wildcard],
+                subject_transform=SubjectTransform(
+                    src=s.frames_out_wildcard, dest=s.frames_out_stored
+                ),
+                republish=RePublish(src=s.run_frames_wildcard, dest=s.frames_out_stored),
                 retention=RetentionPolicy.LIMITS,
                 max_age=float(frame_max_age_s),
                 storage=StorageType.FILE,
