@@ -3,8 +3,9 @@ exactly the subjects it needs, written as a nats-server `authorization` block.
 
 - **Services** (`svc-submitter`, `svc-executor`, `svc-relay`, `svc-recovery`): each
   subscribes only to the commands, notices and health requests it answers and publishes
-  only what it sends (only executors and the outbox publish raw frames, only relays
-  publish client frames, only the submitter sends cancel notices, only the outbox and
+  only what it sends (only executors and the outbox publish a run's frames, on
+  `<prefix>.frames.out.>`, which the frames stream stores under the run's client
+  subject; only the submitter sends cancel notices, only the outbox and
   recovery publish jobs and run events); it answers requests only into inboxes (each
   tenant's, NATS's default, its own: never `allow_responses`, which would publish
   wherever a requester points the reply), hears replies only in its own inbox
@@ -250,15 +251,14 @@ def service_permissions(
     publish += [f"{inbox_prefix(tenant)}.>" for tenant in tenants or []]
     if service == "submitter":
         subscribe += [f"{p}.*.cmd.{name}" for name in COMMANDS if name != "join"]
-        publish += [f"{p}.jobs.>", f"{p}.frames.in.>", f"{p}.ctl.cancel.>"]
+        publish += [f"{p}.jobs.>", f"{p}.frames.out.>", f"{p}.ctl.cancel.>"]
     elif service == "executor":
         subscribe += [f"{p}.ctl.cancel.>"]
-        publish += [f"{p}.jobs.>", f"{p}.frames.in.>"]
+        publish += [f"{p}.jobs.>", f"{p}.frames.out.>"]
     elif service == "relay":
         subscribe += [f"{p}.*.cmd.join"]
-        publish += [f"{p}.*.runs.*.frames"]
     elif service == "recovery":
-        publish += [f"{p}.jobs.>", f"{p}.frames.in.>", f"{p}.*.events.>"]
+        publish += [f"{p}.jobs.>", f"{p}.frames.out.>", f"{p}.*.events.>"]
         # Consumers created and removed on the streams tenants read (it polices them).
         subscribe += [
             f"$JS.EVENT.ADVISORY.CONSUMER.*.{stream}.*"

@@ -7,21 +7,17 @@ lost to recovery) nothing it does takes effect.
 
 import asyncio
 import contextlib
-import io
 import logging
-from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from opentelemetry import trace
-from pydantic import ValidationError
 
 from runwire.contracts.errors import ErrorBody, ErrorCode
-from runwire.contracts.frames import Frame, FrameType, RawFrame
+from runwire.contracts.frames import Frame, FrameType
 from runwire.executor.effects import EffectFence
 from runwire.executor.ending import AbortReason, Outcome, attempt_error
+from runwire.executor.frames import FrameSender
 from runwire.executor.rate_limits import AttemptRates
 from runwire.executor.resume import resume_point, resumes
 from runwire.executor.waits import AttemptWaits
@@ -37,47 +33,18 @@ from runwire.runners.base import (
 )
 from runwire.runners.effects import EffectAdapter
 from runwire.runtime import faults, tracing
-from runwire.runtime.broker import Broker, failed_publish
-from runwire.runtime.commands import describe
+from runwire.runtime.broker import Broker
 from runwire.runtime.errors import (
-    InvalidRequest,
     LostRace,
     PayloadTooLarge,
     RunwireError,
-    Unavailable,
 )
 from runwire.runtime.outbox import Outbox
 from runwire.runtime.settings import ExecutorSettings
 from runwire.runtime.storable import storable, storable_text
 from runwire.runtime.store import Run, Store
-from runwire.runtime.tokens import frame_token
 
 log = logging.getLogger(__name__)
-
-# A failed publish is tried again after this long, times the tries so far, at most
-# PUBLISH_RETRY_MAX_S, until the executor's `publish_patience_ms` has passed.
-PUBLISH_RETRY_S = 0.2
-PUBLISH_RETRY_MAX_S = 1.0
-PUBLISH_WINDOW = 256
-# The most text one coalesced `message` frame holds (characters).
-COALESCE_MAX_CHARS = 16_384
-
-
-@dataclass
-class _Held:
-    """A `message` frame not sent yet: the text deltas joined in it, its seq, and when
-    its first delta was emitted (its `at`)."""
-
-    seq: int
-    at: datetime
-    parts: list[str]
-    size: int
-    # What sends it when its time (`coalesce_ms`) is up, if it is held for a time.
-    timer: asyncio.TimerHandle | None = None
-
-    def add(self, text: str) -> None:
-        self.parts.append(text)
-        self.size += len(text)
 
 
 class Attempt:
@@ -99,8 +66,6 @@ class Attempt:
     ) -> None:
         self.run = run
         self.generation = run.generation
-        # What signs this attempt's raw frames (see runwire.runtime.tokens).
-        self._token = frame_token(run.frame_secret, run.generation) if run.frame_secret else None
         self._runner = runner
         self._tools = tools or {}
         self.waits = AttemptWaits(store, run.run_id, run.generation, self._emit, self._storable)
@@ -121,16 +86,6 @@ class Attempt:
         self._settings = settings
         self._owner = owner
         self._on_heartbeat = on_heartbeat
-        self._seq = 0
-        # Text of this attempt's message frames known to be stored, in order (one buffer,
-        # not a string per token: a long run's memory stays about the size of its text).
-        self._text = io.StringIO()
-        self._pending: deque[tuple[RawFrame, str | None, asyncio.Future[int]]] = deque()
-        # Text deltas waiting for the frame before them to be stored (see `publish`).
-        self._held: _Held | None = None
-        self._last_type: FrameType | None = None  # of the attempt's last frame sent
-        self._flushing: set[asyncio.Task[None]] = set()
-        self._sync_lock = asyncio.Lock()
         self.continuation = run.partial_text
         # Where a resumed attempt continues: the frames stored for the run (contiguous
         # from seq 1) and the seq of the last of them (None for a fresh run).
@@ -143,17 +98,27 @@ class Attempt:
         self._replaced = False
         # Made inside the attempt's span: its frames carry it, for the relay's spans.
         self._traceparent = tracing.current_traceparent()
+        self.frames = FrameSender(
+            broker,
+            settings,
+            tenant=run.tenant,
+            run_id=run.run_id,
+            generation=run.generation,
+            traceparent=self._traceparent,
+            on_fenced=lambda: self.abort(AbortReason.LOST),
+        )
 
     @property
     def partial_text(self) -> str:
         """The run's text so far: what earlier attempts delivered plus this one's frames
         that are stored (call `sync` first for all of them)."""
-        return self.continuation + self._text.getvalue()
+        return self.continuation + self.frames.text.getvalue()
 
     @property
     def next_seq(self) -> int:
-        """The seq of this attempt's next frame: where the frames that close it start."""
-        return self._seq + 1
+        """Where the frames that close this attempt start, in its own frames: after every
+        one it sent (one it gave up on may have been stored after all)."""
+        return self.frames.sent + 1
 
     def abort(self, reason: AbortReason) -> None:
         """Ask the runner to stop; the first reason that arrives is the one recorded."""
@@ -162,40 +127,14 @@ class Attempt:
         self.abort_signal.set()
 
     async def publish(self, type: FrameType, data: dict[str, Any]) -> None:
-        """Publish a frame of this attempt (its `data` must fit the type's model).
-
-        While the runner runs, publishes are pipelined (up to PUBLISH_WINDOW awaiting
-        their acknowledgement); once the attempt is closed, each one is waited for.
-
-        Text deltas coalesce (`coalesce_text`): a `message` frame emitted while the
-        attempt's previous frame is still on its way to the stream waits for it, and the
-        deltas emitted meanwhile join it, up to COALESCE_MAX_CHARS: a runner that emits
-        faster than frames are stored sends fewer, larger frames (a client sees the same
-        text), and one that emits slower sends each delta at once. With `coalesce_ms`, a
-        delta that follows a `message` frame is held that long for later ones, whatever
-        the pace (the first delta after any other frame still goes at once).
-        """
-        text = data.get("text") if type == FrameType.MESSAGE else None
-        if isinstance(text, str) and self._coalescing():
-            # What a frame of joined deltas may hold: its JSON stays well under the
-            # message limit (a character is at most 6 bytes of it, escaped).
-            most = min(COALESCE_MAX_CHARS, self._broker.max_frame_bytes // 8)
-            if self._held is not None and self._held.size + len(text) <= most:
-                self._held.add(text)
-                return
-            await self._send_held()
-            hold_s = self._settings.coalesce_ms / 1000
-            if len(text) < most and (self._in_flight() or (hold_s and self._after_text())):
-                self._seq += 1  # its place in the attempt's frames is taken now
-                held = self._held = _Held(self._seq, datetime.now(UTC), [text], len(text))
-                if hold_s:
-                    loop = asyncio.get_running_loop()
-                    held.timer = loop.call_later(hold_s, self._flush_held, None)
-                else:
-                    self._pending[-1][2].add_done_callback(self._flush_held)
-                return
-        await self._send_held()
-        await self._publish(type, data, self._seq + 1, datetime.now(UTC))
+        """Publish a frame of this attempt (its `data` must fit the type's model): queued
+        at once, sent in order once the frame before it is stored (see `frames`); once
+        the attempt is closed, each one is waited for."""
+        self.frames.put(type, self._storable(type.value, data), self._coalescing())
+        if self.closed:
+            await self.sync()
+        else:
+            await self.frames.room()
 
     def _storable(self, what: str, value: Any) -> Any:
         """`value` with the characters Postgres cannot store replaced (see
@@ -213,108 +152,17 @@ class Attempt:
     def _coalescing(self) -> bool:
         return self._settings.coalesce_text and not self.closed
 
-    def _in_flight(self) -> bool:
-        """Whether the attempt's last frame sent is a text delta not acknowledged yet (the
-        first delta after any other frame goes at once: a first token is not held)."""
-        if not self._pending:
-            return False
-        frame, _, sent = self._pending[-1]
-        return frame.type == FrameType.MESSAGE and not sent.done()
-
-    def _after_text(self) -> bool:
-        """Whether the attempt's last frame sent is a text delta (acknowledged or not)."""
-        return self._last_type == FrameType.MESSAGE
-
-    def _flush_held(self, _: "asyncio.Future[int] | None") -> None:
-        # The frame before it is acknowledged, or its time is up: send the joined deltas.
-        if self._held is not None:
-            task = asyncio.ensure_future(self._send_held())
-            self._flushing.add(task)
-            task.add_done_callback(self._flushing.discard)
-
-    async def _send_held(self) -> None:
-        """Send the coalesced text deltas, if any (before any later frame)."""
-        held, self._held = self._held, None
-        if held is not None:
-            if held.timer is not None:
-                held.timer.cancel()
-            await self._publish(FrameType.MESSAGE, {"text": "".join(held.parts)}, held.seq, held.at)
-
-    async def _publish(self, type: FrameType, data: dict[str, Any], seq: int, at: datetime) -> None:
-        # Checked as it leaves, once per frame (not per delta a frame joins).
-        data = self._storable(type.value, data)
-        try:
-            frame = RawFrame(
-                run_id=self.run.run_id,
-                tenant=self.run.tenant,
-                generation=self.generation,
-                seq=seq,
-                type=type,
-                data=data,
-                at=at,
-                token=self._token,
-            )
-            body = frame.model_dump_json().encode()  # once: size check and publish
-        except ValidationError as exc:  # data that does not fit the frame type's model
-            raise InvalidRequest(f"a {type.value} frame's data: {describe(exc)}") from exc
-        except ValueError as exc:  # data that is not JSON
-            raise InvalidRequest(f"a {type.value} frame's data is not JSON: {exc}") from exc
-        size = len(body)
-        if size > self._broker.max_frame_bytes:
-            # It could never be published: fail the attempt for good, not over and over.
-            raise PayloadTooLarge(
-                f"a {type.value} frame of {size} bytes is over the limit of "
-                f"{self._broker.max_frame_bytes} bytes"
-            )
-        self._seq = max(self._seq, seq)  # only a frame that will be sent takes a seq: no gap
-        text = str(data.get("text", "")) if type == FrameType.MESSAGE else None
-        try:
-            sent = await self._send(frame, body)
-        except Unavailable as exc:
-            sent = failed_publish(exc)  # `sync` sends it again, within patience
-        self._pending.append((frame, text, sent))
-        self._last_type = type
-        if self.closed or len(self._pending) >= PUBLISH_WINDOW:
-            await self.sync()
-
-    async def _send(self, frame: RawFrame, body: bytes | None = None) -> "asyncio.Future[int]":
-        return await self._broker.send_raw_frame(frame, body, traceparent=self._traceparent)
-
     async def sync(self) -> None:
-        """Wait until every frame published so far is stored, in order.
-
-        A failed publish may still have been stored: it is sent again with the same
-        message id (the stream de-duplicates it), so the run's frames have no gap.
-        """
-        await self._send_held()
-        async with self._sync_lock:
-            while self._pending:
-                frame, text, sent = self._pending[0]
-                loop = asyncio.get_running_loop()
-                deadline = loop.time() + self._settings.publish_patience_ms / 1000
-                tries = 0
-                while True:
-                    try:
-                        await (sent if tries == 0 else await self._send(frame))
-                        break
-                    except Unavailable:
-                        # JetStream without a leader for this stream (an election after
-                        # a server died takes seconds): wait for it, within patience.
-                        tries += 1
-                        if loop.time() >= deadline or self.abort_reason == AbortReason.LOST:
-                            raise
-                        await asyncio.sleep(min(PUBLISH_RETRY_MAX_S, PUBLISH_RETRY_S * tries))
-                self._pending.popleft()
-                if text is not None:
-                    self._text.write(text)
+        """Wait until every frame published so far is stored, in order."""
+        await self.frames.sync()
 
     async def _emit(self, type: FrameType, data: dict[str, Any]) -> None:
         if self.closed or self.abort_reason == AbortReason.LOST:
             raise AttemptClosed(f"attempt {self.generation} of run {self.run.run_id} is closed")
-        if self._seq >= self._settings.max_frames_per_run:
+        if self.frames.emitted >= self._settings.max_frames_per_run:
             # For good: a run that emits without end must not fill the stream and Postgres.
             raise PayloadTooLarge(
-                f"the run emitted {self._seq} frames, the limit of a run "
+                f"the run emitted {self.frames.emitted} frames, the limit of a run "
                 f"(RUNWIRE_MAX_FRAMES_PER_RUN={self._settings.max_frames_per_run})"
             )
         await self.publish(type, data)
@@ -420,6 +268,7 @@ class Attempt:
         }
         if resumed:
             started["resume_after"] = self.resume_after
+        await self.frames.start(self.run.last_seq, fresh=not resumes(self.run))
         await self.publish(FrameType.RUN, started)
         ctx = AttemptContext(
             run_id=self.run.run_id,
@@ -466,11 +315,14 @@ class Attempt:
                 await asyncio.wait({runner_task}, timeout=self._settings.abort_grace_ms / 1000)
             try:
                 await self.sync()
-            except Unavailable as exc:
-                return Outcome(error=attempt_error(exc, retryable=True))
+            except LostRace:
+                return Outcome(abort=AbortReason.LOST)  # fenced out: a newer attempt goes on
+            except RunwireError as exc:
+                return Outcome(error=attempt_error(exc, exc.retryable))
             return self._outcome(runner_task)
         finally:
             self.closed = True
+            await self.frames.close()
             heartbeat.cancel()
             aborted.cancel()
             if not runner_task.done():
@@ -537,11 +389,8 @@ class Attempt:
                     next_renewal = loop.time() + every
                     if self._on_heartbeat is not None:
                         await self._on_heartbeat()
-                    try:
-                        await self.sync()  # save as much text as is in the stream
-                    except Unavailable as exc:
-                        # Renew the lease anyway: the text saved is only what is stored.
-                        log.warning("frames not confirmed yet: %s", exc.message)
+                    # The text saved is what is stored so far (frames on their way are
+                    # not waited for: a runner that streams on would hold it up).
                     cancel = await self._store.heartbeat(
                         self.run.run_id,
                         self.generation,

@@ -404,7 +404,7 @@ class ExecutorService(Service[ExecutorSettings]):
 
         serve_health(self)
         publications.jobs(self)
-        publications.raw_frames(self)
+        publications.frames_out(self)
 
     def prepare(self) -> None:
         try:

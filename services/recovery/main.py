@@ -108,7 +108,7 @@ class RecoveryService(Service[RecoverySettings]):
         super().__init__(settings, own_process=own_process)
         serve_health(self)
         publications.jobs(self)
-        publications.raw_frames(self)
+        publications.frames_out(self)
         publications.events(self)
 
     async def work(self, stop: asyncio.Event) -> None:

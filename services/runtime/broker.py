@@ -21,14 +21,19 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from runwire.client.settings import server_urls
-from runwire.contracts.frames import Frame, RawFrame
+from runwire.contracts.frames import Frame
 from runwire.contracts.headers import TRACEPARENT
 from runwire.contracts.subjects import DEFAULT_INBOX, Subjects
-from runwire.runtime.errors import PayloadTooLarge, QueueFull, RunwireError, Unavailable
+from runwire.runtime.errors import (
+    LostRace,
+    PayloadTooLarge,
+    QueueFull,
+    RunwireError,
+    Unavailable,
+)
 from runwire.runtime.settings import DEFAULT_NATS_PING_INTERVAL_MS
 from runwire.runtime.stream_reads import HDR_POSITION, StreamReads
 from runwire.runtime.streams import DECLARE_TIMEOUT_S, StreamAdmin
-from runwire.runtime.tokens import raw_frame_id
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +47,24 @@ PING_MAX = 3
 _NO_NEWLINES = str.maketrans({"\r": " ", "\n": " "})
 ERR_STREAM_FULL = 10077
 ERR_MSG_TOO_LARGE = 10054
+# Nats-Expected-Last-Subject-Sequence did not hold.
+ERR_WRONG_LAST_SEQUENCE = 10071
+HDR_EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 HDR_MSG_ID = "Nats-Msg-Id"
 HDR_EXPECTED_STREAM = "Nats-Expected-Stream"
 NO_RESPONDERS = "503"
+
+
+class ChainMoved(LostRace):
+    """A frame was refused: the run's last stored frame is not the one it was numbered
+    after (a newer attempt, or a service closing the run, stored one first; or this
+    very frame, stored by a try whose acknowledgement was lost)."""
+
+
+def frame_msg_id(run_id: str, generation: int, raw_seq: int) -> str:
+    """A frame's message id: its run, its attempt's generation and its place in that
+    attempt's frames (two attempts never share one)."""
+    return f"{run_id}:{generation}:{raw_seq}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +94,8 @@ def _stream_seq(reply: Msg, subject: str, stream: str) -> int:
             raise QueueFull(f"stream {stream} is full")
         if err_code == ERR_MSG_TOO_LARGE:
             raise PayloadTooLarge(f"message too large for {stream}")
+        if err_code == ERR_WRONG_LAST_SEQUENCE:
+            raise ChainMoved(f"another frame was stored on {subject} first")
         raise Unavailable(
             f"JetStream refused the publish to {subject}: {error.get('description')} "
             f"(code {error.get('code')}, err_code {err_code})"
@@ -318,43 +340,34 @@ class Broker(StreamAdmin, StreamReads):
             headers={TRACEPARENT: traceparent} if traceparent else None,
         )
 
-    async def send_raw_frame(
-        self, frame: RawFrame, body: bytes | None = None, *, traceparent: str | None = None
+    async def send_frame(
+        self,
+        tenant: str,
+        frame: Frame,
+        body: bytes,
+        generation: int,
+        raw_seq: int,
+        after: int,
+        *,
+        traceparent: str | None = None,
     ) -> "asyncio.Future[int]":
-        """Send an attempt's frame (`body`: its JSON, when the caller has it already;
-        `traceparent`: the span that made it, for the relay's spans); see `send`."""
+        """Send a run's numbered frame (`body`: its JSON) to the frames stream, stored
+        only if the run's last stored frame is stream sequence `after` (0: none is
+        stored): the future gives its stream seq, or ChainMoved when another frame was
+        stored on the run's subject since (see `runwire.runtime.frame_chain`)."""
+        headers = {
+            HDR_POSITION: f"{generation} {raw_seq} {frame.seq} {frame.type.value}",
+            HDR_EXPECTED_LAST_SUBJECT_SEQ: str(after),
+        }
+        if traceparent:
+            headers[TRACEPARENT] = traceparent
         return await self.send(
-            self.subjects.frames_in(frame.tenant, frame.run_id),
-            body if body is not None else frame.model_dump_json().encode(),
-            raw_frame_id(frame.run_id, frame.generation, frame.seq, frame.token),
-            self.subjects.frames_in_stream,
-            headers={TRACEPARENT: traceparent} if traceparent else None,
-        )
-
-    async def publish_raw_frame(
-        self, frame: RawFrame, body: bytes | None = None, *, traceparent: str | None = None
-    ) -> None:
-        """`send_raw_frame`, and wait until the frame is stored."""
-        await (await self.send_raw_frame(frame, body, traceparent=traceparent))
-
-    async def send_client_frame(
-        self, tenant: str, frame: Frame, body: bytes, generation: int, raw_seq: int
-    ) -> "asyncio.Future[int]":
-        """Send a numbered frame (`body`: its JSON) on the run's client subject; the
-        future gives its stream seq (see `send`)."""
-        return await self.send(
-            self.subjects.run_frames(tenant, frame.run_id),
+            self.subjects.frames_out(tenant, frame.run_id),
             body,
-            f"{frame.run_id}:{frame.seq}",
+            frame_msg_id(frame.run_id, generation, raw_seq),
             self.subjects.run_frames_stream,
-            headers={HDR_POSITION: f"{generation} {raw_seq} {frame.seq} {frame.type.value}"},
+            headers=headers,
         )
-
-    async def publish_client_frame(
-        self, tenant: str, frame: Frame, body: bytes, generation: int, raw_seq: int
-    ) -> int:
-        """`send_client_frame`, and wait until the frame is stored; its stream seq."""
-        return await (await self.send_client_frame(tenant, frame, body, generation, raw_seq))
 
     async def notify(self, subject: str, body: bytes = b"") -> None:
         """A core-NATS notice: fast, best effort (a fallback must exist)."""

@@ -30,11 +30,13 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import orjson
 from opentelemetry.trace import SpanKind
 
-from runwire.runtime import faults, tracing
+from runwire.runtime import faults, frame_chain, tracing
 from runwire.runtime.broker import Broker, failed_publish
 from runwire.runtime.errors import QueueFull, RunwireError
+from runwire.runtime.logs import fields
 from runwire.runtime.store import OutboxKind, OutboxMessage, Run, Store
 
 log = logging.getLogger(__name__)
@@ -70,11 +72,11 @@ class Outbox:
         if message.kind == OutboxKind.JOB:
             # Jobs written before jobs carried their runner were all `scripted` runs'.
             return s.job(message.runner or "scripted", message.run_id), s.jobs_stream
-        if message.kind == OutboxKind.FRAME:
-            return s.frames_in(message.tenant, message.run_id), s.frames_in_stream
         return s.events(message.tenant, message.run_id), s.events_stream
 
     async def _send(self, message: OutboxMessage) -> "asyncio.Future[int]":
+        if message.kind == OutboxKind.FRAME:
+            return await self._append(message)
         subject, stream = self._subject(message)
         try:
             return await self.broker.send_message(
@@ -86,6 +88,28 @@ class Outbox:
             )
         except RunwireError as exc:
             return failed_publish(exc)
+
+    async def _append(self, message: OutboxMessage) -> "asyncio.Future[int]":
+        """Place a frame Postgres wrote after the run's last stored frame (each frame
+        waits for the one before it: frames of a run are not pipelined)."""
+        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        try:
+            placed = await frame_chain.append(
+                self.broker,
+                orjson.loads(message.body),
+                self.store.archived_seq,
+                traceparent=message.trace_parent,
+            )
+        except RunwireError as exc:
+            return failed_publish(exc)
+        if placed != frame_chain.Placed.STORED:
+            log.info(
+                "a closing frame not published: %s",
+                placed.value,
+                extra=fields(run_id=message.run_id, tenant=message.tenant),
+            )
+        done.set_result(0)
+        return done
 
     async def _publish_all(
         self, messages: Sequence[OutboxMessage]

@@ -1,10 +1,10 @@
 """What a service publishes through the `Broker` seam, declared on its FastStream broker.
 
-Jobs, raw frames, client frames and run events leave through our own code (pipelined
-JetStream publishes whose acknowledgement errors become QUEUE_FULL or UNAVAILABLE; jobs,
-closing frames and run events from the outbox, `runwire.runtime.outbox`),
-not through FastStream publishers, and the executor's jobs and the relay's raw frames
-are consumed by our own consumers (`runwire.runtime.consumer`). A service declares here
+Jobs, frames and run events leave through our own code (pipelined JetStream publishes
+whose acknowledgement errors become QUEUE_FULL or UNAVAILABLE; jobs, closing frames and
+run events from the outbox, `runwire.runtime.outbox`), not through FastStream
+publishers, and the executor's jobs and the frames the relay archives are consumed by
+our own consumers (`runwire.runtime.consumer`). A service declares here
 what it publishes, as FastStream publishers of its application that are never called,
 so that the AsyncAPI document (`runwire.asyncapi`) lists them with their contract
 schemas, next to the subscribers FastStream does serve. Each declaration says who
@@ -14,9 +14,9 @@ consumes the subject.
 from typing import Any
 
 from runwire.contracts.events import RunEvent
-from runwire.contracts.frames import Frame, Job, RawFrame
+from runwire.contracts.frames import Frame, Job
 from runwire.runtime.app import Service
-from runwire.runtime.streams import EXECUTOR_CONSUMER, RELAY_PARTITIONS
+from runwire.runtime.streams import EXECUTOR_CONSUMER
 
 TENANT = "{tenant}"
 RUN_ID = "{run_id}"
@@ -40,33 +40,39 @@ def jobs(service: Service[Any]) -> None:
     )
 
 
-def raw_frames(service: Service[Any]) -> None:
-    """An attempt's frames (executors; closing frames from the submitter and recovery)."""
+def frames_out(service: Service[Any]) -> None:
+    """A run's numbered frames (executors; closing frames from the submitter and
+    recovery)."""
     s = service.subjects
     service.faststream.publisher(
-        s.frames_in(TENANT, RUN_ID),
-        title="frames.in",
+        s.frames_out(TENANT, RUN_ID),
+        title="frames.out",
         description=(
-            f"Internal. A run's frames as attempts make them, stored in the stream "
-            f"`{s.frames_in_stream}` in {RELAY_PARTITIONS} partitions by run (published by "
+            f"Internal. A run's frames, each published once, numbered after the run's last "
+            f"stored frame and fenced by it (`Nats-Expected-Last-Subject-Sequence`): the "
+            f"stream `{s.run_frames_stream}` stores each under the run's client subject "
+            f"`{s.run_frames(TENANT, RUN_ID)}` and republishes it there. Published by "
             "executors; a run's closing frames, `error` and `done`, come from the outbox: "
             "published by the service whose transition ended the run, or by recovery's "
-            "outbox sweep). Relays number them and publish them to clients."
+            "outbox sweep."
         ),
-        schema=RawFrame,
+        schema=Frame,
     )
 
 
 def client_frames(service: Service[Any]) -> None:
-    """A run's numbered frames, for clients (the relay)."""
+    """A run's frames as clients read them (stored by the stream; the relay archives them
+    and answers joins)."""
     s = service.subjects
     service.faststream.publisher(
         s.run_frames(TENANT, RUN_ID),
         title="runs.frames",
         description=(
-            f"A run's frames in `seq` order (the relay; JetStream stream "
-            f"`{s.run_frames_stream}`). `seq` increases across attempts; `done` is last. "
-            "Read from a cursor with `cmd.join`, then live from its `stream_seq`."
+            f"A run's frames in `seq` order (JetStream stream `{s.run_frames_stream}`, "
+            f"which stores what executors and the outbox publish on "
+            f"`{s.frames_out(TENANT, RUN_ID)}` and republishes each stored frame here). "
+            "`seq` increases across attempts; `done` is last. Read from a cursor with "
+            "`cmd.join`, then live from its `stream_seq`."
         ),
         schema=Frame,
     )

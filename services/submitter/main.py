@@ -182,7 +182,7 @@ class SubmitterService(Service[SubmitterSettings]):
 
         serve_health(self)
         publications.jobs(self)
-        publications.raw_frames(self)
+        publications.frames_out(self)
 
     def prepare(self) -> None:
         try:

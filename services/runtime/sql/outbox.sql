@@ -17,6 +17,10 @@ SELECT xact::text AS xact, id, kind, tenant, run_id, msg_id, body::text AS body,
  WHERE xact = ANY($1::text[]::xid8[]) AND kind <> 'event' AND due_at <= created_at
  ORDER BY id;
 
+-- name: archived_seq
+-- Where a run's frames continue when the frames stream holds none of them any more.
+SELECT last_seq, frames_closed FROM runs WHERE run_id = $1::uuid;
+
 -- name: outbox_due
 -- The sweep's outbox rows, oldest first (the caller holds outbox_lock): rows that became
 -- due after they were written, and rows their service left (after $1 ms).

@@ -25,6 +25,12 @@ class OutboxQueries(Queries):
             found.setdefault(r["xact"], []).append(OutboxMessage.from_record(r))
         return found
 
+    async def archived_seq(self, run_id: str) -> tuple[int, bool]:
+        """The seq of the run's last frame written to Postgres segments (0: none), and
+        whether its `done` is among them."""
+        row = await self._fetchrow("archived_seq", run_id)
+        return (int(row["last_seq"]), bool(row["frames_closed"])) if row is not None else (0, False)
+
     async def outbox_delete(self, ids: Sequence[int]) -> None:
         """Published messages are done."""
         await self._fetch("outbox_delete", list(ids))
