@@ -19,7 +19,7 @@ from nats.aio.msg import Msg
 
 from runwire.client import ClientError
 from runwire.contracts.events import RunEvent
-from runwire.contracts.frames import FrameType, RawFrame
+from runwire.contracts.frames import Frame, FrameType
 from runwire.contracts.status import RunStatus
 from runwire.runtime.faults import OUTBOX_COMMITTED, OUTBOX_SWEPT
 from runwire.testing.waiting import eventually
@@ -107,7 +107,7 @@ async def test_closing_frames_of_an_executor_killed_after_its_commit_are_swept_o
     subjects = stack.client.subjects
 
     run_id = (await stack.client.submit({"tokens": TOKENS})).run.run_id
-    await stack.client.nc.subscribe(subjects.frames_in(stack.client.tenant, run_id), cb=raw.add)
+    await stack.client.nc.subscribe(subjects.frames_out(stack.client.tenant, run_id), cb=raw.add)
     # The executor commits `finished` (with its `done` frame in the outbox) and dies.
     await eventually(lambda: _killed_itself(stack, "executor"), timeout=20)
     frames, transcript = await collect(stack.client, run_id)
@@ -115,7 +115,7 @@ async def test_closing_frames_of_an_executor_killed_after_its_commit_are_swept_o
     assert transcript.text == "".join(TOKENS)
     assert_well_formed(frames)
     assert frames[-1].data == {"status": "finished"}
-    done = [m for m in raw.messages if RawFrame.model_validate_json(m.data).type == FrameType.DONE]
+    done = [m for m in raw.messages if Frame.model_validate_json(m.data).type == FrameType.DONE]
     assert len(done) == 1  # published once, by the sweep (the executor never did)
     stored = await _stored(
         stack, subjects.run_frames_stream, subjects.run_frames(stack.client.tenant, run_id)

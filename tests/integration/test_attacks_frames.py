@@ -13,15 +13,14 @@ import pytest
 
 from runwire.client import Client
 from runwire.contracts.errors import ErrorCode
-from runwire.contracts.frames import Frame, FrameType, RawFrame
-from runwire.contracts.identities import OPERATOR
+from runwire.contracts.frames import Frame, FrameType
+from runwire.contracts.identities import OPERATOR, tenant_user
 from runwire.contracts.status import RunStatus
-from runwire.contracts.subjects import Subjects
+from runwire.contracts.subjects import Subjects, inbox_prefix
 from runwire.relay.segments import SegmentBuffer, SegmentWriter
 from runwire.runtime.broker import Broker
 from runwire.runtime.logs import JsonFormatter
 from runwire.runtime.settings import RelaySettings
-from runwire.runtime.tokens import frame_token
 from runwire.testing.servers import Servers
 from tests.runners import FAKE_SECRET, echo, leaky, leaky_tool, unstorable
 from tests.secured import ON_A_CLUSTER
@@ -96,12 +95,11 @@ async def test_a_nul_in_a_frame_stalls_no_other_tenant(
         assert again_text.text == expected
 
 
-async def test_a_nul_an_attempt_did_not_replace_is_replaced_by_the_relay(
+async def test_a_nul_an_attempt_did_not_replace_is_replaced_in_the_archive(
     infra: Servers, db_url: str, prefix: str
 ) -> None:
-    """An attempt of an earlier version (or a faulty one) publishes a frame holding a NUL:
-    the relay relays it with U+FFFD in its place, the same live and in Postgres, and
-    another tenant's run meanwhile streams, finishes and is stored."""
+    """A faulty attempt publishes a frame holding a NUL: the relay archives it with U+FFFD
+    in its place, and another tenant's run meanwhile streams, finishes and is stored."""
     stack = InProcessStack(
         infra.nats_url,
         db_url,
@@ -115,27 +113,20 @@ async def test_a_nul_an_attempt_did_not_replace_is_replaced_by_the_relay(
         reply = await stack.client.submit({"tokens": ["unused"]})
         run_id = reply.run.run_id
         claimed = await eventually(lambda: stack.store.claim(run_id, 0, "old", 60_000))
-        assert claimed.frame_secret is not None
-        token = frame_token(claimed.frame_secret, claimed.generation)
-
-        def raw(seq: int, type_: FrameType, data: dict[str, Any]) -> RawFrame:
-            return RawFrame(
-                run_id=run_id,
-                tenant="default",
-                generation=claimed.generation,
-                seq=seq,
-                type=type_,
-                data=data,
-                at=datetime.now(UTC),
-                token=token,
-            )
-
-        for frame in (
-            raw(1, FrameType.RUN, {"attempt": 1, "resumed": False, "partial_length": 0}),
-            raw(2, FrameType.MESSAGE, {"text": "x\x00y"}),
-            raw(3, FrameType.DONE, {"status": "finished"}),
+        after = 0
+        for seq, (type_, data) in enumerate(
+            (
+                (FrameType.RUN, {"attempt": 1, "resumed": False, "partial_length": 0}),
+                (FrameType.MESSAGE, {"text": "x\x00y"}),
+                (FrameType.DONE, {"status": "finished"}),
+            ),
+            start=1,
         ):
-            await broker.publish_raw_frame(frame)
+            frame = Frame(run_id=run_id, seq=seq, type=type_, data=data, at=datetime.now(UTC))
+            sent = await broker.send_frame(
+                "default", frame, frame.model_dump_json().encode(), claimed.generation, seq, after
+            )
+            after = await sent
         live, live_text = await collect(stack.client, run_id, timeout=30)
 
         stack.start_executor()
@@ -148,14 +139,15 @@ async def test_a_nul_an_attempt_did_not_replace_is_replaced_by_the_relay(
                 timeout=20,
             )
 
-        assert live_text.text == f"x{REPLACED}y"
+        assert live_text.text == "x\x00y"
         await eventually(lambda: all_frames_stored(stack.store, run_id, len(live)), timeout=20)
         await stack.client.nc.jetstream().purge_stream(
             stack.client.subjects.run_frames_stream,
             subject=stack.client.subjects.run_frames("default", run_id),
         )
         again = await stack.client.join(run_id, 0)
-        assert [f.model_dump() for f in again.replay] == [f.model_dump() for f in live]
+        assert [f.seq for f in again.replay] == [f.seq for f in live]
+        assert again.replay[1].data == {"text": f"x{REPLACED}y"}
     finally:
         await broker.close()
         await stack.close()
@@ -435,46 +427,43 @@ async def _none(count: Any) -> bool:
     return bool(await count() == 0)
 
 
-async def test_a_signed_frame_published_as_another_tenants_reaches_no_one(
-    infra: Servers, db_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+async def test_frames_a_tenant_forges_are_refused_by_the_broker(
+    broker: SecuredBroker, secured: InProcessStack
 ) -> None:
-    """A frame signed by a real attempt of a run of `default`, published under another
-    tenant's raw subject (what a faulty or hostile runner in an executor could do), is
-    refused: it would have appeared on that tenant's frames subject. The attempt's
-    frames under its own tenant are relayed."""
-    stack = InProcessStack(infra.nats_url, db_url, prefix, db_roles=infra.service_roles)
-    await stack.start(executors=0)
-    broker = await Broker.connect(stack.nats_url, Subjects(stack.prefix), name="test-executor")
+    """A tenant publishes a frame of its own run where executors publish them, and on the
+    run's client subject, fenced right after the run's last frame: the broker refuses
+    both, and the run's frames are only its attempt's."""
+    s = broker.subjects
+    acme = await broker.tenant("acme")
+    nc, errors = await broker.connect(tenant_user("acme"), inbox=inbox_prefix("acme"))
     try:
-        run_id = (await stack.client.submit({"tokens": ["unused"]})).run.run_id
-        claimed = await eventually(lambda: stack.store.claim(run_id, 0, "runner", 60_000))
-        assert claimed.frame_secret is not None
-        own = RawFrame(
-            run_id=run_id,
-            tenant="default",
-            generation=claimed.generation,
-            seq=1,
-            type=FrameType.MESSAGE,
-            data={"text": "its own "},
-            at=datetime.now(UTC),
-            token=frame_token(claimed.frame_secret, claimed.generation),
+        run_id = (
+            await acme.submit({"tokens": [f"t{i} " for i in range(10)], "token_delay_ms": 50})
+        ).run.run_id
+        following = acme.stream(run_id)
+        first = await anext(following)
+        forged = (
+            Frame(
+                run_id=run_id,
+                seq=first.seq + 1,
+                type=FrameType.DONE,
+                data={"status": "finished"},
+                at=datetime.now(UTC),
+            )
+            .model_dump_json()
+            .encode()
         )
-        await broker.publish_raw_frame(own)
-        first = await asyncio.wait_for(_first_frame(stack.client, run_id), 20)
-        subject = stack.client.subjects.run_frames("acme", run_id)
-        elsewhere = await stack.client.nc.subscribe(subject)
-        leaked = own.model_copy(
-            update={"tenant": "acme", "seq": 2, "data": {"text": "for another tenant's eyes"}}
-        )
-        with caplog.at_level(logging.ERROR):
-            await broker.publish_raw_frame(leaked)
-            await eventually(lambda: "raw frame refused" in caplog.text)
-        with pytest.raises(TimeoutError):
-            await elsewhere.next_msg(timeout=0.5)
+        for subject in (s.frames_out("acme", run_id), s.run_frames("acme", run_id)):
+            await nc.publish(subject, forged, headers={"Rw-Pos": f"1 2 {first.seq + 1} done"})
+        await nc.flush()
+        await eventually(lambda: sum("publish" in e.lower() for e in errors) >= 2)
+        frames = [first, *[frame async for frame in following]]
     finally:
-        await broker.close()
-        await stack.close()
-    assert first.data == {"text": "its own "}
+        await nc.close()
+        await acme.close()
+    assert [f.seq for f in frames] == list(range(1, len(frames) + 1))
+    assert "".join(f.data.get("text", "") for f in frames) == "".join(f"t{i} " for i in range(10))
+    assert [f.type for f in frames].count(FrameType.DONE) == 1
 
 
 async def _first_frame(client: Client, run_id: str) -> Frame:

@@ -130,7 +130,7 @@ async def test_a_tenant_cannot_manage_streams_publish_jobs_or_control_runs(
         for subject in (
             s.job("scripted", "00000000-0000-0000-0000-000000000000"),
             s.cancel_notice("00000000-0000-0000-0000-000000000000"),
-            s.frames_in("acme", "00000000-0000-0000-0000-000000000000"),
+            s.frames_out("acme", "00000000-0000-0000-0000-000000000000"),
             s.run_frames("acme", "00000000-0000-0000-0000-000000000000"),
             s.events("acme", "00000000-0000-0000-0000-000000000000"),
             f"$JS.API.STREAM.DELETE.{s.run_frames_stream}",
@@ -170,8 +170,9 @@ async def test_outsiders_and_stolen_service_identities_are_refused(
         )
     assert (nobody.value.code, wrong.value.code) == (ErrorCode.UNAUTHORIZED,) * 2
 
-    # An executor's identity publishes raw frames and jobs, never client frames or
-    # cancel notices, and cannot delete or purge a stream, or make one of its own.
+    # An executor's identity publishes frames (to the frames stream) and jobs, never on a
+    # run's client subject directly, nor cancel notices; it cannot delete or purge a
+    # stream, or make one of its own.
     s = broker.subjects
     nc, errors = await broker.connect(service_user("executor"), inbox=service_inbox("executor"))
     try:

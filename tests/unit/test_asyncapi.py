@@ -27,7 +27,7 @@ from runwire.contracts import (
 )
 from runwire.contracts.commands import BODIES
 from runwire.contracts.events import RunEvent
-from runwire.contracts.frames import Job, RawFrame
+from runwire.contracts.frames import Job
 from runwire.contracts.health import HealthReply
 from runwire.contracts.replies import (
     BudgetReply,
@@ -177,7 +177,7 @@ def test_submit_command_schema_is_the_contract_model(doc: dict[str, Any]) -> Non
 
 @pytest.mark.parametrize(
     ("address", "model"),
-    [(S.events(T, R), RunEvent), (S.job("{runner}", R), Job), (S.frames_in(T, R), RawFrame)],
+    [(S.events(T, R), RunEvent), (S.job("{runner}", R), Job), (S.frames_out(T, R), Frame)],
 )
 def test_what_the_services_publish_is_listed(
     doc: dict[str, Any], address: str, model: type[BaseModel]
