@@ -2,7 +2,6 @@
 once, numbered after the last one stored, and an attempt fenced out by the stream
 itself once a newer attempt or the run's end stored a frame (on a real nats-server)."""
 
-import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
@@ -18,6 +17,7 @@ from runwire.runtime.frame_chain import Placed, append, read_tail
 from runwire.runtime.settings import ExecutorSettings
 from runwire.runtime.streams import StreamLimits
 from runwire.testing.servers import Servers
+from runwire.testing.waiting import pace
 
 pytestmark = pytest.mark.integration
 
@@ -212,10 +212,10 @@ async def test_a_held_delta_waits_for_later_ones_but_a_first_delta_goes_at_once(
     await sender.start(0, fresh=True)
     sender.put(FrameType.RUN, {"attempt": 1, "resumed": False, "partial_length": 0}, True)
     sender.put(FrameType.MESSAGE, {"text": "a"}, True)  # the first after `run`: at once
-    await asyncio.sleep(0.1)
+    await pace(0.1, "the first delta's frame is stored meanwhile")
     for text in ("b", "c", "d"):
         sender.put(FrameType.MESSAGE, {"text": text}, True)
-        await asyncio.sleep(0.02)
+        await pace(0.02, "a runner's pace")
     tail = await read_tail(broker, TENANT, RUN)  # "b", "c" and "d" still held
     assert (tail.seq, tail.type) == (2, FrameType.MESSAGE.value)
     await sender.sync()
