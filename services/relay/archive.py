@@ -60,9 +60,10 @@ MAX_RUNS = 100_000
 @dataclass
 class RunCursor:
     """Where this relay stands in one run: every frame up to `last_seq` is written or
-    buffered."""
+    buffered; `tenant`, whose run it is."""
 
     last_seq: int
+    tenant: str
 
 
 class Archiver:
@@ -142,6 +143,7 @@ class Archiver:
         # where the runs stood.
         await self.segments.flush()
         self.runs.clear()
+        log.info("stopped archiving the frames stream; what it held is written")
 
     async def handle(self, msg: Msg) -> bool:
         """Archive one message of the frames stream; True when its frame must not wait
@@ -174,7 +176,10 @@ class Archiver:
         if run is None and stored.seq == 1 and msg.metadata.num_delivered == 1:
             # A run's first frame, delivered for the first time: nobody archived any
             # frame of it yet. (The usual case: no query.)
-            run = self._remember(stored.run_id, 0)
+            run = self._remember(stored.run_id, 0, stored.tenant)
+        if run is not None and run.tenant != stored.tenant:
+            await self._refuse(stored, run.tenant, msg)
+            return False
         if run is not None and stored.seq == run.last_seq + 1:
             self.segments.buffer(stored, msg)
             run.last_seq = stored.seq
@@ -189,13 +194,33 @@ class Archiver:
         await self.segments.flush()
         if self.segments.holds(stored.run_id):
             raise Unavailable("the run's earlier frames are not written yet")
+        owner = await self.store.get_run_by_id(stored.run_id)
+        if owner is None or owner.tenant != stored.tenant:
+            await self._refuse(stored, owner.tenant if owner else None, msg)
+            return False
         complete = await self.segments.sync(stored.tenant, stored.run_id, stored.stream_seq)
         await msg.ack()
-        self._remember(stored.run_id, max(complete, stored.seq))
+        self._remember(stored.run_id, max(complete, stored.seq), stored.tenant)
         return False
 
-    def _remember(self, run_id: str, last_seq: int) -> RunCursor:
-        run = self.runs[run_id] = RunCursor(last_seq)
+    async def _refuse(self, stored: StoredFrame, tenant: str | None, msg: Msg) -> None:
+        """A frame of a run Postgres does not have (deleted when its retention ended), or
+        stored under another tenant's subject than the run's (a faulty or hostile
+        publisher): never archived into the run's segments."""
+        if tenant is None:
+            log.error("frame %d of a run Postgres does not have: not archived", stored.seq)
+        else:
+            log.error(
+                "frame %d of the run was stored under tenant %s's subject; the run is %s's: "
+                "not archived",
+                stored.seq,
+                stored.tenant,
+                tenant,
+            )
+        await msg.term()
+
+    def _remember(self, run_id: str, last_seq: int, tenant: str) -> RunCursor:
+        run = self.runs[run_id] = RunCursor(last_seq, tenant)
         if len(self.runs) > MAX_RUNS:
             oldest = next(iter(self.runs))
             if not self.segments.holds(oldest):

@@ -216,6 +216,33 @@ async def test_a_malformed_message_stops_no_archiving(
     assert all(r.__dict__["fields"]["run_id"] == bad_run for r in refused)
 
 
+async def test_frames_under_another_tenants_subject_or_of_no_run_are_not_archived(
+    archive: InProcessStack, broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A frame of a run published under another tenant's subject (a faulty or hostile
+    publisher), and frames of a run Postgres does not have, are logged and terminated:
+    none reaches a segment, and the run's own frames are archived."""
+    caplog.set_level(logging.ERROR, logger="runwire.relay")
+    (run_id,) = await _runs(archive, 1)
+    chain = AttemptFrames(broker, run_id)
+    await chain.run(["a ", "b "], done=False)
+    await eventually(lambda: _counted(archive, run_id, chain.seq), timeout=15)
+    elsewhere = AttemptFrames(broker, run_id, tenant="acme", generation=7)
+    elsewhere.seq = elsewhere.raw_seq = chain.seq
+    await elsewhere.run(["for another tenant "], done=False)
+    nobody = AttemptFrames(broker, str(uuid.uuid4()))
+    nobody.seq = 4  # a run in progress, as a relay that takes over meets it
+    await nobody.run(["lost "], done=False)
+    await chain.run(["c "])
+
+    await eventually(lambda: _archived_once(archive, run_id, chain.seq), timeout=15)
+    await eventually(lambda: _nothing_pending(broker), timeout=15)
+    joined = await archive.client.join(run_id, 0)
+    assert "for another tenant" not in "".join(f.data.get("text", "") for f in joined.replay)
+    assert "under tenant acme's subject" in caplog.text
+    assert "a run Postgres does not have" in caplog.text
+
+
 def _frame_json(run_id: str, seq: int) -> bytes:
     return (
         f'{{"v":1,"run_id":"{run_id}","seq":{seq},"type":"message","data":{{"text":"?"}},'
