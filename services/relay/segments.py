@@ -185,11 +185,13 @@ class SegmentWriter:
         return run_id in self.buffers or run_id in self._writing
 
     async def settle_again(self, run_id: str, seq: int, msg: Msg) -> None:
-        """A frame this relay took already comes again (its ack wait ran out while its
-        segment waited): acknowledged with its segment, or now if that is written."""
+        """A frame this relay took already comes again: acknowledged now if its segment
+        is written. If it still waits (its ack wait ran out while Postgres was slow or
+        away), this delivery is let go: the first is acknowledged with the segment, and
+        should the server want this one still, it comes back once the segment is
+        written. (Kept, every redelivery of a long outage would pile up here.)"""
         for pending in (self.buffers.get(run_id), self._writing.get(run_id)):
             if pending is not None and pending.first_seq <= seq <= pending.last_seq:
-                pending.acks.append(msg)
                 return
         await msg.ack()
 

@@ -18,7 +18,13 @@ from runwire.runtime.broker import Broker
 from runwire.runtime.store import Segment
 from runwire.testing.servers import Servers
 from runwire.testing.waiting import eventually
-from tests.services import AttemptFrames, InProcessStack, all_frames_stored, archived_seqs
+from tests.services import (
+    AttemptFrames,
+    InProcessStack,
+    all_frames_stored,
+    archived_seqs,
+    collect,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -363,3 +369,20 @@ async def test_a_raw_frames_stream_that_holds_frames_is_left_for_the_earlier_ver
             assert await old.stream_messages(stream) == 1
     finally:
         await old.close()
+
+
+async def test_a_client_follows_a_run_from_its_join_to_its_done(
+    archive: InProcessStack, broker: Broker
+) -> None:
+    """Replay plus live gives each frame once, in order, with the stream's new shape
+    (frames published on `frames.out`, stored under the client subject)."""
+    (run_id,) = await _runs(archive, 1)
+    chain = AttemptFrames(broker, run_id)
+    await chain.run(["a ", "b "], done=False)
+    following = asyncio.create_task(collect(archive.client, run_id, timeout=30))
+    await eventually(lambda: _counted(archive, run_id, chain.seq), timeout=15)
+    await chain.run([f"{i} " for i in range(20)])
+
+    frames, transcript = await following
+    assert [f.seq for f in frames] == list(range(1, chain.seq + 1))
+    assert transcript.text == "a b " + "".join(f"{i} " for i in range(20))
