@@ -18,6 +18,7 @@ from typing import Any
 
 from runwire.client import Client
 from runwire.contracts.frames import Frame, FrameType
+from runwire.contracts.headers import TRACEPARENT
 from runwire.runtime.broker import Broker
 from runwire.runtime.store import Store
 from runwire.runtime.stream_reads import HDR_POSITION
@@ -49,9 +50,16 @@ class AttemptFrames:
     <type>` and `Nats-Msg-Id: <run>:<generation>:<raw seq>`."""
 
     def __init__(
-        self, broker: Broker, run_id: str, *, tenant: str = "default", generation: int = 1
+        self,
+        broker: Broker,
+        run_id: str,
+        *,
+        tenant: str = "default",
+        generation: int = 1,
+        traceparent: str | None = None,
     ) -> None:
         self.broker = broker
+        self.traceparent = traceparent
         self.run_id = run_id
         self.tenant = tenant
         self.generation = generation
@@ -73,6 +81,7 @@ class AttemptFrames:
             headers={
                 HDR_POSITION: f"{self.generation} {self.raw_seq} {self.seq} {type_.value}",
                 "Nats-Expected-Last-Subject-Sequence": str(self.last_stream_seq),
+                **({TRACEPARENT: self.traceparent} if self.traceparent else {}),
             },
         )
         self.last_stream_seq = await acked

@@ -25,6 +25,7 @@ from tests.services import (
     archived_seqs,
     collect,
 )
+from tests.traces import InProcessSpans, of_run
 
 pytestmark = pytest.mark.integration
 
@@ -103,6 +104,23 @@ async def test_every_run_is_archived_once_in_order_and_closed_by_done(
 async def _counted(stack: InProcessStack, run_id: str, frames: int) -> bool:
     run = await stack.store.get_run_by_id(run_id)
     return run is not None and run.frame_count == frames
+
+
+async def test_each_flush_is_a_span_of_the_attempt_whose_frames_it_wrote(
+    archive: InProcessStack, broker: Broker, spans: InProcessSpans
+) -> None:
+    (run_id,) = await _runs(archive, 1)
+    trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    chain = AttemptFrames(broker, run_id, generation=3, traceparent=f"00-{trace_id}-{parent}-01")
+    await chain.run(["a ", "b "])
+    await eventually(lambda: _archived_once(archive, run_id, chain.seq), timeout=15)
+
+    flushes = [s for s in of_run(spans.spans, run_id) if s.name == "relay flush"]
+    assert flushes
+    assert {(s.trace_id, s.parent_id, s.attributes["generation"]) for s in flushes} == {
+        (trace_id, parent, 3)
+    }
+    assert sum(s.attributes["frames"] for s in flushes) == chain.seq
 
 
 async def test_a_join_of_a_run_in_progress_continues_live_where_its_replay_ends(
