@@ -12,7 +12,7 @@ import pytest
 from runwire.contracts.subjects import Subjects
 from runwire.runtime.broker import Broker
 from runwire.runtime.faults import RELAY_UNWRITTEN
-from runwire.testing.waiting import eventually
+from runwire.testing.waiting import eventually, pace
 from tests.services import AttemptFrames, ProcessStack, all_frames_stored, archived_seqs
 
 pytestmark = pytest.mark.chaos
@@ -50,7 +50,7 @@ async def _attempts(
     async def attempt(chain: AttemptFrames) -> None:
         for i in range(frames):
             await chain.run([f"{i} "], done=False)
-            await asyncio.sleep(delay_s)
+            await pace(delay_s, "an attempt emits its frames one at a time")
         await chain.run([])
 
     return chains, asyncio.gather(*(attempt(c) for c in chains))
