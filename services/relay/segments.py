@@ -212,6 +212,12 @@ class SegmentWriter:
             self.buffers = {}
             try:
                 await self._write(pending)
+            except BaseException:
+                # Kept whole, those already written too (writing them again writes
+                # nothing twice): a frame is acknowledged only once it is written, and
+                # this relay takes every one of them for buffered or written.
+                self._keep(pending.values())
+                raise
             finally:
                 self._writing = {}
 
