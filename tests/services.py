@@ -12,12 +12,16 @@ import os
 import signal
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from runwire.client import Client
 from runwire.contracts.frames import Frame, FrameType
+from runwire.contracts.headers import TRACEPARENT
+from runwire.runtime.broker import Broker
 from runwire.runtime.store import Store
+from runwire.runtime.stream_reads import HDR_POSITION
 from runwire.testing.stack import FAST, InProcessStack, collect, wait_ready
 from runwire.testing.waiting import eventually
 
@@ -31,6 +35,66 @@ async def all_frames_stored(store: Store, run_id: str, frames: int) -> bool:
     """Postgres has every one of the run's `frames`, in segments, and knows it is done."""
     run = await store.get_run_by_id(run_id)
     return bool(run and run.frames_closed and run.frame_count == run.last_seq == frames)
+
+
+async def archived_seqs(store: Store, run_id: str) -> list[int]:
+    """The seqs of the run's frames in its Postgres segments, in segment order (each
+    frame as often as the segments hold it)."""
+    return [f["seq"] for segment in await store.segments_after(run_id, 0) for f in segment.frames]
+
+
+class AttemptFrames:
+    """Publishes one run's frames as an attempt does (one store per frame): each once, on
+    `frames_out`, numbered with the run's seq, fenced by the run's last stored frame
+    (`Nats-Expected-Last-Subject-Sequence`), with `Rw-Pos: <generation> <raw seq> <seq>
+    <type>` and `Nats-Msg-Id: <run>:<generation>:<raw seq>`."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        run_id: str,
+        *,
+        tenant: str = "default",
+        generation: int = 1,
+        traceparent: str | None = None,
+    ) -> None:
+        self.broker = broker
+        self.traceparent = traceparent
+        self.run_id = run_id
+        self.tenant = tenant
+        self.generation = generation
+        self.seq = 0
+        self.raw_seq = 0
+        self.last_stream_seq = 0
+
+    async def emit(self, type_: FrameType, data: dict[str, Any]) -> int:
+        """Publish the run's next frame; its stream sequence once stored."""
+        self.seq += 1
+        self.raw_seq += 1
+        frame = Frame(run_id=self.run_id, seq=self.seq, type=type_, data=data, at=datetime.now(UTC))
+        subjects = self.broker.subjects
+        acked = await self.broker.send(
+            subjects.frames_out(self.tenant, self.run_id),
+            frame.model_dump_json().encode(),
+            f"{self.run_id}:{self.generation}:{self.raw_seq}",
+            subjects.run_frames_stream,
+            headers={
+                HDR_POSITION: f"{self.generation} {self.raw_seq} {self.seq} {type_.value}",
+                "Nats-Expected-Last-Subject-Sequence": str(self.last_stream_seq),
+                **({TRACEPARENT: self.traceparent} if self.traceparent else {}),
+            },
+        )
+        self.last_stream_seq = await acked
+        return self.last_stream_seq
+
+    async def run(self, texts: list[str], *, done: bool = True) -> None:
+        """A `run` frame, a `message` frame per text, and `done` (unless told not to)."""
+        if self.seq == 0:
+            await self.emit(FrameType.RUN, {"attempt": 1, "resumed": False, "partial_length": 0})
+        for text in texts:
+            await self.emit(FrameType.MESSAGE, {"text": text})
+        if done:
+            await self.emit(FrameType.DONE, {"status": "finished"})
 
 
 def assert_well_formed(frames: list[Frame], after: int = 0) -> None:

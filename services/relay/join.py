@@ -30,7 +30,7 @@ MAX_SEGMENTS = 10_000
 
 
 def _seq(msg: StoredMsg) -> int:
-    """A stored frame's seq, from the header the relay published it with (else its body)."""
+    """A stored frame's seq, from the header it was published with (else its body)."""
     position = frame_position(msg.headers)
     return position.seq if position is not None else Frame.model_validate_json(msg.data).seq
 
@@ -114,9 +114,9 @@ class Joiner:
                 read_rows += 1
                 read_bytes += len(segment.frames)
                 if segment.first_seq > cursor + 1:
-                    # A gap: frames a relay published but never wrote (it crashed before
-                    # its flush). The stream has them; read it from the end of what is
-                    # contiguous.
+                    # A gap: frames stored but not archived yet (a relay crashed before
+                    # its flush, or the archive is behind). The stream has them; read it
+                    # from the end of what is contiguous.
                     stop = True
                     break
                 if segment.first_seq > cursor and size + len(segment.frames) < limit:
@@ -156,8 +156,8 @@ class Joiner:
             closed = closed or (position is not None and position.type == FrameType.DONE.value)
             if last.stream_seq >= read_from:
                 stored = await self.broker.read_subject(stream, subject, read_from, last.stream_seq)
-                # By seq, each once: a publish the relay retried may have been stored
-                # after a later frame.
+                # By seq, each once: relays of earlier versions, which published the
+                # frames, may have stored a retried publish after a later frame.
                 found = {_seq(m): m for m in stored}
                 for seq in sorted(s for s in found if s > cursor):
                     text = found[seq].data.decode()

@@ -1,20 +1,20 @@
 """The relay as a FastStream application: `faststream run runwire.relay.main:app`,
 `runwire-relay` or `python -m runwire.relay`.
 
-`join` is a FastStream command. The raw-frames consumers stay our own code
-(`runwire.relay.pipeline`): each partition's durable consumer is taken and given up as
-the relay wins and loses its Postgres advisory lock, reconciled from settings and
-re-declared when deleted, fetched in batches that are published pipelined and flushed
-to Postgres together; a FastStream subscriber is declared once and runs for the life of
-the application, and handles one message at a time.
+`join` is a FastStream command. The archiver's consumer of the frames stream stays our
+own code (`runwire.relay.archive`): it runs only while the relay holds the archive's
+Postgres advisory lock, is reconciled from settings and re-declared when deleted, and
+fetches in batches that are acknowledged once their segments are written; a FastStream
+subscriber is declared once and runs for the life of the application, and settles
+messages one at a time.
 """
 
 import asyncio
 
 from runwire.contracts.commands import JoinCommand
 from runwire.contracts.replies import JoinReply
+from runwire.relay.archive import Archiver
 from runwire.relay.join import Joiner
-from runwire.relay.pipeline import Pipeline
 from runwire.runtime import publications
 from runwire.runtime.app import Service
 from runwire.runtime.commands import Commands, tenant
@@ -27,7 +27,8 @@ JOIN_MAX_BYTES = 64 * 1024
 
 
 class RelayService(Service[RelaySettings]):
-    """Relays raw frames to clients and answers `join` in the `relay` queue group."""
+    """Archives the frames stream into Postgres segments (one relay at a time) and
+    answers `join` in the `relay` queue group (every relay)."""
 
     name = "relay"
     joiner: Joiner
@@ -50,7 +51,7 @@ class RelayService(Service[RelaySettings]):
         self.joiner = Joiner(self.settings, self.store, self.broker)
 
     async def work(self, stop: asyncio.Event) -> None:
-        await Pipeline(self.settings, self.store, self.broker).run(stop)
+        await Archiver(self.settings, self.store, self.broker).run(stop)
 
 
 service = RelayService(from_env(RelaySettings))
@@ -58,7 +59,7 @@ app = service.app
 
 
 async def serve(settings: RelaySettings, stop: asyncio.Event) -> None:
-    """Relay frames and answer joins in this process until `stop` is set."""
+    """Archive frames and answer joins in this process until `stop` is set."""
     await RelayService(settings, own_process=False).serve(stop)
 
 

@@ -1,6 +1,7 @@
-"""Which relay consumes which raw-frames partition.
+"""Which relay consumes which partition of a stream (the archiver has one: the whole
+frames stream).
 
-Each partition is consumed by exactly one relay at a time, which keeps a run's frames
+Each partition is consumed by exactly one relay at a time, which keeps a run's segments
 in order: ownership is a Postgres advisory lock held on a dedicated connection, so a
 relay that dies loses its partitions the moment its connection ends. Every relay also
 holds a presence lock; with N relays alive each aims to own ceil(P / N) partitions,
@@ -23,6 +24,9 @@ log = logging.getLogger(__name__)
 
 PARTITION_LOCKS = 72_401_131
 PRESENCE_LOCKS = 72_401_132
+# The archive's lock (its one partition): a class of its own, so that a relay of an
+# earlier version, still draining the raw-frames partitions, holds none of it.
+ARCHIVE_LOCKS = 72_401_134
 REBALANCE_S = 1.0
 
 Consume = Callable[[int, asyncio.Event], Coroutine[Any, Any, None]]
@@ -40,8 +44,10 @@ class PartitionOwner:
         released: Release,
         *,
         timeout_ms: int = DEFAULT_PARTITION_TIMEOUT_MS,
+        lock_class: int = PARTITION_LOCKS,
     ) -> None:
         self._dsn = dsn
+        self._lock_class = lock_class
         self._partitions = partitions
         self._consume = consume
         self._released = released
@@ -104,12 +110,12 @@ class PartitionOwner:
                 if len(self._owned) >= target:
                     break
                 if partition not in self._owned and await self._locks.try_lock(
-                    PARTITION_LOCKS, partition
+                    self._lock_class, partition
                 ):
                     stop = asyncio.Event()
                     task = asyncio.create_task(self._consume(partition, stop))
                     self._owned[partition] = (task, stop)
-                    log.info("took raw-frames partition %d", partition)
+                    log.info("took partition %d", partition)
 
     async def _release(self, partition: int) -> None:
         task, stop = self._owned.pop(partition)
@@ -118,8 +124,8 @@ class PartitionOwner:
             await asyncio.wait_for(task, 30)
         await self._released(partition)
         if self._locks is not None:
-            await self._locks.unlock(PARTITION_LOCKS, partition)
-        log.info("released raw-frames partition %d", partition)
+            await self._locks.unlock(self._lock_class, partition)
+        log.info("released partition %d", partition)
 
     async def _drop_all(self) -> None:
         self._confirmed_at = float("-inf")

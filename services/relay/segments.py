@@ -1,10 +1,15 @@
-"""Segments: the frames a relay published, written to Postgres in batches.
+"""Segments: the stored frames of each run, written to Postgres in batches.
 
-The frames of every run a relay publishes are buffered per run and written in one
-multi-row statement per flush: every `segment_flush_ms`, when a buffer passes
-`segment_bytes`, and at once for `run`, tool, `error` and `done` frames. A raw frame is
-acknowledged only once its segment is written. A run whose `done` shows frames missing
-from its segments (a flush lost to a crash) is repaired from the run frames stream.
+The frames a relay archives are buffered per run, each buffer one contiguous range of
+the run's `seq`, and written in one multi-row statement per flush: every
+`segment_flush_ms`, when a buffer passes `segment_bytes`, and at once for `run`, tool,
+`error` and `done` frames. A frame's message is acknowledged only once its segment is
+written.
+
+`write_segments` leaves out a segment that overlaps one already written, whole (another
+relay, or a redelivery after a crash, wrote some of the same frames): a run whose
+segment was left out, or whose `done` was written with frames missing, is brought up to
+date from the stream (`sync`), which holds every frame of the run, in order, once.
 """
 
 import asyncio
@@ -14,27 +19,29 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from nats.aio.msg import Msg
 
-from runwire.contracts.frames import Frame, RawFrame
-from runwire.contracts.headers import TRACEPARENT
+from runwire.relay.stored import MalformedFrame, StoredFrame, parse_stored
 from runwire.runtime import faults, tracing
 from runwire.runtime.broker import Broker
 from runwire.runtime.errors import RunwireError, StoreRefused
 from runwire.runtime.logs import bind
+from runwire.runtime.metrics import FRAMES_RELAYED, RELAY_LAG
 from runwire.runtime.settings import RelaySettings
 from runwire.runtime.store import Segment, SegmentCount, Store
-from runwire.runtime.stream_reads import StoredMsg
 
 log = logging.getLogger(__name__)
 
-# Looks at a run whose repair met another relay's write of some of the same frames.
-REPAIR_PASSES = 3
+# Looks at a run whose sync met another relay's write of some of the same frames.
+SYNC_PASSES = 3
 
 
 @dataclass
 class SegmentBuffer:
+    """Frames first_seq..last_seq of one run, in order, not written yet."""
+
     run_id: str
     first_seq: int
     tenant: str = ""
@@ -46,7 +53,9 @@ class SegmentBuffer:
     size: int = 0
     last_stream_seq: int = 0
     closed: bool = False
-    # The raw frames of these frames, acknowledged once the segment is written.
+    # When each frame was made (its `at`), for the lag measured once it is written.
+    made: list[datetime] = field(default_factory=list)
+    # The messages of these frames, acknowledged once the segment is written.
     acks: list[Msg] = field(default_factory=list)
 
 
@@ -81,6 +90,18 @@ def _segment(b: SegmentBuffer) -> Segment:
     )
 
 
+def _archived(buffers: Iterable[SegmentBuffer]) -> None:
+    """Count the frames of written segments, and their lag from when they were made."""
+    now = datetime.now(UTC)
+    written = 0
+    for b in buffers:
+        written += len(b.frames)
+        for made in b.made:
+            RELAY_LAG.observe(max(0.0, (now - made).total_seconds()))
+    if written:
+        FRAMES_RELAYED.inc(written)
+
+
 class _Covered:
     """Whether a seq is in one of a run's segments, from their (first, last) ranges."""
 
@@ -99,44 +120,84 @@ class _Covered:
         return i >= 0 and seq <= self._lasts[i]
 
 
-class SegmentWriter:
-    """The segments a relay has yet to write, and their writing and repair."""
+def _contiguous(run_id: str, frames: list[StoredFrame]) -> list[Segment]:
+    """`frames` (in seq order) as segments, one per unbroken range of seqs."""
+    segments: list[Segment] = []
+    group: list[StoredFrame] = []
+    for f in [*frames, None]:
+        if group and (f is None or f.seq != group[-1].seq + 1):
+            segments.append(
+                Segment(
+                    run_id,
+                    group[0].seq,
+                    group[-1].seq,
+                    group[-1].stream_seq,
+                    [g.body for g in group],
+                    any(g.is_done for g in group),
+                )
+            )
+            group = []
+        if f is not None:
+            group.append(f)
+    return segments
 
-    def __init__(
-        self, settings: RelaySettings, store: Store, broker: Broker, *, repair_margin: int
-    ) -> None:
+
+class SegmentWriter:
+    """The segments a relay has yet to write; their writing; a run's sync from the
+    stream."""
+
+    def __init__(self, settings: RelaySettings, store: Store, broker: Broker) -> None:
         self.settings = settings
         self.store = store
         self.broker = broker
-        # Stream messages read before the end of a run's gap-free segments when
-        # repairing: retried publishes are stored at most that far out of order.
-        self.repair_margin = repair_margin
         self.buffers: dict[str, SegmentBuffer] = {}
+        # The buffers of the flush under way, by run (a frame delivered again meanwhile
+        # is acknowledged with them).
+        self._writing: dict[str, SegmentBuffer] = {}
         self._flush_lock = asyncio.Lock()
         self._flush_now = asyncio.Event()
 
-    def buffer(
-        self, frame: Frame, body: str, raw: RawFrame, msg: Msg, stream_seq: int, closed: bool
-    ) -> None:
-        """Keep a published frame for its run's next segment; `msg`, its raw frame, is
-        acknowledged once the segment is written."""
-        buffer = self.buffers.get(frame.run_id)
+    def buffer(self, stored: StoredFrame, msg: Msg | None) -> None:
+        """Keep a frame for its run's next segment; `msg`, its message, is acknowledged
+        once the segment is written. The frame must follow the run's buffered ones."""
+        buffer = self.buffers.get(stored.run_id)
         if buffer is None:
-            buffer = self.buffers[frame.run_id] = SegmentBuffer(frame.run_id, frame.seq, raw.tenant)
-        if buffer.traceparent is None or buffer.generation != raw.generation:
-            buffer.generation = raw.generation
-            buffer.traceparent = (msg.headers or {}).get(TRACEPARENT)
-        buffer.frames.append(body)
-        buffer.acks.append(msg)
-        buffer.last_seq = frame.seq
-        buffer.size += len(body)
-        buffer.last_stream_seq = stream_seq
-        buffer.closed = buffer.closed or closed
+            buffer = self.buffers[stored.run_id] = SegmentBuffer(
+                stored.run_id, stored.seq, stored.tenant
+            )
+        elif stored.seq != buffer.last_seq + 1:
+            raise ValueError(f"frame {stored.seq} does not follow {buffer.last_seq}")
+        generation = stored.position.generation
+        if buffer.traceparent is None or buffer.generation != generation:
+            buffer.generation = generation
+            buffer.traceparent = stored.traceparent
+        buffer.frames.append(stored.body)
+        buffer.made.append(stored.frame.at)
+        if msg is not None:
+            buffer.acks.append(msg)
+        buffer.last_seq = stored.seq
+        buffer.size += len(stored.body)
+        buffer.last_stream_seq = stored.stream_seq
+        buffer.closed = buffer.closed or stored.is_done
+
+    def holds(self, run_id: str) -> bool:
+        """Whether frames of the run wait to be written."""
+        return run_id in self.buffers or run_id in self._writing
+
+    async def settle_again(self, run_id: str, seq: int, msg: Msg) -> None:
+        """A frame this relay took already comes again: acknowledged now if its segment
+        is written. If it still waits (its ack wait ran out while Postgres was slow or
+        away), this delivery is let go: the first is acknowledged with the segment, and
+        should the server want this one still, it comes back once the segment is
+        written. (Kept, every redelivery of a long outage would pile up here.)"""
+        for pending in (self.buffers.get(run_id), self._writing.get(run_id)):
+            if pending is not None and pending.first_seq <= seq <= pending.last_seq:
+                return
+        await msg.ack()
 
     def flush_soon(self, urgent: bool) -> None:
         """Have the flusher write at once when a frame must not wait or a buffer is full
-        (the partition goes on meanwhile: a write inline held every partition up behind
-        Postgres, at each run's first and last frame)."""
+        (the consumer goes on meanwhile)."""
         if urgent or any(b.size >= self.settings.segment_bytes for b in self.buffers.values()):
             self._flush_now.set()
 
@@ -147,54 +208,76 @@ class SegmentWriter:
         async with self._flush_lock:
             if not self.buffers:
                 return
-            pending = self.buffers
+            pending = self._writing = self.buffers
             self.buffers = {}
-            if any(b.closed for b in pending.values()):
-                await faults.point(faults.RELAY_UNWRITTEN)
-            started = time.time_ns()
             try:
-                counts = await self.store.insert_segments([_segment(b) for b in pending.values()])
-            except StoreRefused as exc:
-                log.warning(
-                    "segments of %d runs refused together (%s); writing each run's alone",
-                    len(pending),
-                    exc.message,
-                )
-                counts = await self._write_each(pending.values(), started)
-            except RunwireError as exc:
-                _flush_spans(pending.values(), started, exc.message)
-                log.warning("segments not written yet (%d runs): %s", len(pending), exc.message)
+                await self._write(pending)
+            except BaseException:
+                # Kept whole, those already written too (writing them again writes
+                # nothing twice): a frame is acknowledged only once it is written, and
+                # this relay takes every one of them for buffered or written.
                 self._keep(pending.values())
-                return
-            else:
-                _flush_spans(pending.values(), started)
-                for b in pending.values():
-                    for msg in b.acks:
-                        await msg.ack()
-            for count in counts:
-                if count.closed and count.frame_count < count.last_seq:
-                    try:
-                        await self.repair(count)
-                    except RunwireError as exc:
-                        # The run's frames are still in the stream; the next `done` this
-                        # relay drops for the run (a redelivery) tries again.
-                        log.warning("segments of run %s not repaired: %s", count.run_id, exc)
+                raise
+            finally:
+                self._writing = {}
 
-    async def _write_each(
-        self, buffers: Iterable[SegmentBuffer], started: int
-    ) -> list[SegmentCount]:
+    async def _write(self, pending: dict[str, SegmentBuffer]) -> None:
+        if any(b.closed for b in pending.values()):
+            await faults.point(faults.RELAY_UNWRITTEN)
+        started = time.time_ns()
+        try:
+            counts = await self.store.insert_segments([_segment(b) for b in pending.values()])
+        except StoreRefused as exc:
+            log.warning(
+                "segments of %d runs refused together (%s); writing each run's alone",
+                len(pending),
+                exc.message,
+            )
+            await self._write_each(pending.values(), started)
+            return
+        except RunwireError as exc:
+            _flush_spans(pending.values(), started, exc.message)
+            log.warning("segments not written yet (%d runs): %s", len(pending), exc.message)
+            self._keep(pending.values())
+            return
+        _flush_spans(pending.values(), started)
+        await self._settle(pending.values(), counts)
+
+    async def _settle(self, written: Iterable[SegmentBuffer], counts: list[SegmentCount]) -> None:
+        """Acknowledge the frames of written segments. A segment that `write_segments`
+        left out (it overlaps one written already), or a `done` written with frames
+        missing, has its run synced from the stream first; one whose sync fails is kept
+        for the next flush."""
+        by_run = {count.run_id: count for count in counts}
+        done: list[SegmentBuffer] = []
+        kept: list[SegmentBuffer] = []
+        for b in written:
+            count = by_run.get(b.run_id)
+            if count is None or (count.closed and count.frame_count < count.last_seq):
+                with bind(run_id=b.run_id, tenant=b.tenant):
+                    try:
+                        await self.sync(b.tenant, b.run_id, b.last_stream_seq)
+                    except RunwireError as exc:
+                        log.warning("segments of the run not synced yet: %s", exc.message)
+                        kept.append(b)
+                        continue
+            done.append(b)
+            for msg in b.acks:
+                await msg.ack()
+        _archived(done)
+        self._keep(kept)
+
+    async def _write_each(self, buffers: Iterable[SegmentBuffer], started: int) -> None:
         """Write each run's segment in a statement of its own. One Postgres refuses even
-        alone (text it cannot store, from a relay of an earlier version) is left out: its
-        frames were published, and stay readable from the stream until they expire there;
-        their raw frames are acknowledged, so that they do not come back, and the loss is
-        logged with the run. One not written for another reason (Postgres away, a
+        alone is left out: its frames stay readable from the stream until they expire
+        there; their messages are acknowledged, so that they do not come back, and the
+        loss is logged with the run. One not written for another reason (Postgres away, a
         deadlock) is kept for the next flush."""
-        counts: list[SegmentCount] = []
         kept: list[SegmentBuffer] = []
         for b in buffers:
             with bind(run_id=b.run_id, tenant=b.tenant):
                 try:
-                    counts.extend(await self.store.insert_segments([_segment(b)]))
+                    counts = await self.store.insert_segments([_segment(b)])
                 except StoreRefused as exc:
                     _flush_spans([b], started, exc.message)
                     log.error(
@@ -205,23 +288,26 @@ class SegmentWriter:
                         b.last_seq,
                         exc.message,
                     )
+                    for msg in b.acks:
+                        await msg.ack()
+                    continue
                 except RunwireError as exc:
                     _flush_spans([b], started, exc.message)
                     kept.append(b)
                     continue
-                else:
-                    _flush_spans([b], started)
-                for msg in b.acks:
-                    await msg.ack()
+                _flush_spans([b], started)
+                await self._settle([b], counts)
         self._keep(kept)
-        return counts
 
     def _keep(self, buffers: Iterable[SegmentBuffer]) -> None:
-        """Buffer again segments that were not written, ahead of what came meanwhile."""
+        """Buffer again segments that were not written, ahead of what came meanwhile (a
+        run's newer frames follow its older ones: a run whose frames wait is synced,
+        never buffered past a gap)."""
         for old in buffers:
             newer = self.buffers.get(old.run_id)
             if newer is not None:
                 old.frames.extend(newer.frames)
+                old.made.extend(newer.made)
                 old.last_seq = newer.last_seq
                 old.size += newer.size
                 old.last_stream_seq = newer.last_stream_seq
@@ -229,94 +315,68 @@ class SegmentWriter:
                 old.acks.extend(newer.acks)
             self.buffers[old.run_id] = old
 
-    async def ensure_complete(self, tenant: str, run_id: str) -> None:
-        """Write what is buffered, then repair the run's segments from the stream if
-        frames are still missing."""
-        run = await self.store.get_run_by_id(run_id)
-        if run is None or run.frames_closed:
-            return
-        await self.flush()
-        run = await self.store.get_run_by_id(run_id)
-        if run is None or run.frames_closed:
-            return  # what was buffered completed it
-        await self.repair(SegmentCount(run_id, tenant, run.last_seq, run.frame_count, True))
-        run = await self.store.get_run_by_id(run_id)
-        if run is not None and not run.frames_closed:
-            log.error("frames of the run are missing from Postgres and from the stream")
-            await self.store.mark_frames_closed(run_id)
+    async def sync(self, tenant: str, run_id: str, upto: int) -> int:
+        """Write to Postgres every frame of the run that the stream stored at stream
+        sequence `upto` or before and no segment holds yet; returns the last seq up to
+        which the run's segments are then complete (or the frames missing are gone from
+        the stream as well, which is logged).
 
-    async def repair(self, count: SegmentCount) -> None:
-        """Copy frames that never reached a segment (a flush lost to a crash or a failed
-        write) from the stream, so the run stays replayable after the stream drops it.
-
-        A relay that lost the partition may write some of the same frames meanwhile (it
-        flushes what it held when it wakes from a freeze): a repaired segment that
-        overlaps one is left out whole, so the run is looked at again, and what is
-        still missing repaired, until nothing is."""
-        for _ in range(REPAIR_PASSES):
-            if not await self._repair_once(count):
-                return  # the stream no longer has them
-            run = await self.store.get_run_by_id(count.run_id)
-            if run is None or run.frames_closed:
-                return
-            if run.frame_count >= run.last_seq:
-                # Every frame is stored now, the last of them by the other relay's flush,
-                # which did not hold `done` (segments never overlap: a count that reaches
-                # the last seq has every frame up to it, and `done` was written).
-                await self.store.mark_frames_closed(count.run_id)
-                return
-
-    async def _repair_once(self, count: SegmentCount) -> bool:
-        """One pass of `_repair`; False when the stream no longer holds what is missing.
-        Only the stream after the last segment that has no gap before it is read, and
-        segments are looked at by their ranges: a long run costs what is missing, not
-        the whole run, in memory."""
-        with bind(run_id=count.run_id, tenant=count.tenant):
-            stream = self.broker.subjects.run_frames_stream
-            subject = self.broker.subjects.run_frames(count.tenant, count.run_id)
-            ranges = await self.store.segment_ranges(count.run_id)
+        The stream holds a run's frames in seq order, each once, so what is missing is
+        read from the end of the run's gap-free segments on. Another relay may write some
+        of the same frames meanwhile (one that lost the archive lock flushes what it held
+        when it wakes from a freeze): a segment of ours that overlaps one of its is left
+        out whole, so the run is looked at again, until nothing is missing. A run whose
+        `done` is written has its frames closed, complete or not."""
+        stream = self.broker.subjects.run_frames_stream
+        subject = self.broker.subjects.run_frames(tenant, run_id)
+        complete = 0
+        closing = warned = False
+        for _ in range(SYNC_PASSES):
+            ranges = await self.store.segment_ranges(run_id)
             covered = _Covered([(first, last) for first, last, _ in ranges])
-            read_from, expected = 1, 1
+            read_from, complete = 1, 0
             for first, last_seq, last_stream_seq in ranges:
-                if first > expected:
+                if first > complete + 1:
                     break  # the first gap: what is missing comes after this point
-                expected = max(expected, last_seq + 1)
+                complete = max(complete, last_seq)
                 read_from = max(read_from, last_stream_seq + 1)
-            # A publish the relay retried is stored after later frames, so a frame past
-            # the gap may sit a little before that point in the stream: read a margin.
-            read_from = max(1, read_from - self.repair_margin)
-            last = await self.broker.last_on_subject(stream, subject)
-            if last is None or last.stream_seq < read_from:
-                log.error("frames missing from segments and gone from the stream")
-                return False
-            stored = await self.broker.read_subject(stream, subject, read_from, last.stream_seq)
-            # In seq order, each once (a retried publish may have been stored late).
-            by_seq: dict[int, StoredMsg] = {}
-            for m in stored:
-                seq = Frame.model_validate_json(m.data).seq
-                if not covered(seq):
-                    by_seq[seq] = m
-            segments: list[Segment] = []
-            run_of: list[str] = []
-            first_seq = last_seq = last_stream = 0
-            for seq in sorted(by_seq):
-                m = by_seq[seq]
-                if run_of and seq != last_seq + 1:
-                    segments.append(
-                        Segment(count.run_id, first_seq, last_seq, last_stream, run_of, True)
-                    )
-                    run_of = []
-                if not run_of:
-                    first_seq = seq
-                run_of.append(m.data.decode())
-                last_seq, last_stream = seq, m.stream_seq
-            if run_of:
-                segments.append(
-                    Segment(count.run_id, first_seq, last_seq, last_stream, run_of, True)
+            stored = await self._read(stream, subject, read_from, upto)
+            closing = closing or any(f.is_done for f in stored)
+            if not warned and stored and stored[0].seq > complete + 1:
+                warned = True
+                log.error(
+                    "frames %d..%d of the run are missing from Postgres and gone from the "
+                    "stream; archived without them",
+                    complete + 1,
+                    stored[0].seq - 1,
                 )
-            await self.store.insert_segments(segments)
-            log.warning("repaired %d frames missing from the run's segments", len(by_seq))
-            return True
+            if stored:
+                complete = max(complete, stored[-1].seq)
+            missing = [f for f in stored if not covered(f.seq)]
+            if not missing:
+                break
+            await self.store.insert_segments(_contiguous(run_id, missing))
+            log.warning("archived %d frames of the run from the stream", len(missing))
+        if closing:
+            run = await self.store.get_run_by_id(run_id)
+            if run is not None and not run.frames_closed:
+                await self.store.mark_frames_closed(run_id)
+        return complete
+
+    async def _read(self, stream: str, subject: str, start: int, upto: int) -> list[StoredFrame]:
+        """The run's frames stored at stream sequences start..upto, in seq order, each
+        once (a malformed message is left out: the consumer terminates it)."""
+        if start > upto:
+            return []
+        last = await self.broker.last_on_subject(stream, subject)
+        if last is None or last.stream_seq < start:
+            return []
+        found: dict[int, StoredFrame] = {}
+        for m in await self.broker.read_subject(stream, subject, start, min(upto, last.stream_seq)):
+            with contextlib.suppress(MalformedFrame):
+                stored = parse_stored(subject, m.headers, m.data, m.stream_seq)
+                found.setdefault(stored.seq, stored)
+        return [found[seq] for seq in sorted(found)]
 
     async def flush_every(self) -> None:
         """Write the buffered segments every `segment_flush_ms`, and at once when a frame

@@ -21,7 +21,8 @@ OUTBOX_COMMITTED = "outbox.committed"
 # After the sweep published its batch, before it deleted the rows it published.
 OUTBOX_SWEPT = "outbox.swept"
 
-# A relay published a run's last frames to clients and has not written their segment.
+# A relay is about to write a run's last frames (`done` among them) to Postgres: it has
+# acknowledged none of them yet.
 RELAY_UNWRITTEN = "relay.unwritten"
 
 # A side effect: persisted (prepared), claimed for a dispatch, dispatched (the adapter

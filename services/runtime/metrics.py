@@ -189,12 +189,12 @@ INTERRUPTED = Counter(
 # -- relay ---------------------------------------------------------------------
 FRAMES_RELAYED = Counter(
     "runwire_frames_relayed_total",
-    "Frames published to clients by the relay (rate() gives frames per second).",
+    "Frames the relay archived to Postgres segments (rate() gives frames per second).",
     registry=None,
 )
 RELAY_LAG = Histogram(
     "runwire_relay_lag_seconds",
-    "Seconds from a frame's creation (its `at`) to its publication by the relay.",
+    "Seconds from a frame's creation (its `at`) to its segment written by the relay.",
     buckets=LAG_BUCKETS,
     registry=None,
 )

@@ -298,8 +298,9 @@ class RelaySettings(CommonSettings):
     """Largest replay in one join reply (a longer one comes in several, read one while
     the next is on its way)."""
     partition_timeout_ms: int = Field(default=DEFAULT_PARTITION_TIMEOUT_MS, ge=2_000)
-    """A relay that stops answering (frozen, or cut off from Postgres) loses its
-    raw-frames partitions after this long, and the other relays take them over."""
+    """A relay that stops answering (frozen, or cut off from Postgres) loses the archive
+    (the writing of the frames stream to Postgres) after this long, and a standby relay
+    takes it over."""
 
 
 class RecoverySettings(CommonSettings):

@@ -180,6 +180,26 @@ class StreamAdmin:
         except nats.js.errors.NotFoundError:
             return False
 
+    async def stream_messages(self, stream: str) -> int | None:
+        """How many messages `stream` holds; None when there is no such stream."""
+        try:
+            info = await self._declaring.stream_info(stream)
+        except nats.js.errors.NotFoundError:
+            return None
+        except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+            raise Unavailable(f"stream {stream} unavailable: {exc!r}") from exc
+        return int(info.state.messages)
+
+    async def delete_stream(self, stream: str) -> bool:
+        """Remove a stream (of an earlier version, that nothing uses any more) and its
+        consumers; True when one was removed."""
+        try:
+            return bool(await self._declaring.delete_stream(stream))
+        except nats.js.errors.NotFoundError:
+            return False
+        except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+            raise Unavailable(f"cannot remove stream {stream}: {exc!r}") from exc
+
     async def consumers_of(self, stream: str) -> list[ConsumerInfo]:
         """Every consumer of `stream`, with its configuration (read a page at a time)."""
         found: list[ConsumerInfo] = []

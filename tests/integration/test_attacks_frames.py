@@ -179,7 +179,7 @@ async def test_a_segment_postgres_refuses_spoils_no_other_runs_segment(
     try:
         good = (await stack.client.submit({"tokens": ["a"]})).run.run_id
         bad = (await stack.client.submit({"tokens": ["b"]})).run.run_id
-        segments = SegmentWriter(settings, stack.store, broker, repair_margin=512)
+        segments = SegmentWriter(settings, stack.store, broker)
         segments.buffers = {good: _buffer(good, "fine"), bad: _buffer(bad, "x\x00y")}
 
         await segments.flush()

@@ -1,302 +1,406 @@
-"""Several relays at once: each run's frames in order, none published twice."""
+"""The relay archives the frames stream: every frame an attempt stored, written to
+Postgres segments once and in order, by one relay at a time."""
 
 import asyncio
-import json
+import logging
 import uuid
-from datetime import UTC, datetime
+from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
-from nats.aio.msg import Msg
+from nats.js.api import RetentionPolicy, StreamConfig
 
-from runwire.contracts.frames import FrameType, RawFrame
-from runwire.contracts.status import RunStatus
+from runwire.contracts.frames import FrameType
 from runwire.contracts.subjects import Subjects
-from runwire.relay.partitions import PARTITION_LOCKS
-from runwire.relay.pipeline import RAW_FRAME_ACK_WAIT_S, Pipeline
+from runwire.relay.archive import ARCHIVE_CONSUMER
+from runwire.relay.partitions import ARCHIVE_LOCKS, PRESENCE_LOCKS
 from runwire.runtime.broker import Broker
-from runwire.runtime.settings import RelaySettings
-from runwire.runtime.store import Segment, SegmentCount
-from runwire.runtime.streams import RELAY_PARTITIONS, StreamLimits, relay_consumer
-from runwire.runtime.tokens import frame_token
+from runwire.runtime.store import Segment
 from runwire.testing.servers import Servers
 from runwire.testing.waiting import eventually
-from tests.services import InProcessStack, assert_well_formed, collect
+from tests.services import (
+    AttemptFrames,
+    InProcessStack,
+    all_frames_stored,
+    archived_seqs,
+    collect,
+)
+from tests.traces import InProcessSpans, of_run
 
 pytestmark = pytest.mark.integration
 
 
-async def _partitions_by_relay(db_url: str) -> list[int]:
+@pytest.fixture
+async def archive(infra: Servers, db_url: str, prefix: str) -> AsyncIterator[InProcessStack]:
+    """Submitter, relay and recovery, no executor: the test publishes the frames."""
+    async with InProcessStack(
+        infra.nats_url,
+        db_url,
+        prefix,
+        executors=0,
+        db_roles=infra.service_roles,
+        overrides={"stream_replicas": infra.stream_replicas},
+    ) as stack:
+        yield stack
+
+
+@pytest.fixture
+async def broker(archive: InProcessStack) -> AsyncIterator[Broker]:
+    """A connection that publishes frames as an executor does."""
+    connected = await Broker.connect(
+        archive.nats_url, Subjects(archive.prefix), name="test-executor"
+    )
+    try:
+        yield connected
+    finally:
+        await connected.close()
+
+
+async def _runs(stack: InProcessStack, n: int) -> list[str]:
+    """`n` runs in Postgres (queued: no executor takes them)."""
+    return [(await stack.client.submit({"tokens": ["x"]})).run.run_id for _ in range(n)]
+
+
+async def _archived_once(stack: InProcessStack, run_id: str, frames: int) -> bool:
+    return await all_frames_stored(stack.store, run_id, frames) and await archived_seqs(
+        stack.store, run_id
+    ) == list(range(1, frames + 1))
+
+
+async def test_every_run_is_archived_once_in_order_and_closed_by_done(
+    archive: InProcessStack, broker: Broker
+) -> None:
+    ids = await _runs(archive, 6)
+    texts = [[f"{i}.{t} " for t in range(30)] for i in range(len(ids))]
+    chains = [AttemptFrames(broker, run_id) for run_id in ids]
+    # Interleaved, as concurrent attempts publish; no `done` yet.
+    await asyncio.gather(*(c.run(t, done=False) for c, t in zip(chains, texts, strict=True)))
+
+    for run_id, chain in zip(ids, chains, strict=True):
+        await eventually(
+            lambda r=run_id, n=chain.seq: _counted(archive, r, n), timeout=15, interval=0.05
+        )
+        run = await archive.store.get_run_by_id(run_id)
+        assert run is not None
+        assert not run.frames_closed  # no `done` yet
+
+    await asyncio.gather(*(c.emit(FrameType.DONE, {"status": "finished"}) for c in chains))
+    for run_id, chain in zip(ids, chains, strict=True):
+        await eventually(lambda r=run_id, n=chain.seq: _archived_once(archive, r, n), timeout=15)
+        # A join reads the run whole: from the stream and from Postgres alike.
+        joined = await archive.client.join(run_id, 0)
+        assert [f.seq for f in joined.replay] == list(range(1, chain.seq + 1))
+        assert joined.live is None
+        texts_back = "".join(f.data["text"] for f in joined.replay if f.type == FrameType.MESSAGE)
+        assert texts_back == "".join(texts[ids.index(run_id)])
+        # Once the stream no longer holds them, from Postgres alone.
+        await broker.purge_subject(
+            broker.subjects.run_frames_stream, broker.subjects.run_frames("default", run_id)
+        )
+        again = await archive.client.join(run_id, 3)
+        assert [f.seq for f in again.replay] == list(range(4, chain.seq + 1))
+
+
+async def _counted(stack: InProcessStack, run_id: str, frames: int) -> bool:
+    run = await stack.store.get_run_by_id(run_id)
+    return run is not None and run.frame_count == frames
+
+
+async def test_each_flush_is_a_span_of_the_attempt_whose_frames_it_wrote(
+    archive: InProcessStack, broker: Broker, spans: InProcessSpans
+) -> None:
+    (run_id,) = await _runs(archive, 1)
+    trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    chain = AttemptFrames(broker, run_id, generation=3, traceparent=f"00-{trace_id}-{parent}-01")
+    await chain.run(["a ", "b "])
+    await eventually(lambda: _archived_once(archive, run_id, chain.seq), timeout=15)
+
+    flushes = [s for s in of_run(spans.spans, run_id) if s.name == "relay flush"]
+    assert flushes
+    assert {(s.trace_id, s.parent_id, s.attributes["generation"]) for s in flushes} == {
+        (trace_id, parent, 3)
+    }
+    assert sum(s.attributes["frames"] for s in flushes) == chain.seq
+
+
+async def test_a_join_of_a_run_in_progress_continues_live_where_its_replay_ends(
+    archive: InProcessStack, broker: Broker
+) -> None:
+    (run_id,) = await _runs(archive, 1)
+    chain = AttemptFrames(broker, run_id)
+    await chain.run(["a ", "b "], done=False)
+    await eventually(lambda: _counted(archive, run_id, 3), timeout=10)
+    await chain.emit(FrameType.MESSAGE, {"text": "c "})  # in the stream, maybe not archived
+
+    joined = await archive.client.join(run_id, 1)
+
+    assert [f.seq for f in joined.replay] == [2, 3, 4]
+    assert joined.live is not None
+    assert joined.live.subject == broker.subjects.run_frames("default", run_id)
+    last = await broker.last_on_subject(joined.live.stream, joined.live.subject)
+    assert last is not None
+    assert joined.live.stream_seq == last.stream_seq + 1
+
+
+async def test_frames_written_before_a_crash_are_not_written_again(
+    archive: InProcessStack, broker: Broker
+) -> None:
+    """A relay wrote a run's first segment and died before it acknowledged its frames:
+    they come again, with the ones it never wrote. What is written already is left as
+    it is, and the rest is written once."""
+    (run_id,) = await _runs(archive, 1)
+    await archive.stop_service("relay")  # nothing archives while the stream fills
+    chain = AttemptFrames(broker, run_id)
+    await chain.run([f"t{i} " for i in range(8)])
+    stored = await broker.read_subject(
+        broker.subjects.run_frames_stream,
+        broker.subjects.run_frames("default", run_id),
+        1,
+        chain.last_stream_seq,
+    )
+    bodies = [m.data.decode() for m in stored]
+    await archive.store.insert_segments(
+        [Segment(run_id, 1, 4, stored[3].stream_seq, bodies[:4], closed=False)]
+    )
+
+    archive.start_relay("relay-2")
+
+    await eventually(lambda: _archived_once(archive, run_id, chain.seq), timeout=15)
+    first = (await archive.store.segments_after(run_id, 0))[0]
+    assert (first.first_seq, first.last_seq) == (1, 4)
+
+
+async def test_a_consumer_that_reads_the_stream_again_duplicates_nothing(
+    archive: InProcessStack, broker: Broker
+) -> None:
+    """The archive's consumer is deleted (by an operator, or lost with its stream's
+    leader): the relay declares it again, which delivers the whole stream again. Runs
+    archived already are left as they are."""
+    first, second = await _runs(archive, 2)
+    chain = AttemptFrames(broker, first)
+    await chain.run(["a ", "b ", "c "])
+    await eventually(lambda: _archived_once(archive, first, chain.seq), timeout=15)
+
+    assert await broker.delete_consumer(broker.subjects.run_frames_stream, ARCHIVE_CONSUMER)
+    await eventually(
+        lambda: broker.consumer_of(broker.subjects.run_frames_stream, ARCHIVE_CONSUMER),
+        timeout=15,
+    )
+    later = AttemptFrames(broker, second)
+    await later.run(["d ", "e "])
+
+    await eventually(lambda: _archived_once(archive, second, later.seq), timeout=15)
+    await eventually(lambda: _nothing_pending(broker), timeout=15)
+    assert await archived_seqs(archive.store, first) == list(range(1, chain.seq + 1))
+
+
+async def _nothing_pending(broker: Broker) -> bool:
+    info = await broker.consumer_of(broker.subjects.run_frames_stream, ARCHIVE_CONSUMER)
+    return info is not None and info.num_pending == 0 and info.num_ack_pending == 0
+
+
+async def test_a_malformed_message_stops_no_archiving(
+    archive: InProcessStack, broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Messages on the frames stream that are not frames (no position header, a body
+    that is not a frame, a header that disagrees with the body) are logged with their run
+    and terminated; every frame around them is archived."""
+    caplog.set_level(logging.ERROR, logger="runwire.relay.archive")
+    bad_run, other = await _runs(archive, 2)
+    chain, beside = AttemptFrames(broker, bad_run), AttemptFrames(broker, other)
+    await chain.run(["a "], done=False)
+    subject = broker.subjects.frames_out("default", bad_run)
+    stream = broker.subjects.run_frames_stream
+    bad = [
+        (b'{"v": 1, "run_id": "' + bad_run.encode() + b'"}', {"Rw-Pos": "1 3 3 message"}),
+        (b"not json at all", {"Rw-Pos": "1 3 3 message"}),
+        (b"{}", {}),
+    ]
+    for i, (body, headers) in enumerate(bad):
+        sent = await broker.send(subject, body, f"bad-{uuid.uuid4()}-{i}", stream, headers)
+        chain.last_stream_seq = await sent  # stored on the run's subject all the same
+    await beside.run(["x "], done=False)
+    # A real frame whose position header says another seq.
+    sent = await broker.send(
+        subject,
+        _frame_json(bad_run, chain.seq + 1),
+        f"{bad_run}:1:x",
+        stream,
+        {"Rw-Pos": f"1 9 {chain.seq + 5} message"},
+    )
+    chain.last_stream_seq = await sent
+    await chain.run(["b ", "c "])
+    await beside.run(["y "])
+
+    await eventually(lambda: _archived_once(archive, bad_run, chain.seq), timeout=15)
+    await eventually(lambda: _archived_once(archive, other, beside.seq), timeout=15)
+    await eventually(lambda: _nothing_pending(broker), timeout=15)
+    refused = [r for r in caplog.records if "malformed message" in r.getMessage()]
+    assert len(refused) == len(bad) + 1
+    assert all(r.__dict__["fields"]["run_id"] == bad_run for r in refused)
+
+
+async def test_frames_under_another_tenants_subject_or_of_no_run_are_not_archived(
+    archive: InProcessStack, broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A frame of a run published under another tenant's subject (a faulty or hostile
+    publisher), and frames of a run Postgres does not have, are logged and terminated:
+    none reaches a segment, and the run's own frames are archived."""
+    caplog.set_level(logging.ERROR, logger="runwire.relay")
+    (run_id,) = await _runs(archive, 1)
+    chain = AttemptFrames(broker, run_id)
+    await chain.run(["a ", "b "], done=False)
+    await eventually(lambda: _counted(archive, run_id, chain.seq), timeout=15)
+    elsewhere = AttemptFrames(broker, run_id, tenant="acme", generation=7)
+    elsewhere.seq = elsewhere.raw_seq = chain.seq
+    await elsewhere.run(["for another tenant "], done=False)
+    nobody = AttemptFrames(broker, str(uuid.uuid4()))
+    nobody.seq = 4  # a run in progress, as a relay that takes over meets it
+    await nobody.run(["lost "], done=False)
+    await chain.run(["c "])
+
+    await eventually(lambda: _archived_once(archive, run_id, chain.seq), timeout=15)
+    await eventually(lambda: _nothing_pending(broker), timeout=15)
+    joined = await archive.client.join(run_id, 0)
+    assert "for another tenant" not in "".join(f.data.get("text", "") for f in joined.replay)
+    assert "under tenant acme's subject" in caplog.text
+    assert "a run Postgres does not have" in caplog.text
+
+
+def _frame_json(run_id: str, seq: int) -> bytes:
+    return (
+        f'{{"v":1,"run_id":"{run_id}","seq":{seq},"type":"message","data":{{"text":"?"}},'
+        f'"at":"2026-12-06T00:00:00Z"}}'
+    ).encode()
+
+
+async def _relays(db_url: str, n: int) -> bool:
+    return len(await _archive_holders(db_url, PRESENCE_LOCKS)) == n
+
+
+async def _archive_holders(db_url: str, lock_class: int = ARCHIVE_LOCKS) -> list[int]:
+    """The Postgres sessions that hold the archive lock (or another class of lock)."""
     conn = await asyncpg.connect(db_url)
     try:
         rows = await conn.fetch(
-            "SELECT pid, count(*) AS n FROM pg_locks WHERE locktype = 'advisory'"
-            " AND granted AND classid = $1::integer::oid"
-            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-            " GROUP BY pid",
-            PARTITION_LOCKS,
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted"
+            " AND classid = $1::integer::oid"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            lock_class,
         )
     finally:
         await conn.close()
-    return sorted(r["n"] for r in rows)
+    return sorted(r["pid"] for r in rows)
 
 
-async def test_two_relays_share_partitions_and_keep_every_run_in_order(
-    stack: InProcessStack,
+async def test_one_relay_archives_and_another_takes_over_when_it_stops(
+    archive: InProcessStack, broker: Broker, db_url: str
 ) -> None:
-    stack.start_relay("relay-2")
-    half = RELAY_PARTITIONS // 2
-    await eventually(lambda: _shared(stack.db_url, [half, half]), timeout=15, interval=0.2)
-    scripts = [{"tokens": [f"{i}/{t} " for t in range(40)], "token_delay_ms": 5} for i in range(12)]
-    ids = [(await stack.client.submit(s)).run.run_id for s in scripts]
+    (holder,) = await eventually(lambda: _archive_holders(db_url), timeout=15)
+    archive.start_relay("relay-2")
+    ids = await _runs(archive, 4)
+    chains = [AttemptFrames(broker, run_id) for run_id in ids]
+    await asyncio.gather(*(c.run([f"{i} " for i in range(20)], done=False) for c in chains))
+    # The second relay is up (it tried the lock in the same step as it took its presence
+    # lock), answers joins, and does not archive: the lock stays where it was.
+    await eventually(lambda: _relays(db_url, 2), timeout=15)
+    for run_id, chain in zip(ids, chains, strict=True):
+        await eventually(lambda r=run_id, n=chain.seq: _counted(archive, r, n), timeout=15)
+    assert await _archive_holders(db_url) == [holder]
 
-    results = await asyncio.gather(*(collect(stack.client, r, timeout=60) for r in ids))
+    await archive.stop_service("relay")
+    (taken,) = await eventually(lambda: _archive_holders(db_url), timeout=15, interval=0.1)
+    assert taken != holder
+    await asyncio.gather(*(c.run(["last "]) for c in chains))
 
-    for i, (frames, transcript) in enumerate(results):
-        assert_well_formed(frames)
-        assert transcript.text == "".join(scripts[i]["tokens"])  # type: ignore[arg-type]
-
-
-async def test_new_runs_are_relayed_without_reading_their_frames_back(
-    stack: InProcessStack,
-) -> None:
-    """The first frame of a run's first attempt, delivered for the first time, needs no
-    look at the run's last published frame: nothing of it can be there yet (Postgres
-    says so). Each look is a JetStream API request; a chat product starts many runs."""
-    looks: list[str] = []
-
-    async def seen(msg: Msg) -> None:
-        looks.append(msg.subject)
-
-    stream = Subjects(stack.prefix).run_frames_stream
-    spy = await stack.client.nc.subscribe(f"$JS.API.STREAM.MSG.GET.{stream}", cb=seen)
-    try:
-        scripts = [{"tokens": [f"{i}.{t} " for t in range(3)]} for i in range(6)]
-        for script in scripts:
-            run_id = (await stack.client.submit(script)).run.run_id
-            frames, transcript = await collect(stack.client, run_id)
-            assert_well_formed(frames)
-            assert transcript.text == "".join(script["tokens"])
-        await stack.client.nc.flush()
-    finally:
-        await spy.unsubscribe()
-    assert looks == []
+    for run_id, chain in zip(ids, chains, strict=True):
+        await eventually(lambda r=run_id, n=chain.seq: _archived_once(archive, r, n), timeout=15)
 
 
-async def _shared(db_url: str, expected: list[int]) -> bool:
-    return await _partitions_by_relay(db_url) == expected
-
-
-async def test_a_stopped_relay_hands_its_partitions_over_mid_stream(
-    stack: InProcessStack,
-) -> None:
-    stack.start_relay("relay-2")
-    half = RELAY_PARTITIONS // 2
-    await eventually(lambda: _shared(stack.db_url, [half, half]), timeout=15, interval=0.2)
-    scripts = [{"tokens": [f"{i}|{t} " for t in range(60)], "token_delay_ms": 20} for i in range(8)]
-    ids = [(await stack.client.submit(s)).run.run_id for s in scripts]
-    streams = [asyncio.create_task(collect(stack.client, r, timeout=60)) for r in ids]
-    await eventually(lambda: _started(stack, ids), timeout=15)
-
-    await stack.stop_service("relay-2")
-    results = await asyncio.gather(*streams)
-
-    # The relay left takes every partition (at its next rebalance, on a busy machine).
-    await eventually(lambda: _shared(stack.db_url, [RELAY_PARTITIONS]), timeout=15, interval=0.2)
-    for i, (frames, transcript) in enumerate(results):
-        assert_well_formed(frames)
-        assert transcript.text == "".join(scripts[i]["tokens"])  # type: ignore[arg-type]
-
-
-async def _started(stack: InProcessStack, ids: list[str]) -> bool:
-    for run_id in ids:
-        if len((await stack.client.join(run_id, 0)).replay) < 3:
-            return False
-    return True
-
-
-@pytest.mark.parametrize("stale_last", [7, 10], ids=["some of them", "all of them"])
-@pytest.mark.stack(coalesce_text=False)  # one frame per delta, as the test counts them
-async def test_a_repair_that_meets_a_stale_relays_write_still_stores_every_frame_once(
-    stack: InProcessStack, db_url: str, stale_last: int
-) -> None:
-    """The partition's new owner repairs a run's missing frames from the stream while the
-    relay that lost the partition, woken from a freeze, writes some or all of them: the
-    repair's segment that overlaps is left out, so it looks again and repairs what is
-    left, and the run's frames are complete even when the stale write held the last."""
-    reply = await stack.client.submit({"tokens": [f"t{i} " for i in range(12)]})
-    run_id = reply.run.run_id
-    frames, _ = await collect(stack.client, run_id)
-    await eventually(lambda: _frames_closed(stack, run_id), timeout=10)
-    last = len(frames)
-    # Frames 5 to 10 never reached a segment (their relay was frozen, then lost the
-    # partition); the new owner wrote the rest, `done` among them.
-    conn = await asyncpg.connect(db_url)
-    try:
-        stored = await conn.fetch(
-            "SELECT frames::text AS frames FROM frame_segments WHERE run_id = $1"
-            " ORDER BY first_seq",
-            uuid.UUID(run_id),
-        )
-        await conn.execute("DELETE FROM frame_segments WHERE run_id = $1", uuid.UUID(run_id))
-        await conn.execute(
-            "UPDATE runs SET frame_count = 0, frames_closed = false WHERE run_id = $1",
-            uuid.UUID(run_id),
-        )
-    finally:
-        await conn.close()
-    bodies = [json.dumps(f) for row in stored for f in json.loads(row["frames"])]
-    await stack.store.insert_segments(
-        [
-            Segment(run_id, 1, 4, 0, bodies[:4], closed=False),
-            Segment(run_id, 11, last, 0, bodies[10:], closed=True),
-        ]
-    )
-
-    broker = await Broker.connect(stack.nats_url, Subjects(stack.prefix), name="test-relay")
-    pipeline = Pipeline(stack.settings(RelaySettings, "relay"), stack.store, broker)
-    ranges = stack.store.segment_ranges
-
-    looks: list[int] = []
-
-    async def stale_write_after_reading(of_run: str) -> list[tuple[int, int, int]]:
-        found = await ranges(of_run)
-        looks.append(len(found))
-        if len(looks) == 1:  # right after the repair's first look, the stale relay writes
-            stale = Segment(run_id, 5, stale_last, 0, bodies[4:stale_last], closed=False)
-            await stack.store.insert_segments([stale])
-        return found
-
-    stack.store.segment_ranges = stale_write_after_reading  # type: ignore[method-assign]
-    try:
-        count = SegmentCount(run_id, "default", last, 4 + last - 10, True)
-        await pipeline.segments.repair(count)
-    finally:
-        stack.store.segment_ranges = ranges  # type: ignore[method-assign]
-        await broker.close()
-
-    run = await stack.store.get_run_by_id(run_id)
-    assert run is not None
-    assert (run.frames_closed, run.frame_count, run.last_seq) == (True, last, last)
-    # Its segment 5..10 was left out: it looked again for what the stale write left.
-    assert looks == ([2, 3] if stale_last < 10 else [2])
-    # Purged from the stream, the run is read whole from Postgres, each frame once.
-    await stack.client.nc.jetstream().purge_stream(
-        stack.client.subjects.run_frames_stream,
-        subject=stack.client.subjects.run_frames("default", run_id),
-    )
-    again = await stack.client.join(run_id, 0)
-    assert [f.seq for f in again.replay] == list(range(1, last + 1))
-
-
-async def _frames_closed(stack: InProcessStack, run_id: str) -> bool:
-    row = await stack.store.get_run_by_id(run_id)
-    return bool(row and row.frames_closed)
-
-
-async def test_an_attempts_frames_stored_after_its_later_ones_all_reach_the_client(
+async def test_a_relay_removes_the_empty_raw_frames_stream_of_an_earlier_version(
     infra: Servers, db_url: str, prefix: str
 ) -> None:
-    """A second attempt's first publishes fail (a JetStream leader election) and are
-    retried after its next frames were stored: the stream holds frames 3..5 of its
-    generation ahead of 1 and 2. The relay waits for them (they are in the stream) and
-    keeps every frame, in order; before, the first frame waited on the later ones ("an
-    older frame is still stored") while they waited on it, until the relay gave up on
-    frames 1 and 2 and the run lost them."""
-    stack = InProcessStack(infra.nats_url, db_url, prefix, db_roles=infra.service_roles)
-    await stack.start(executors=0)
-    broker = await Broker.connect(stack.nats_url, Subjects(stack.prefix), name="test-executor")
-    try:
-        reply = await stack.client.submit({"tokens": ["unused"]})
-        run_id = reply.run.run_id
-        # A first attempt that dies at once; recovery gives the run back to the queue.
-        first = await eventually(lambda: stack.store.claim(run_id, 0, "ghost", 200))
-        await eventually(lambda: _status(stack, run_id, RunStatus.RECOVERING), timeout=10)
-        second = await eventually(lambda: stack.store.claim(run_id, first.generation, "b", 60_000))
-        assert second.frame_secret is not None
-        token = frame_token(second.frame_secret, second.generation)
-        texts = ["a ", "b ", "c ", "d ", "e "]
-
-        def raw(seq: int, type_: FrameType, data: dict[str, object]) -> RawFrame:
-            return RawFrame(
-                run_id=run_id,
-                tenant="default",
-                generation=second.generation,
-                seq=seq,
-                type=type_,
-                data=data,
-                at=datetime.now(UTC),
-                token=token,
-            )
-
-        frames = [raw(1, FrameType.RUN, {"attempt": 2, "resumed": True, "partial_length": 0})]
-        frames += [raw(i + 2, FrameType.MESSAGE, {"text": t}) for i, t in enumerate(texts)]
-        frames.append(raw(len(frames) + 1, FrameType.DONE, {"status": "finished"}))
-        for frame in frames[3:-1] + frames[:3] + frames[-1:]:  # 4..6, then 1..3, then done
-            await broker.publish_raw_frame(frame)
-
-        got, transcript = await collect(stack.client, run_id, timeout=30)
-    finally:
-        await broker.close()
-        await stack.close()
-    assert_well_formed(got)
-    assert [f.type for f in got] == [f.type for f in frames]
-    assert transcript.text == "".join(texts)
-
-
-async def _status(stack: InProcessStack, run_id: str, status: RunStatus) -> bool:
-    run = await stack.store.get_run_by_id(run_id)
-    return run is not None and run.status == status
-
-
-async def test_a_relay_that_stops_relaying_a_partition_gives_back_the_frames_in_hand(
-    infra: Servers, db_url: str, prefix: str
-) -> None:
-    """Raw frames a relay had taken when it learnt that the partition is no longer its
-    own (rebalanced to another relay, or its locks lapsed while it was frozen) go back at
-    once, for the partition's next owner: none waits out its ack_wait, a stall of every
-    run of the partition. (No store is needed: nothing is relayed.)"""
     subjects = Subjects(prefix)
-    settings = RelaySettings(
-        nats_url=infra.nats_url,
-        database_url=db_url,
-        prefix=prefix,
-        stream_replicas=infra.stream_replicas,
-    )
-    broker = await Broker.connect(infra.nats_url, subjects, name="test-relay")
+    old = await Broker.connect(infra.nats_url, subjects, name="test-earlier-version")
     try:
-        await broker.ensure_streams(StreamLimits.of(settings))
-        run_id = str(uuid.uuid4())
-        frame = RawFrame(
-            run_id=run_id,
-            tenant="default",
-            generation=1,
-            seq=1,
-            type=FrameType.RUN,
-            data={"attempt": 1, "resumed": False, "partial_length": 0},
-            at=datetime.now(UTC),
-            token="t",
+        full, empty = f"{prefix}.frames.in.*.*", subjects.frames_in_stream
+        await old.js.add_stream(
+            StreamConfig(
+                name=empty,
+                subjects=[full],
+                retention=RetentionPolicy.WORK_QUEUE,
+                num_replicas=infra.stream_replicas,
+            )
         )
-        await broker.publish_raw_frame(frame)
-        stored = await broker.js.get_last_msg(
-            subjects.frames_in_stream, f"{subjects.frames_in('default', run_id)}.*"
-        )
-        partition = int(stored.subject.rsplit(".", 1)[-1])
+        for partition in range(3):
+            await old.ensure_consumer(
+                empty,
+                f"relay-{partition}",
+                max_ack_pending=10,
+                ack_wait_s=5,
+                filter_subject=f"{prefix}.frames.in.t{partition}.*",
+            )
+        async with InProcessStack(
+            infra.nats_url,
+            db_url,
+            prefix,
+            executors=0,
+            overrides={"stream_replicas": infra.stream_replicas},
+        ):
 
-        pipeline = Pipeline(settings, None, broker)  # type: ignore[arg-type]
+            async def removed() -> bool:
+                return await old.stream_messages(empty) is None
 
-        async def lost(stop: asyncio.Event) -> bool:
-            return False  # the partition went elsewhere while its batch was fetched
-
-        pipeline._still_owner = lost  # type: ignore[method-assign]
-        await asyncio.wait_for(pipeline._consume(partition, asyncio.Event()), 10)
-
-        # The partition's next owner gets the frame now, well inside its ack_wait.
-        nxt = await broker.js.pull_subscribe_bind(
-            relay_consumer(partition), stream=subjects.frames_in_stream
-        )
-        (again,) = await nxt.fetch(1, timeout=RAW_FRAME_ACK_WAIT_S / 2)
-        assert again.metadata.num_delivered == 2
-        assert RawFrame.model_validate_json(again.data).run_id == run_id
+            await eventually(removed, timeout=15)
     finally:
-        await broker.close()
+        await old.close()
+
+
+async def test_a_raw_frames_stream_that_holds_frames_is_left_for_the_earlier_version(
+    infra: Servers, db_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="runwire.relay.upgrade")
+    subjects = Subjects(prefix)
+    old = await Broker.connect(infra.nats_url, subjects, name="test-earlier-version")
+    try:
+        stream = subjects.frames_in_stream
+        await old.js.add_stream(
+            StreamConfig(
+                name=stream,
+                subjects=[f"{prefix}.frames.in.*.*"],
+                retention=RetentionPolicy.WORK_QUEUE,
+                num_replicas=infra.stream_replicas,
+            )
+        )
+        await old.js.publish(subjects.frames_in("default", str(uuid.uuid4())), b"{}")
+        async with InProcessStack(
+            infra.nats_url,
+            db_url,
+            prefix,
+            executors=0,
+            overrides={"stream_replicas": infra.stream_replicas},
+        ):
+            await eventually(
+                lambda: any("drain it" in r.getMessage().lower() for r in caplog.records),
+                timeout=15,
+            )
+            assert await old.stream_messages(stream) == 1
+    finally:
+        await old.close()
+
+
+async def test_a_client_follows_a_run_from_its_join_to_its_done(
+    archive: InProcessStack, broker: Broker
+) -> None:
+    """Replay plus live gives each frame once, in order, with the stream's new shape
+    (frames published on `frames.out`, stored under the client subject)."""
+    (run_id,) = await _runs(archive, 1)
+    chain = AttemptFrames(broker, run_id)
+    await chain.run(["a ", "b "], done=False)
+    following = asyncio.create_task(collect(archive.client, run_id, timeout=30))
+    await eventually(lambda: _counted(archive, run_id, chain.seq), timeout=15)
+    await chain.run([f"{i} " for i in range(20)])
+
+    frames, transcript = await following
+    assert [f.seq for f in frames] == list(range(1, chain.seq + 1))
+    assert transcript.text == "a b " + "".join(f"{i} " for i in range(20))

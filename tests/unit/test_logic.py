@@ -1,53 +1,88 @@
-"""Pure logic: the relay's ordering, the scripted runner's resume point, backoff, SQL files."""
+"""Pure logic: the relay's reading of stored frames, the scripted runner's resume point,
+backoff, SQL files."""
 
 import gc
 import random
+from datetime import UTC, datetime
 
 import pytest
 
+from runwire.contracts.frames import Frame, FrameType
 from runwire.executor.outcome import backoff_ms
-from runwire.relay.pipeline import _cursor_from
-from runwire.relay.sequencer import RunCursor, Verdict
+from runwire.relay.segments import _contiguous
+from runwire.relay.stored import MalformedFrame, parse_stored
 from runwire.runners.scripted import tokens_delivered
 from runwire.runtime.store import QUERIES, load_queries
-from runwire.runtime.stream_reads import FramePosition, StoredMsg, frame_position
+from runwire.runtime.stream_reads import FramePosition, frame_position
 
 pytestmark = pytest.mark.unit
-
-
-def test_cursor_keeps_in_order_frames_and_numbers_them_across_generations() -> None:
-    cursor = RunCursor()
-    assert cursor.judge(1, 1) == Verdict.KEEP
-    assert cursor.advance(1, 1, False) == 1
-    assert cursor.judge(1, 2) == Verdict.KEEP
-    assert cursor.advance(1, 2, False) == 2
-    assert cursor.judge(1, 2) == Verdict.DROP  # repeat
-    assert cursor.judge(1, 4) == Verdict.WAIT  # gap
-    assert cursor.judge(2, 1) == Verdict.KEEP  # a new attempt starts
-    assert cursor.advance(2, 1, False) == 3
-    assert cursor.judge(1, 3) == Verdict.DROP  # the fenced-out attempt came back
-    assert cursor.judge(3, 2) == Verdict.WAIT
-    cursor.advance(2, 2, True)
-    assert cursor.judge(3, 1) == Verdict.DROP  # nothing after done
 
 
 @pytest.mark.parametrize(
     "headers",
     [
-        {"Nats-Msg-Id": "r:7", "Rw-Pos": "3 5 7 done"},
+        {"Nats-Msg-Id": "r:3:5", "Rw-Pos": "3 5 7 done"},
         # A frame an earlier version published, with a header for each part.
         {"Rw-Generation": "3", "Rw-Raw-Seq": "5", "Rw-Seq": "7", "Rw-Type": "done"},
     ],
 )
-def test_a_relay_takes_a_run_up_where_its_last_published_frame_stands(
-    headers: dict[str, str],
-) -> None:
-    last = StoredMsg(42, headers, b"{}")
+def test_a_frames_position_is_read_from_its_headers(headers: dict[str, str]) -> None:
     assert frame_position(headers) == FramePosition(3, 5, 7, "done")
-    cursor = _cursor_from(last, None)
-    assert (cursor.generation, cursor.raw_seq, cursor.seq, cursor.closed) == (3, 5, 7, True)
-    # Nothing after `done`, and an older attempt's frame is a repeat.
-    assert cursor.judge(3, 6) == Verdict.DROP
+
+
+def _stored_body(run_id: str, seq: int, type_: str = "message") -> bytes:
+    data = {"text": "x"} if type_ == "message" else {"status": "finished"}
+    return (
+        Frame(run_id=run_id, seq=seq, type=FrameType(type_), data=data, at=datetime.now(UTC))
+        .model_dump_json()
+        .encode()
+    )
+
+
+RUN = "0190f3c0-0000-7000-8000-000000000001"
+SUBJECT = f"rw.acme.runs.{RUN}.frames"
+
+
+def test_a_stored_frame_is_read_with_its_run_and_position() -> None:
+    stored = parse_stored(SUBJECT, {"Rw-Pos": "2 1 4 done"}, _stored_body(RUN, 4, "done"), 9)
+    assert (stored.tenant, stored.run_id, stored.seq, stored.stream_seq) == ("acme", RUN, 4, 9)
+    assert stored.is_done
+    assert stored.position.generation == 2
+
+
+@pytest.mark.parametrize(
+    ("subject", "headers", "body"),
+    [
+        (SUBJECT, {}, _stored_body(RUN, 1)),  # no Rw-Pos
+        (SUBJECT, {"Rw-Pos": "1 1 x message"}, _stored_body(RUN, 1)),  # damaged
+        (SUBJECT, {"Rw-Pos": "1 1 1 message"}, b"not json"),
+        (SUBJECT, {"Rw-Pos": "1 1 1 message"}, b'{"v": 1, "seq": 1}'),
+        (SUBJECT, {"Rw-Pos": "1 2 2 message"}, _stored_body(RUN, 1)),  # header disagrees
+        (SUBJECT, {"Rw-Pos": "1 1 1 done"}, _stored_body(RUN, 1)),
+        (SUBJECT.replace(RUN, "other"), {"Rw-Pos": "1 1 1 message"}, _stored_body(RUN, 1)),
+        ("rw.frames.out.acme.r", {"Rw-Pos": "1 1 1 message"}, _stored_body(RUN, 1)),
+    ],
+)
+def test_a_malformed_message_is_no_stored_frame(
+    subject: str, headers: dict[str, str], body: bytes
+) -> None:
+    with pytest.raises(MalformedFrame) as refused:
+        parse_stored(subject, headers, body, 1)
+    if subject == SUBJECT:
+        assert refused.value.run_id == RUN  # logged with its run
+
+
+def test_stored_frames_become_one_segment_per_unbroken_range() -> None:
+    frames = [
+        parse_stored(SUBJECT, {"Rw-Pos": f"1 {s} {s} {t}"}, _stored_body(RUN, s, t), 10 + s)
+        for s, t in [(2, "message"), (3, "message"), (5, "message"), (6, "done")]
+    ]
+    segments = _contiguous(RUN, frames)
+    assert [(g.first_seq, g.last_seq, g.last_stream_seq, g.closed) for g in segments] == [
+        (2, 3, 13, False),
+        (5, 6, 16, True),
+    ]
+    assert [len(g.frames) for g in segments] == [2, 2]
 
 
 @pytest.mark.parametrize("packed", ["3 5 done", "a b c d", "3 5 7 done extra"])
