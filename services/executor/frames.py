@@ -67,6 +67,8 @@ class _Out:
     due: float = 0.0
     parts: list[str] | None = None
     size: int = 0
+    # Whether later text deltas may join it (a `message` frame that is not to go at once).
+    joins: bool = False
 
     def body(self) -> dict[str, Any]:
         if self.parts is not None:
@@ -104,6 +106,8 @@ class FrameSender:
         # Text of this attempt's message frames known to be stored, in order.
         self.text = io.StringIO()
         self._last_type: FrameType | None = None
+        # Whether a frame is queued or on its way (a delta emitted meanwhile may wait).
+        self._busy = False
         self._failure: RunwireError | None = None
         self._wake = asyncio.Event()
         self._drained = asyncio.Event()
@@ -136,19 +140,25 @@ class FrameSender:
         most = min(COALESCE_MAX_CHARS, self._broker.max_frame_bytes // 8)
         if isinstance(text, str) and coalesce and len(text) < most:
             tail = self._queue[-1] if self._queue else None
-            if tail is not None and tail.parts is not None and tail.size + len(text) <= most:
+            if tail is not None and tail.joins and tail.size + len(text) <= most:
+                assert tail.parts is not None
                 tail.parts.append(text)
                 tail.size += len(text)
                 return
             out = self._queued(type, None)
             out.parts, out.size = [text], len(text)
             hold = self._settings.coalesce_ms / 1000
-            if hold and self._last_type == FrameType.MESSAGE:
+            after_text = self._last_type == FrameType.MESSAGE
+            if hold and after_text:
                 out.due = asyncio.get_running_loop().time() + hold
+            # The first delta after any other frame goes at once, as does one with no
+            # frame on its way; later deltas join the one waiting.
+            out.joins = bool(out.due) or (after_text and self._busy)
         else:
             self._check(type, data)
             out = self._queued(type, data)
         self._last_type = type
+        self._busy = True
         self._queue.append(out)
         self._drained.clear()
         self._wake.set()
@@ -195,7 +205,7 @@ class FrameSender:
         loop = asyncio.get_running_loop()
         while True:
             if not self._queue:
-                self._flushing = False
+                self._busy = self._flushing = False
                 self._drained.set()
                 self._wake.clear()
                 await self._wake.wait()
