@@ -664,16 +664,12 @@ CREATE FUNCTION public.outbox_frame(r public.runs, p_generation integer, p_seq i
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$
     INSERT INTO outbox (kind, tenant, run_id, msg_id, body, trace_parent, due_at)
-    SELECT 'frame', r.tenant, r.run_id,
-           r.run_id || ':' || p_generation || ':' || p_seq || coalesce(':' || left(t.token, 16), ''),
-           jsonb_build_object('v', 1, 'run_id', r.run_id, 'tenant', r.tenant,
-                              'generation', p_generation, 'seq', p_seq,
-                              'type', p_type, 'data', p_data,
-                              'at', rfc3339(clock_timestamp()))
-               || CASE WHEN t.token IS NULL THEN '{}'::jsonb
-                       ELSE jsonb_build_object('token', t.token) END,
-           coalesce(r.implied_trace_parent, r.trace_parent), now()
-      FROM (SELECT frame_token(r.frame_secret, p_generation) AS token OFFSET 0) t
+    VALUES ('frame', r.tenant, r.run_id, r.run_id || ':' || p_generation || ':' || p_seq,
+            jsonb_build_object('v', 1, 'run_id', r.run_id, 'tenant', r.tenant,
+                               'generation', p_generation, 'seq', p_seq,
+                               'type', p_type, 'data', p_data,
+                               'at', rfc3339(clock_timestamp())),
+            coalesce(r.implied_trace_parent, r.trace_parent), now())
 $$;
 
 CREATE FUNCTION public.outbox_put(p_kind public.outbox_kind, p_tenant text, p_run_id uuid, p_msg_id text, p_body jsonb, p_trace_parent text, p_due_at timestamp with time zone) RETURNS void

@@ -1,5 +1,5 @@
--- What a transition implies, written in its transaction: the outbox, a run's frames
--- and their tokens, the relay's segments.
+-- What a transition implies, written in its transaction: the outbox, a run's closing
+-- frames, the relay's segments.
 -- The current definition of each function and trigger here: edit them in this file, never
 -- in a migration (runwire.runtime.store.schema applies the files when they change).
 
@@ -21,23 +21,22 @@ $$;
 REVOKE ALL ON FUNCTION outbox_put(outbox_kind, text, uuid, text, jsonb, text,
     timestamp with time zone) FROM PUBLIC;
 
--- The closing frames a transition implies carry the token of their generation too.
--- (The outbox row written here, not through outbox_put: a frame's id is never NULL.)
+-- A frame a transition implies (an attempt's closing `error` and `done`, a workflow's
+-- `node` frames): its attempt's generation and its place among that attempt's frames;
+-- the outbox's publisher numbers it after the run's last stored frame
+-- (runwire.runtime.frame_chain). (The outbox row written here, not through outbox_put:
+-- a frame's id is never NULL.)
 CREATE OR REPLACE FUNCTION outbox_frame(r runs, p_generation integer, p_seq integer,
     p_type text, p_data jsonb)
 RETURNS void LANGUAGE sql SECURITY DEFINER SET search_path TO 'public', 'pg_temp'
 SET plan_cache_mode TO 'force_generic_plan' AS $$
     INSERT INTO outbox (kind, tenant, run_id, msg_id, body, trace_parent, due_at)
-    SELECT 'frame', r.tenant, r.run_id,
-           r.run_id || ':' || p_generation || ':' || p_seq || coalesce(':' || left(t.token, 16), ''),
-           jsonb_build_object('v', 1, 'run_id', r.run_id, 'tenant', r.tenant,
-                              'generation', p_generation, 'seq', p_seq,
-                              'type', p_type, 'data', p_data,
-                              'at', rfc3339(clock_timestamp()))
-               || CASE WHEN t.token IS NULL THEN '{}'::jsonb
-                       ELSE jsonb_build_object('token', t.token) END,
-           coalesce(r.implied_trace_parent, r.trace_parent), now()
-      FROM (SELECT frame_token(r.frame_secret, p_generation) AS token OFFSET 0) t
+    VALUES ('frame', r.tenant, r.run_id, r.run_id || ':' || p_generation || ':' || p_seq,
+            jsonb_build_object('v', 1, 'run_id', r.run_id, 'tenant', r.tenant,
+                               'generation', p_generation, 'seq', p_seq,
+                               'type', p_type, 'data', p_data,
+                               'at', rfc3339(clock_timestamp())),
+            coalesce(r.implied_trace_parent, r.trace_parent), now())
 $$;
 REVOKE ALL ON FUNCTION outbox_frame(runs, integer, integer, text, jsonb) FROM PUBLIC;
 
