@@ -141,8 +141,23 @@ class Subjects:
     @property
     def frames_out_stored(self) -> str:
         """The run's client subject as a mapping's destination: how the frames stream
-        stores a frame published on `frames_out`, and where it republishes it."""
+        stores a frame published on `frames_out`."""
         return f"{self.prefix}.{{{{wildcard(1)}}}}.runs.{{{{wildcard(2)}}}}.frames"
+
+    @property
+    def frames_live_republished(self) -> str:
+        """Where the frames stream republishes each frame it stored (`live_frames`)."""
+        return f"{self.prefix}.{{{{wildcard(1)}}}}.runs.{{{{wildcard(2)}}}}.live"
+
+    def live_frames(self, tenant: str, run_id: str) -> str:
+        """`<prefix>.<tenant>.runs.<run_id>.live`: each frame of the run the stream stored,
+        as it stores it, for a plain subscription (no replay, no consumer)."""
+        return f"{self.prefix}.{tenant}.runs.{run_id}.live"
+
+    @staticmethod
+    def live_of(frames_subject: str) -> str:
+        """The live subject of a run's frames subject."""
+        return frames_subject.removesuffix(".frames") + ".live"
 
     def run_frames(self, tenant: str, run_id: str) -> str:
         """Where clients read a run's frames, in `seq` order."""

@@ -235,13 +235,15 @@ class Following(Connection):
     async def _listen(
         self, subject: str, stream: str, idle: float
     ) -> AsyncGenerator[Frame | None, None]:
-        """Frames as they are published on `subject`, through a plain subscription, until
+        """Frames as the stream stores them on `subject`, through a plain subscription to
+        its live subject (where the stream republishes each), until
         it stays quiet for `idle` or fails; first None once the subscription is in place
         and the stream holds no frame of the subject. Nothing at all when the stream
         holds one already (published before the subscription was in place), or cannot
         tell: the caller reads the stream."""
         try:
-            sub = await self.nc.subscribe(subject)
+            # What the stream stored, as it stores it (it republishes each frame there).
+            sub = await self.nc.subscribe(Subjects.live_of(subject))
         except nats.errors.Error as exc:
             log.info("live subscription failed (%s); reading the stream", exc)
             return

@@ -16,10 +16,11 @@ attempt's closing `error` and `done`, a workflow's `node` frames) after the fram
 follow: `append` places such a frame, or says why it is not needed any more.
 """
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -32,8 +33,12 @@ log = logging.getLogger(__name__)
 
 # How many times a frame is placed again after others were stored before it.
 APPEND_TRIES = 8
-# The frames that close an attempt (or a run).
-CLOSING = (FrameType.ERROR.value, FrameType.DONE.value)
+# A frame whose predecessor is not stored yet is looked at again after GAP_RETRY_S, up
+# to GAP_TRIES times (then recovery's sweep tries it again later); once it is
+# GAP_GIVE_UP_S old, what is missing before it is taken as lost for good.
+GAP_RETRY_S = 0.05
+GAP_TRIES = 20
+GAP_GIVE_UP_S = 20.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,24 +84,32 @@ class Placed(StrEnum):
     SUPERSEDED = "superseded"
 
 
-def _verdict(tail: Tail, generation: int, raw_seq: int, type: str, msg_id: str) -> Placed | None:
+class _Gap(Exception):
+    """The frame before this one (of its attempt) is not stored yet."""
+
+
+def _verdict(
+    tail: Tail, generation: int, raw_seq: int, msg_id: str, given_up: bool
+) -> Placed | None:
     """Whether a frame Postgres wrote (attempt `generation`, the `raw_seq`-th of it) is to
-    be published after `tail` (None), or is not needed."""
+    be published after `tail` (None), or is not needed; _Gap while the frame before it
+    is missing (unless `given_up`: it is lost for good)."""
     if tail.msg_id == msg_id:
         return Placed.ALREADY
     if tail.type == FrameType.DONE.value or tail.generation > generation:
         return Placed.SUPERSEDED
-    if type in CLOSING:
-        # An attempt's closing frames go after whatever of it is stored: frames it gave
-        # up on may have been stored after all, or never be.
-        return None
     if tail.generation == generation and tail.raw_seq >= raw_seq:
         return Placed.ALREADY
-    before = tail.raw_seq if tail.generation == generation else (raw_seq - 1 if tail.seq else 0)
-    if before < raw_seq - 1:
-        # A workflow's frame before it is not stored yet (two outbox publishers at once):
-        # tried again later, never placed ahead of it.
-        raise Unavailable(f"frame {raw_seq} of attempt {generation} waits for the one before")
+    if tail.generation == generation:
+        before = tail.raw_seq
+    else:
+        # None of its attempt's frames stored yet; when the stream holds none of the
+        # run's at all but Postgres has some, it cannot tell: placed.
+        before = raw_seq - 1 if tail.stream_seq == 0 and tail.seq else 0
+    if before < raw_seq - 1 and not given_up:
+        # The frame before it is on its way (another service's outbox publishes it, or
+        # recovery's sweep will): never placed ahead of it.
+        raise _Gap()
     return None
 
 
@@ -115,14 +128,25 @@ async def append(
     generation, raw_seq = int(raw["generation"]), int(raw["seq"])
     at = datetime.fromisoformat(str(raw["at"]))
     msg_id = frame_msg_id(run_id, generation, raw_seq)
-    for _ in range(APPEND_TRIES):
+    given_up = (datetime.now(UTC) - at).total_seconds() > GAP_GIVE_UP_S
+    gaps = 0
+    for _ in range(APPEND_TRIES + GAP_TRIES):
         tail = await read_tail(broker, tenant, run_id)
         if tail.stream_seq == 0:
             last_seq, closed = await archived(run_id)
             if closed:
                 return Placed.SUPERSEDED
             tail = Tail(seq=last_seq)
-        verdict = _verdict(tail, generation, raw_seq, str(raw["type"]), msg_id)
+        try:
+            verdict = _verdict(tail, generation, raw_seq, msg_id, given_up)
+        except _Gap:
+            gaps += 1
+            if gaps > GAP_TRIES:
+                raise Unavailable(
+                    f"frame {raw_seq} of attempt {generation} waits for the one before"
+                ) from None
+            await asyncio.sleep(GAP_RETRY_S)
+            continue
         if verdict is not None:
             return verdict
         # Not validated again: Postgres wrote it from validated data.

@@ -51,7 +51,7 @@ def frames_out(service: Service[Any]) -> None:
             f"Internal. A run's frames, each published once, numbered after the run's last "
             f"stored frame and fenced by it (`Nats-Expected-Last-Subject-Sequence`): the "
             f"stream `{s.run_frames_stream}` stores each under the run's client subject "
-            f"`{s.run_frames(TENANT, RUN_ID)}` and republishes it there. Published by "
+            f"`{s.run_frames(TENANT, RUN_ID)}`. Published by "
             "executors; a run's closing frames, `error` and `done`, come from the outbox: "
             "published by the service whose transition ended the run, or by recovery's "
             "outbox sweep."
@@ -70,7 +70,8 @@ def client_frames(service: Service[Any]) -> None:
         description=(
             f"A run's frames in `seq` order (JetStream stream `{s.run_frames_stream}`, "
             f"which stores what executors and the outbox publish on "
-            f"`{s.frames_out(TENANT, RUN_ID)}` and republishes each stored frame here). "
+            f"`{s.frames_out(TENANT, RUN_ID)}`, and republishes each frame it stores on "
+            f"`{s.live_frames(TENANT, RUN_ID)}` for plain subscriptions). "
             "`seq` increases across attempts; `done` is last. Read from a cursor with "
             "`cmd.join`, then live from its `stream_seq`."
         ),

@@ -105,12 +105,15 @@ class StreamAdmin:
                 # Attempts publish a run's frames on `frames_out`, each numbered and fenced
                 # by the last one stored (Nats-Expected-Last-Subject-Sequence); the stream
                 # stores them under the run's client subject, and republishes only what it
-                # stored there for plain subscribers (a refused publish reaches nobody).
-                subjects=[s.frames_out_wildcard],
+                # stored on the run's live subject for plain subscribers (a refused publish
+                # reaches nobody).
+                # The client subjects too, so that a client finds the stream by a run's
+                # subject (what the official clients do); nobody may publish on them.
+                subjects=[s.frames_out_wildcard, s.run_frames_wildcard],
                 subject_transform=SubjectTransform(
                     src=s.frames_out_wildcard, dest=s.frames_out_stored
                 ),
-                republish=RePublish(src=s.run_frames_wildcard, dest=s.frames_out_stored),
+                republish=RePublish(src=s.run_frames_wildcard, dest=s.frames_live_republished),
                 retention=RetentionPolicy.LIMITS,
                 max_age=float(frame_max_age_s),
                 storage=StorageType.FILE,

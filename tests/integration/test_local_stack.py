@@ -387,7 +387,7 @@ async def test_a_clustered_stack_replicates_every_stream_and_runs_two_of_each_se
         try:
             js = client.nc.jetstream()
             prefix = env["RUNWIRE_PREFIX"].upper()
-            for name in ("JOBS", "FRAMES_IN", "EVENTS", "RUN_FRAMES"):
+            for name in ("JOBS", "EVENTS", "RUN_FRAMES"):
                 info = await js.stream_info(f"{prefix}_{name}")
                 assert info.config.num_replicas == 3, name
                 assert info.cluster is not None
