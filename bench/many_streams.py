@@ -33,8 +33,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.cpu import CpuClock
 from bench.results import Results, percentiles
 from bench.stack import ROOT, Servers, Stack, progress
+from bench.throughput import machine_clock
 
 TOKENS = 100
 DELAY_MS = 20
@@ -69,6 +71,10 @@ class Level:
     retried: int = 0
     rss: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    # Tokens the readers received, and the machine CPU per token (the system's
+    # processes over the level; the readers left out).
+    received: int = 0
+    cpu_us_per_token: float | None = None
 
     @property
     def held(self) -> bool:
@@ -133,6 +139,7 @@ async def _readers(base: dict[str, Any], runs: int) -> Level:
             level.delivered = len(lags) / max(1e-6, last_token - first_start)
     level.at_once = _peak_at_once([(e["first"], e["last"]) for e in streamed])
     level.lag = percentiles(lags)
+    level.received = len(lags)
     level.first = percentiles([(e["first"] - e["started"]) * 1000 for e in streamed])
     level.exact = sum(1 for e in entries if e.get("exact"))
     level.retried = sum(1 for e in entries if (e.get("attempts") or 1) > 1)
@@ -169,6 +176,13 @@ def _record(results: Results, system: str, level: Level) -> None:
         "start → first token",
     )
     results.add(scenario, f"{n} streams: exact transcripts", f"{level.exact} of {n}", "runs")
+    results.add(
+        scenario,
+        f"{n} streams: machine CPU per token",
+        level.cpu_us_per_token,
+        "µs/token",
+        "the system's processes over the level, per token received (readers left out)",
+    )
     results.add(
         scenario,
         f"{n} streams: finished",
@@ -237,14 +251,25 @@ def _runwire_levels(stack: Stack) -> Any:
 
     async def run_level(n: int) -> Level:
         stack.sampler.begin(f"many streams {n}")
+        clock = machine_clock(stack)
+        before = clock.read()
         try:
             level = await _readers(base, n)
         finally:
             peaks = stack.sampler.end()
         level.rss = peaks
+        level.cpu_us_per_token = _per_token(clock.read(), before, level)
         return level
 
     return run_level
+
+
+def _per_token(after: dict[str, float], before: dict[str, float], level: Level) -> float | None:
+    """CPU µs of the measured processes over the level, per token its readers received."""
+    if not level.received:
+        return None
+    used = sum(after[name] - before.get(name, 0.0) for name in after)
+    return round(used * 1e6 / level.received, 1)
 
 
 async def measure_runwire(
@@ -336,11 +361,14 @@ async def _redis_levels(servers: Servers) -> AsyncIterator[Any]:
                 await asyncio.wait_for(producer.stdout.readline(), 30)
                 sampler.watch("redis producer", producer.pid)
                 sampler.begin(f"redis {n}")
+                clock = CpuClock(single={"redis-server": pid, "redis producer": producer.pid})
+                before = clock.read()
                 try:
                     level = await _readers({"system": "redis", **spec}, n)
                 finally:
                     peaks = sampler.end()
                 level.rss = peaks
+                level.cpu_us_per_token = _per_token(clock.read(), before, level)
                 return level
             finally:
                 with contextlib.suppress(ProcessLookupError):
