@@ -125,9 +125,9 @@ class FrameSender:
         self._task = asyncio.create_task(self._send_all())
 
     @property
-    def stored_seq(self) -> int:
-        """The seq in the run of the last frame stored (by this attempt or before it)."""
-        return self._tail.seq
+    def tail(self) -> Tail:
+        """The run's last stored frame, as far as this attempt knows."""
+        return self._tail
 
     def put(self, type: FrameType, data: dict[str, Any], coalesce: bool) -> None:
         """Queue a frame (`data` checked against its type now: a runner hears of a bad

@@ -103,6 +103,9 @@ class Settler:
                 current.set_attribute("code", outcome.error.code.value)
             if run.parent_run_id is not None and ended is not None:
                 await faults.point(faults.NODE_SETTLED)
+            if ended is not None and attempt.frames.tail.generation == attempt.generation:
+                # Its closing frames follow the attempt's last: no need to ask the stream.
+                self.outbox.expect_tail(run.run_id, attempt.frames.tail)
             await self.outbox.dispatch(ended)
         if decision == Decision.FAILED:
             await msg.term()

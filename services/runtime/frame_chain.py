@@ -119,19 +119,22 @@ async def append(
     archived: Callable[[str], Awaitable[tuple[int, bool]]],
     *,
     traceparent: str | None = None,
+    tail: Tail | None = None,
 ) -> Placed:
     """Publish a frame Postgres wrote (`raw`: the outbox row's body, with its run, tenant,
     generation, raw seq, type, data and time) after the run's last stored frame.
     `archived` gives a run's last archived seq and whether its frames are closed (asked
-    only when the stream holds none of its frames)."""
+    only when the stream holds none of its frames); `tail`, where the run's frames
+    end if the caller knows (the stream is asked when it does not, or was wrong)."""
     run_id, tenant = str(raw["run_id"]), str(raw["tenant"])
     generation, raw_seq = int(raw["generation"]), int(raw["seq"])
     at = datetime.fromisoformat(str(raw["at"]))
     msg_id = frame_msg_id(run_id, generation, raw_seq)
     given_up = (datetime.now(UTC) - at).total_seconds() > GAP_GIVE_UP_S
     gaps = 0
+    known = tail
     for _ in range(APPEND_TRIES + GAP_TRIES):
-        tail = await read_tail(broker, tenant, run_id)
+        tail, known = known or await read_tail(broker, tenant, run_id), None
         if tail.stream_seq == 0:
             last_seq, closed = await archived(run_id)
             if closed:

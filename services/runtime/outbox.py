@@ -27,6 +27,7 @@ Frames a runner emits do not come this way; they go straight to JetStream (the h
 import asyncio
 import dataclasses
 import logging
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -44,6 +45,8 @@ log = logging.getLogger(__name__)
 # How often published rows are deleted (one statement for all of them).
 DELETE_EVERY_S = 0.05
 SWEEP_BATCH = 500
+# Runs whose last stored frame the outbox remembers (see `expect_tail`).
+TAILS_KEPT = 10_000
 
 
 @dataclass
@@ -65,6 +68,15 @@ class Outbox:
         # Transactions whose messages are to be published, with who waits for them.
         self._waiting: dict[str, asyncio.Future[Dispatched]] = {}
         self._dispatcher: asyncio.Task[None] | None = None
+        # Where runs' frames end, as the attempts of this process left them: their
+        # closing frames go after without asking the stream (the oldest forgotten).
+        self._tails: OrderedDict[str, frame_chain.Tail] = OrderedDict()
+
+    def expect_tail(self, run_id: str, tail: frame_chain.Tail) -> None:
+        """The run's last stored frame (its attempt's), for the frames its end implies."""
+        self._tails[run_id] = tail
+        if len(self._tails) > TAILS_KEPT:
+            self._tails.popitem(last=False)
 
     def _subject(self, message: OutboxMessage) -> tuple[str, str]:
         """The subject and the stream of a message, by its kind."""
@@ -99,6 +111,7 @@ class Outbox:
                 orjson.loads(message.body),
                 self.store.archived_seq,
                 traceparent=message.trace_parent,
+                tail=self._tails.pop(message.run_id, None),
             )
         except RunwireError as exc:
             return failed_publish(exc)
