@@ -201,32 +201,6 @@ class Frame(Versioned):
         return self
 
 
-class RawFrame(Versioned):
-    """A frame as an attempt publishes it, before the relay orders and numbers it.
-
-    `seq` counts within one attempt (its `generation`), from 1; the relay drops frames
-    of a stale generation and gives each kept frame its run-wide `seq`, and refuses one
-    whose `token` is not its attempt's.
-    """
-
-    run_id: str
-    tenant: str
-    generation: int = Field(ge=0)
-    seq: int = Field(ge=1)
-    type: FrameType
-    data: dict[str, Any] = Field(default_factory=dict)
-    at: AwareDatetime
-    # The attempt's signature (services only): the relay keeps no frame without the one
-    # of its run and generation. Never part of a client's frame.
-    token: str | None = Field(default=None, max_length=64)
-
-    @model_validator(mode="after")
-    def _data_fits_type(self, info: ValidationInfo) -> Self:
-        if not (info.context or {}).get(CHECKED):
-            typed_data(self.type, self.data)
-        return self
-
-
 # A run id is a UUID (as Postgres writes it); a generation fits Postgres's integer.
 RUN_ID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 MAX_GENERATION = 2**31 - 1

@@ -35,7 +35,7 @@ from runwire.contracts.commands import (
 )
 from runwire.contracts.errors import ErrorReply
 from runwire.contracts.events import RunEvent
-from runwire.contracts.frames import FRAME_DATA, Frame, Job, RawFrame
+from runwire.contracts.frames import FRAME_DATA, Frame, Job
 from runwire.contracts.health import HealthReply
 from runwire.contracts.replies import (
     AbortSessionReply,
@@ -105,7 +105,6 @@ EXPORTED: tuple[type[BaseModel], ...] = (
     ErrorReply,
     RunSummary,
     Frame,
-    RawFrame,
     Job,
     RunEvent,
     HealthReply,

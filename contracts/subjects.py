@@ -110,23 +110,9 @@ class Subjects:
         return subject.split(".")[3]
 
     def frames_in(self, tenant: str, run_id: str) -> str:
-        """Where an attempt publishes its raw frames."""
+        """Where attempts of versions before one store per frame published raw frames
+        (`frames_in_stream`; a relay removes that stream once it is empty)."""
         return f"{self.prefix}.frames.in.{tenant}.{run_id}"
-
-    @property
-    def frames_in_wildcard(self) -> str:
-        return f"{self.prefix}.frames.in.*.*"
-
-    def frames_in_partitioned(self, partitions: int) -> str:
-        """How the raw frames stream stores a frame: with a partition token at the end."""
-        return (
-            f"{self.prefix}.frames.in.{{{{wildcard(1)}}}}.{{{{wildcard(2)}}}}"
-            f".{{{{partition({partitions},2)}}}}"
-        )
-
-    def frames_in_partition(self, partition: int) -> str:
-        """The stored raw frames of one partition (a consumer's filter)."""
-        return f"{self.prefix}.frames.in.*.*.{partition}"
 
     def frames_out(self, tenant: str, run_id: str) -> str:
         """Where an attempt (or a service closing a run) publishes a run's numbered frames:

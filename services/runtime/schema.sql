@@ -527,12 +527,6 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION public.frame_token(p_secret text, p_generation integer) RETURNS text
-    LANGUAGE sql IMMUTABLE
-    AS $$
-    SELECT encode(sha256(convert_to(p_secret || ':' || p_generation, 'UTF8')), 'hex')
-$$;
-
 CREATE FUNCTION public.insert_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[], p_priorities integer[], p_keys text[], p_not_befores timestamp with time zone[]) RETURNS SETOF public.runs
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'

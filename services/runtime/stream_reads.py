@@ -20,16 +20,14 @@ log = logging.getLogger(__name__)
 
 # How long a read of a stream waits for its answer.
 READ_TIMEOUT_S = 5.0
-# How many of a run's stored raw frames `raw_frames_on` looks at.
-RAW_LOOK_LIMIT = 256
 # A Direct Get answered by a replica behind the stream's leader is asked again this many
 # times, after READ_BEHIND_DELAY_S times the tries so far (about 2 s in all).
 READ_BEHIND_TRIES = 12
 READ_BEHIND_DELAY_S = 0.03
-# Where a client frame stands, in one header of the message the relay published it in:
-# "<generation> <raw seq> <seq> <type>" (the relay's position in the run, read back when
-# it takes a run up again). One header, not four: every client parses every header of
-# every frame it receives, and they were larger than a token's frame.
+# Where a frame stands, in one header of the message it was stored with: "<generation>
+# <raw seq> <seq> <type>" (the attempt that published it, its place among that attempt's
+# frames, its seq in the run; read back to learn where a run's frames end). One header,
+# not four: every client parses every header of every frame it receives.
 HDR_POSITION = "Rw-Pos"
 # The four headers of frames published before runwire packed them (still read).
 HDR_GENERATION = "Rw-Generation"
@@ -147,34 +145,6 @@ class StreamReads:
             self.subjects.jobs_stream, self.subjects.job(runner, run_id)
         )
         return last is not None
-
-    async def raw_frames_on(
-        self, stream: str, subject: str, before: int | None = None
-    ) -> list[tuple[int, int, int]] | None:
-        """(stream sequence, generation, seq) of every raw frame still stored on one
-        run's subject (only those ahead of stream sequence `before`, when given), oldest
-        first; None past RAW_LOOK_LIMIT of them (too many to look at one by one). Read
-        one message at a time: this is for a run's rare moments (a new generation's first
-        frame, a gap given up on), not for every frame."""
-        found: list[tuple[int, int, int]] = []
-        seq = 1
-        while len(found) < RAW_LOOK_LIMIT:
-            try:
-                stored = await self.js.get_msg(stream, seq=seq, subject=subject, next=True)
-            except nats.js.errors.NotFoundError:
-                return found
-            except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
-                raise Unavailable(f"reading {subject} failed: {exc}") from exc
-            at = int(stored.seq or 0)
-            if before is not None and at >= before:
-                return found
-            try:
-                body = json.loads(stored.data or b"{}")
-                found.append((at, int(body.get("generation", 0)), int(body.get("seq", 0))))
-            except (ValueError, TypeError, AttributeError):
-                pass  # unreadable: the consumer refuses it; it holds nothing up
-            seq = at + 1
-        return None
 
     async def purge_subject(self, stream: str, subject: str) -> None:
         """Drop every message of one subject from a stream."""

@@ -34,14 +34,6 @@ EVENTS_MAX_AGE_S = 7 * 24 * 3600
 # The executors' durable consumers on the jobs stream: `executor-<runner>`, one per runner.
 # (Before per-runner jobs, one consumer named just `executor` took every job.)
 EXECUTOR_CONSUMER = "executor"
-# Raw frames are split into this many partitions by a hash of the run id. Changing it
-# moves runs between partitions: only do so with no run in flight.
-RELAY_PARTITIONS = 16
-
-
-def relay_consumer(partition: int) -> str:
-    """The durable consumer of one raw-frames partition."""
-    return f"relay-{partition}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,14 +1,6 @@
 -- The relay's queries: where a run's frames stand, segments, and its partition locks.
 -- Named queries: `-- name: <name>` starts one.
 
--- name: frame_states
--- The relay's starting point for runs it has no cursor for, and what tells their real
--- frames from forged ones (their secret, the generation last claimed, whether they ended,
--- whether that attempt finished them, and whose run it is).
-SELECT run_id, last_seq, frames_closed, frame_secret, generation,
-       run_terminal(status) AS ended, status = 'finished' AS finished, tenant
-  FROM runs WHERE run_id = ANY($1::uuid[]);
-
 -- name: insert_segments
 -- One write per relay flush: every run's new segments, and the runs' frame counters
 -- (counting only segments actually inserted, so a repeated flush counts nothing twice;

@@ -11,7 +11,6 @@ from runwire.runtime.store.locks import EXECUTOR_PRESENCE_LOCKS, KeptLockSession
 from runwire.runtime.store.rows import (
     BudgetGrant,
     Effect,
-    FrameState,
     OutboxBatch,
     OutboxKind,
     OutboxMessage,
@@ -30,7 +29,6 @@ __all__ = [
     "QUERIES",
     "BudgetGrant",
     "Effect",
-    "FrameState",
     "KeptLockSession",
     "LockSession",
     "OutboxBatch",

@@ -377,23 +377,6 @@ class BudgetGrant:
         return ", ".join(parts) or "no limit applies"
 
 
-@dataclass(frozen=True, slots=True)
-class FrameState:
-    """What the relay needs of a run: the last frame seq written and whether its frames
-    are closed (where to go on from), its secret, the generation last claimed and whether
-    it ended (which raw frames are its attempts'), and whether that attempt finished it
-    (its closing frames are of that generation)."""
-
-    last_seq: int
-    closed: bool
-    secret: str | None = field(default=None, repr=False)
-    generation: int = 0
-    ended: bool = False
-    finished: bool = False
-    # Whose run it is: a raw frame published under another tenant is not the run's.
-    tenant: str = ""
-
-
 def runs_told(records: list[asyncpg.Record]) -> list[Run]:
     """The runs a statement that also tells its messages returned (`submit_runs`,
     `finish_runs_told`: the runs' rows, then one row without a run that holds the

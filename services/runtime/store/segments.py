@@ -6,7 +6,6 @@ from collections.abc import Sequence
 
 from runwire.runtime.store.queries import Queries
 from runwire.runtime.store.rows import (
-    FrameState,
     Segment,
     SegmentCount,
     SegmentText,
@@ -17,25 +16,6 @@ from runwire.runtime.store.rows import (
 
 class RelayQueries(Queries):
     """Frame segments as the relay writes and replays them."""
-
-    async def frame_states(self, run_ids: list[str]) -> dict[str, FrameState]:
-        """What the relay needs of each run that exists, in one query."""
-        keys = [key for run_id in run_ids if (key := parse_run_id(run_id)) is not None]
-        if not keys:
-            return {}
-        rows = await self._fetch("frame_states", keys)
-        return {
-            str(r["run_id"]): FrameState(
-                r["last_seq"],
-                r["frames_closed"],
-                r["frame_secret"],
-                r["generation"],
-                r["ended"],
-                r["finished"],
-                r["tenant"],
-            )
-            for r in rows
-        }
 
     async def segment_texts_after(self, run_id: str, after: int, limit: int) -> list[SegmentText]:
         """The run's first `limit` segments with a frame after `after`, in order, each

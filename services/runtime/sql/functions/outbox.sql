@@ -122,12 +122,8 @@ CREATE OR REPLACE TRIGGER runs_publish_update AFTER UPDATE OF status, job_publis
     (new.job_published_at IS DISTINCT FROM old.job_published_at))) EXECUTE FUNCTION
     run_messages();
 
--- The token that signs the raw frames of a run's attempt: the run's secret and the
--- attempt's generation, hashed (see runwire.runtime.tokens).
-CREATE OR REPLACE FUNCTION frame_token(p_secret text, p_generation integer)
-RETURNS text LANGUAGE sql IMMUTABLE AS $$
-    SELECT encode(sha256(convert_to(p_secret || ':' || p_generation, 'UTF8')), 'hex')
-$$;
+-- Frames are no longer signed (the broker lets only services publish them).
+DROP FUNCTION IF EXISTS frame_token(text, integer);
 
 -- Two relays may flush frames of one run at once: one that lost its partition (after a
 -- freeze) and its new owner, which repairs what is missing from the stream. Each flush
