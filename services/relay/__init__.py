@@ -1,1 +1,1 @@
-"""The relay: raw frames → ordered client frames and Postgres segments; `join`."""
+"""The relay: the frames stream archived into Postgres segments; `join`."""

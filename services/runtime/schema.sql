@@ -190,7 +190,7 @@ CREATE TABLE public.runs (
     budget_cost bigint,
     effects text[],
     auth_fence text,
-    frame_secret text DEFAULT (gen_random_uuid())::text,
+    frame_secret text,
     workflow jsonb,
     parent_run_id uuid,
     node_id text,

@@ -3,7 +3,7 @@
 The submitter starts a run's trace (or continues the caller's, from the W3C
 `traceparent` header of the submit request) and stores the trace context with the run.
 Every later span of the run descends from it, whichever process and attempt makes it:
-jobs and raw frames carry a `traceparent` header (the same header FastStream's telemetry
+jobs and frames carry a `traceparent` header (the same header FastStream's telemetry
 middleware reads and writes), and a job that recovery publishes gets it from Postgres.
 
 The exporter follows the standard environment variables: `OTEL_TRACES_EXPORTER`

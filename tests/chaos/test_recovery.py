@@ -58,7 +58,7 @@ async def test_relay_killed_while_clients_stream(processes: ProcessStack) -> Non
     await eventually(lambda: _some_frames(processes, ids[0], 5), timeout=20)
 
     processes.procs["relay"].kill()
-    await fault_window(0.5, "the runs keep writing raw frames while no relay runs")
+    await fault_window(0.5, "the runs keep publishing frames while no relay runs")
     processes.start("relay")
 
     results = await asyncio.gather(*streams)

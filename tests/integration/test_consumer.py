@@ -1,4 +1,4 @@
-"""The pull consumer under the executor's jobs and the relay's raw frames: a trickle of
+"""The pull consumer under the executor's jobs and the relay's archive of frames: a trickle of
 messages over one open request, and nothing held back when it stops."""
 
 import asyncio

@@ -87,7 +87,7 @@ async def test_a_retried_run_is_one_trace_from_submit_to_its_last_flush(
     assert attempts[1].parent_id == due.span_id
     assert due.parent_id == retry.span_id
     assert retry.parent_id == attempts[0].span_id
-    # Each flush descends from the attempt whose raw frames it wrote (their headers): the
+    # Each flush descends from the attempt whose frames it wrote (their headers): the
     # runner's frames from the attempt, its closing frames from the attempt's outcome.
     for flush in (s for s in mine if s.name == "relay flush"):
         parent = spans_by_id[flush.parent_id or ""]

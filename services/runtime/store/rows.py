@@ -74,9 +74,6 @@ class Run:
     job_checked_at: datetime | None = None
     # The fingerprint of the configuration its attempts must run with (see RunnerSpec.pin).
     config_pin: str | None = None
-    # The run's secret, which signs its attempts' raw frames (runwire.runtime.tokens); None
-    # for a run created before runwire had one. Services only: never in a reply or a log.
-    frame_secret: str | None = field(default=None, repr=False)
     # A workflow run: its release ({release_id, version}).
     workflow: dict[str, Any] | None = None
     # A node run: its workflow run, its node, its node's backoff (None: the executor's).
@@ -144,7 +141,6 @@ class Run:
             trace_parent=rec["trace_parent"],
             job_checked_at=rec["job_checked_at"],
             config_pin=rec.get("config_pin"),
-            frame_secret=rec.get("frame_secret"),
             workflow=rec.get("workflow"),
             parent_run_id=str(rec["parent_run_id"]) if rec.get("parent_run_id") else None,
             node_id=rec.get("node_id"),
