@@ -39,20 +39,24 @@ def load_ports(layout: Layout, servers: int, gateway_port: int = 0) -> Ports:
     """Reuse the ports of the last start so URLs stay valid; pick new ones if taken (the
     gateway's first choice is `gateway_port` when given, else its default port)."""
     ports = stored_ports(layout)
+    # The gateway's port asked for is not bound yet: no server may be given it.
+    asked = {gateway_port} if gateway_port else set()
     if ports is not None and not (port_is_free(ports.nats) and port_is_free(ports.postgres)):
         say(f"Ports {ports.nats}/{ports.postgres} are taken by another program; picking new ones.")
         ports = None
+    if ports is not None and asked & {ports.nats, ports.postgres}:
+        say(f"The gateway's port {gateway_port} was a server's; picking new server ports.")
+        ports = None
     if ports is None:
-        nats = find_free_port()
-        postgres = find_free_port()
-        while postgres == nats:
-            postgres = find_free_port()
+        nats, postgres = _free_ports(2, asked)
         ports = Ports(nats=nats, postgres=postgres, gateway=0)
     cluster = ports.cluster
     if servers > 1 and (
-        len(cluster) != 3 * servers or not all(port_is_free(port) for port in cluster)
+        len(cluster) != 3 * servers
+        or not all(port_is_free(port) for port in cluster)
+        or asked & set(cluster)
     ):
-        cluster = _free_ports(3 * servers, {ports.nats, ports.postgres})
+        cluster = _free_ports(3 * servers, {ports.nats, ports.postgres, *asked})
     gateway = gateway_port or ports.gateway
     if not gateway or not port_is_free(gateway):
         gateway = DEFAULT_GATEWAY_PORT if port_is_free(DEFAULT_GATEWAY_PORT) else 0
