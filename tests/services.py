@@ -18,10 +18,8 @@ from typing import Any
 
 from runwire.client import Client
 from runwire.contracts.frames import Frame, FrameType
-from runwire.contracts.headers import TRACEPARENT
 from runwire.runtime.broker import Broker
 from runwire.runtime.store import Store
-from runwire.runtime.stream_reads import HDR_POSITION
 from runwire.testing.stack import FAST, InProcessStack, collect, wait_ready
 from runwire.testing.waiting import eventually
 
@@ -44,7 +42,7 @@ async def archived_seqs(store: Store, run_id: str) -> list[int]:
 
 
 class AttemptFrames:
-    """Publishes one run's frames as an attempt does (one store per frame): each once, on
+    """Publishes one run's frames as an attempt does (`Broker.send_frame`): each once, on
     `frames_out`, numbered with the run's seq, fenced by the run's last stored frame
     (`Nats-Expected-Last-Subject-Sequence`), with `Rw-Pos: <generation> <raw seq> <seq>
     <type>` and `Nats-Msg-Id: <run>:<generation>:<raw seq>`."""
@@ -72,17 +70,14 @@ class AttemptFrames:
         self.seq += 1
         self.raw_seq += 1
         frame = Frame(run_id=self.run_id, seq=self.seq, type=type_, data=data, at=datetime.now(UTC))
-        subjects = self.broker.subjects
-        acked = await self.broker.send(
-            subjects.frames_out(self.tenant, self.run_id),
+        acked = await self.broker.send_frame(
+            self.tenant,
+            frame,
             frame.model_dump_json().encode(),
-            f"{self.run_id}:{self.generation}:{self.raw_seq}",
-            subjects.run_frames_stream,
-            headers={
-                HDR_POSITION: f"{self.generation} {self.raw_seq} {self.seq} {type_.value}",
-                "Nats-Expected-Last-Subject-Sequence": str(self.last_stream_seq),
-                **({TRACEPARENT: self.traceparent} if self.traceparent else {}),
-            },
+            self.generation,
+            self.raw_seq,
+            self.last_stream_seq,
+            traceparent=self.traceparent,
         )
         self.last_stream_seq = await acked
         return self.last_stream_seq

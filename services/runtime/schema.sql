@@ -406,7 +406,11 @@ CREATE FUNCTION public.finish_runs(p_runs uuid[], p_generations integer[], p_res
 DECLARE
     i integer;
     r runs;
+    v_tenants text[] := '{}';
 BEGIN
+    -- Each finished run makes room in its tenant's share: the turns are started once per
+    -- tenant after the batch, not at each run (each start counts the tenant's jobs).
+    PERFORM set_config('runwire.share_turns_later', 'on', true);
     FOR i IN 1 .. coalesce(array_length(p_runs, 1), 0) LOOP
         UPDATE runs
            SET status = 'finished', result = p_results[i]::jsonb, partial_text = p_texts[i],
@@ -418,9 +422,14 @@ BEGIN
         IF FOUND THEN
             INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
             VALUES (r.run_id, 'finished', r.status, r.attempts, p_actor, 'runner returned');
+            IF r.parent_run_id IS NULL AND NOT r.tenant = ANY(v_tenants) THEN
+                v_tenants := v_tenants || r.tenant;
+            END IF;
             RETURN NEXT r;
         END IF;
     END LOOP;
+    PERFORM set_config('runwire.share_turns_later', 'off', true);
+    PERFORM start_share_turn(t, 'share') FROM unnest(v_tenants) t;
 END
 $$;
 
@@ -535,9 +544,16 @@ DECLARE
     i integer;
     r runs;
     v_effects text[];
+    -- The jobs of the tenant of the run before, counted once per batch (not per run).
+    v_counted text;
+    v_issued bigint;
 BEGIN
     FOR i IN 1 .. coalesce(array_length(p_run_ids, 1), 0) LOOP
         PERFORM submit_quota_check(p_tenants[i]);
+        IF v_counted IS DISTINCT FROM p_tenants[i] THEN
+            v_issued := tenant_issued(p_tenants[i]);
+            v_counted := p_tenants[i];
+        END IF;
         -- A run's effect kinds come as a JSON array (NULL: every kind its policy allows).
         v_effects := CASE WHEN p_effects[i] IS NULL THEN NULL ELSE
             ARRAY(SELECT jsonb_array_elements_text(p_effects[i]::jsonb)) END;
@@ -550,7 +566,8 @@ BEGIN
                 p_runners[i], p_inputs[i]::jsonb, p_metadata[i]::jsonb, p_max_attempts[i],
                 p_attempt_timeouts[i], p_queue_timeouts[i],
                 CASE WHEN submit_admits(p_tenants[i], NULL, p_keys[i],
-                                        coalesce(p_not_befores[i], now())) THEN now() END,
+                                        coalesce(p_not_befores[i], now()), v_issued)
+                     THEN now() END,
                 clock_timestamp(), clock_timestamp(), p_trace_parents[i], p_config_pins[i],
                 p_budget_tokens[i], p_budget_costs[i], v_effects,
                 run_authorization(p_tenants[i], v_effects), p_workflows[i]::jsonb,
@@ -561,6 +578,9 @@ BEGIN
             INSERT INTO run_events (run_id, event, status, attempt, actor, reason, at)
             VALUES (r.run_id, 'submitted', r.status, r.attempts, p_actor,
                     submitted_reason(r), r.created_at);
+            IF r.job_published_at IS NOT NULL THEN
+                v_issued := v_issued + 1;
+            END IF;
             RETURN NEXT r;
         END IF;
     END LOOP;
@@ -1077,11 +1097,14 @@ BEGIN
         PERFORM webhook_put(NEW, 'waiting');
     END IF;
     -- A run that stops holding a job (it ended, or waits for an answer) makes room in
-    -- its tenant's share: the tenant's next waiting runs get theirs.
+    -- its tenant's share: the tenant's next waiting runs get theirs (at once, unless the
+    -- statement ending a batch of runs starts its tenants' turns itself, once each:
+    -- `share_turns_later`).
     IF NEW.parent_run_id IS NULL AND OLD.job_published_at IS NOT NULL
        AND OLD.status IN ('queued', 'running', 'recovering')
        AND NOT (NEW.status IN ('queued', 'running', 'recovering')
-                AND NEW.job_published_at IS NOT NULL) THEN
+                AND NEW.job_published_at IS NOT NULL)
+       AND current_setting('runwire.share_turns_later', true) IS DISTINCT FROM 'on' THEN
         PERFORM start_share_turn(NEW.tenant, 'share');
     END IF;
     RETURN NULL;
@@ -1184,7 +1207,7 @@ CREATE FUNCTION public.start_share_turn(p_tenant text, p_actor text) RETURNS int
     SELECT issue_turns(p_tenant, NULL, p_actor, 'share_turn', 'its tenant''s share has room')
 $$;
 
-CREATE FUNCTION public.submit_admits(p_tenant text, p_session text, p_key text, p_not_before timestamp with time zone) RETURNS boolean
+CREATE FUNCTION public.submit_admits(p_tenant text, p_session text, p_key text, p_not_before timestamp with time zone, p_issued bigint DEFAULT NULL::bigint) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
@@ -1218,7 +1241,7 @@ BEGIN
     RETURN p_not_before <= now()
            AND (p_session IS NULL OR NOT session_blocked(p_tenant, p_session, NULL))
            AND (p_key IS NULL OR NOT key_blocked(p_tenant, p_key))
-           AND tenant_issued(p_tenant) < v_share;
+           AND coalesce(p_issued, tenant_issued(p_tenant)) < v_share;
 END
 $$;
 
@@ -2680,6 +2703,7 @@ GRANT ALL ON FUNCTION public.start_session_turn(p_tenant text, p_session text, p
 REVOKE ALL ON FUNCTION public.start_share_turn(p_tenant text, p_actor text) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.start_share_turn(p_tenant text, p_actor text) TO runwire_recovery;
 GRANT ALL ON FUNCTION public.start_share_turn(p_tenant text, p_actor text) TO runwire_submitter;
+GRANT ALL ON FUNCTION public.start_share_turn(p_tenant text, p_actor text) TO runwire_executor;
 
 REVOKE ALL ON FUNCTION public.submit_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[], p_priorities integer[], p_keys text[], p_not_befores timestamp with time zone[]) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.submit_runs(p_run_ids uuid[], p_tenants text[], p_request_ids text[], p_multitasks text[], p_runners text[], p_inputs text[], p_metadata text[], p_max_attempts integer[], p_attempt_timeouts integer[], p_queue_timeouts integer[], p_actor text, p_trace_parents text[], p_config_pins text[], p_budget_tokens bigint[], p_budget_costs bigint[], p_effects text[], p_workflows text[], p_priorities integer[], p_keys text[], p_not_befores timestamp with time zone[]) TO runwire_submitter;

@@ -126,3 +126,7 @@ async def test_a_no_op_run_costs_a_bounded_count_of_messages_calls_and_writes(
     assert per_run.get("runs.upd", 0) <= 5, report
     assert per_run.get("run_events.ins", 0) <= 3.5, report
     assert per_run.get("outbox.ins", 0) <= 2, report
+    # A batch of runs ended together starts its tenant's next share turn once (each start
+    # counts the tenant's jobs), not once per run.
+    turns, batches = per_run.get("start_share_turn()", 0), per_run.get("finish_runs()", 0)
+    assert turns <= batches + 0.05, report

@@ -104,11 +104,14 @@ BEGIN
         PERFORM webhook_put(NEW, 'waiting');
     END IF;
     -- A run that stops holding a job (it ended, or waits for an answer) makes room in
-    -- its tenant's share: the tenant's next waiting runs get theirs.
+    -- its tenant's share: the tenant's next waiting runs get theirs (at once, unless the
+    -- statement ending a batch of runs starts its tenants' turns itself, once each:
+    -- `share_turns_later`).
     IF NEW.parent_run_id IS NULL AND OLD.job_published_at IS NOT NULL
        AND OLD.status IN ('queued', 'running', 'recovering')
        AND NOT (NEW.status IN ('queued', 'running', 'recovering')
-                AND NEW.job_published_at IS NOT NULL) THEN
+                AND NEW.job_published_at IS NOT NULL)
+       AND current_setting('runwire.share_turns_later', true) IS DISTINCT FROM 'on' THEN
         PERFORM start_share_turn(NEW.tenant, 'share');
     END IF;
     RETURN NULL;

@@ -87,14 +87,16 @@ $$;
 -- Its signatures before runs had concurrency keys and start times:
 DROP FUNCTION IF EXISTS submit_admits(text, text);
 DROP FUNCTION IF EXISTS submit_admits(text, text, text);
+DROP FUNCTION IF EXISTS submit_admits(text, text, text, timestamp with time zone);
 
 -- Whether a run of tenant `p_tenant` submitted now (for session `p_session`, or none;
 -- with concurrency key `p_key`, or none; to start at `p_not_before`) gets its job at
 -- once: it is due, its session is not busy, its key holds fewer jobs than the tenant's
--- limit per key, and its tenant fewer than its share. Raises RWQ02 (QUEUE_FULL) when the tenant's queue is at its capacity: one
--- tenant's flood never refuses another's submit.
+-- limit per key, and its tenant fewer than its share (`p_issued`: the tenant's jobs, when
+-- the caller counted them already; NULL: counted here). Raises RWQ02 (QUEUE_FULL) when the
+-- tenant's queue is at its capacity: one tenant's flood never refuses another's submit.
 CREATE OR REPLACE FUNCTION submit_admits(p_tenant text, p_session text, p_key text,
-    p_not_before timestamp with time zone)
+    p_not_before timestamp with time zone, p_issued bigint DEFAULT NULL)
 RETURNS boolean LANGUAGE plpgsql SECURITY DEFINER SET search_path TO 'public', 'pg_temp'
 SET plan_cache_mode TO 'force_generic_plan' AS $$
 DECLARE
@@ -126,7 +128,7 @@ BEGIN
     RETURN p_not_before <= now()
            AND (p_session IS NULL OR NOT session_blocked(p_tenant, p_session, NULL))
            AND (p_key IS NULL OR NOT key_blocked(p_tenant, p_key))
-           AND tenant_issued(p_tenant) < v_share;
+           AND coalesce(p_issued, tenant_issued(p_tenant)) < v_share;
 END
 $$;
 
@@ -236,6 +238,7 @@ $$;
 REVOKE ALL ON FUNCTION start_share_turn(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION start_share_turn(text, text) TO runwire_recovery;
 GRANT EXECUTE ON FUNCTION start_share_turn(text, text) TO runwire_submitter;
+GRANT EXECUTE ON FUNCTION start_share_turn(text, text) TO runwire_executor;
 
 -- The runs of a session whose turn has come (no earlier run of the session holds it)
 -- get their job, as far as their tenant's share has room (the rest get it by
@@ -341,7 +344,11 @@ RETURNS SETOF runs LANGUAGE plpgsql SET plan_cache_mode TO 'force_generic_plan' 
 DECLARE
     i integer;
     r runs;
+    v_tenants text[] := '{}';
 BEGIN
+    -- Each finished run makes room in its tenant's share: the turns are started once per
+    -- tenant after the batch, not at each run (each start counts the tenant's jobs).
+    PERFORM set_config('runwire.share_turns_later', 'on', true);
     FOR i IN 1 .. coalesce(array_length(p_runs, 1), 0) LOOP
         UPDATE runs
            SET status = 'finished', result = p_results[i]::jsonb, partial_text = p_texts[i],
@@ -353,9 +360,14 @@ BEGIN
         IF FOUND THEN
             INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
             VALUES (r.run_id, 'finished', r.status, r.attempts, p_actor, 'runner returned');
+            IF r.parent_run_id IS NULL AND NOT r.tenant = ANY(v_tenants) THEN
+                v_tenants := v_tenants || r.tenant;
+            END IF;
             RETURN NEXT r;
         END IF;
     END LOOP;
+    PERFORM set_config('runwire.share_turns_later', 'off', true);
+    PERFORM start_share_turn(t, 'share') FROM unnest(v_tenants) t;
 END
 $$;
 REVOKE ALL ON FUNCTION finish_runs(uuid[], integer[], text[], text[], text, integer[],
@@ -395,9 +407,16 @@ DECLARE
     i integer;
     r runs;
     v_effects text[];
+    -- The jobs of the tenant of the run before, counted once per batch (not per run).
+    v_counted text;
+    v_issued bigint;
 BEGIN
     FOR i IN 1 .. coalesce(array_length(p_run_ids, 1), 0) LOOP
         PERFORM submit_quota_check(p_tenants[i]);
+        IF v_counted IS DISTINCT FROM p_tenants[i] THEN
+            v_issued := tenant_issued(p_tenants[i]);
+            v_counted := p_tenants[i];
+        END IF;
         -- A run's effect kinds come as a JSON array (NULL: every kind its policy allows).
         v_effects := CASE WHEN p_effects[i] IS NULL THEN NULL ELSE
             ARRAY(SELECT jsonb_array_elements_text(p_effects[i]::jsonb)) END;
@@ -410,7 +429,8 @@ BEGIN
                 p_runners[i], p_inputs[i]::jsonb, p_metadata[i]::jsonb, p_max_attempts[i],
                 p_attempt_timeouts[i], p_queue_timeouts[i],
                 CASE WHEN submit_admits(p_tenants[i], NULL, p_keys[i],
-                                        coalesce(p_not_befores[i], now())) THEN now() END,
+                                        coalesce(p_not_befores[i], now()), v_issued)
+                     THEN now() END,
                 clock_timestamp(), clock_timestamp(), p_trace_parents[i], p_config_pins[i],
                 p_budget_tokens[i], p_budget_costs[i], v_effects,
                 run_authorization(p_tenants[i], v_effects), p_workflows[i]::jsonb,
@@ -421,6 +441,9 @@ BEGIN
             INSERT INTO run_events (run_id, event, status, attempt, actor, reason, at)
             VALUES (r.run_id, 'submitted', r.status, r.attempts, p_actor,
                     submitted_reason(r), r.created_at);
+            IF r.job_published_at IS NOT NULL THEN
+                v_issued := v_issued + 1;
+            END IF;
             RETURN NEXT r;
         END IF;
     END LOOP;
