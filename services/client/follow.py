@@ -88,6 +88,20 @@ async def _next(sub: Subscription, idle: float) -> Msg | None:
     return msg
 
 
+def _first_frame(msg: Msg, subject: str) -> Frame | None:
+    """The frame of a direct get of `subject`'s last message when it is its run's first
+    (a fresh run's `run` frame), else None."""
+    if (msg.headers or {}).get("Status"):
+        return None  # an error of the stream's, not a message
+    try:
+        frame = Frame.model_validate_json(msg.data, context=STORED_FRAMES)
+    except ValidationError:
+        return None
+    if frame.seq != 1 or frame.run_id != Subjects.run_of_frames(subject):
+        return None
+    return frame
+
+
 class Following(Connection):
     """A connection that follows runs: their frames from a cursor, their events."""
 
@@ -238,9 +252,11 @@ class Following(Connection):
         """Frames as the stream stores them on `subject`, through a plain subscription to
         its live subject (where the stream republishes each), until
         it stays quiet for `idle` or fails; first None once the subscription is in place
-        and the stream holds no frame of the subject. Nothing at all when the stream
-        holds one already (published before the subscription was in place), or cannot
-        tell: the caller reads the stream."""
+        and the stream holds no frame of the subject before it. The stream's last frame
+        of the subject, asked for once the subscription is in place, comes first when
+        it is the run's first (stored before the subscription: an attempt that started
+        at once); a later one means frames before it were missed, and nothing at all is
+        yielded then, or when the stream cannot tell: the caller reads the stream."""
         try:
             # What the stream stored, as it stores it (it republishes each frame there).
             sub = await self.nc.subscribe(Subjects.live_of(subject))
@@ -256,9 +272,14 @@ class Following(Connection):
             except (nats.errors.Error, ClientError, TimeoutError) as exc:
                 log.info("the stream did not say what it holds (%s); reading it", exc)
                 return
+            stored = None
             if (last.headers or {}).get("Status") != NOT_FOUND:
-                return
+                stored = _first_frame(last, subject)
+                if stored is None:
+                    return
             yield None
+            if stored is not None:
+                yield stored  # any later frame comes on the subscription
             async for frame in self._frames_on(sub, subject, idle):
                 yield frame
         finally:

@@ -214,3 +214,25 @@ async def test_a_concurrency_key_limits_its_runs_across_executors(
     assert max(claimed.index(r) for r in theirs) < claimed.index(mine[-1])
     both = [e for e in timeline if e["run_id"] in mine + theirs]
     assert max_running(both) == 2
+
+
+async def test_a_workflow_ending_with_its_last_node_gives_its_job_to_the_next_run(
+    infra: Any, db_url: str, prefix: str
+) -> None:
+    # Recovery's sweep, which also gives held runs their job, is made too slow to help:
+    # only the workflow's end may start the held run's turn.
+    overrides = {"tenant_share_runs": 1, "recovery_interval_ms": 60_000}
+    async with InProcessStack(
+        infra.nats_url, db_url, prefix, db_roles=infra.service_roles, overrides=overrides
+    ) as stack:
+        client = stack.client
+        nodes = [{"id": "only", "runner": "scripted", "input": {"tokens": ["a"]}}]
+        await client.release("one-node", 1, {"nodes": nodes})
+        workflow = (await client.submit_workflow("one-node", {})).run.run_id
+        # The workflow run holds the tenant's one job: this run waits for it.
+        held = (await client.submit(QUICK)).run.run_id
+        await collect(client, workflow, timeout=30)
+        frames, _ = await collect(client, held, timeout=10)
+        events = [e["event"] for e in await stack.store.run_events(held)]
+    assert frames[-1].data["status"] == "finished"
+    assert "share_turn" in events

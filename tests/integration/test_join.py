@@ -13,11 +13,19 @@ from runwire.contracts.commands import JoinCommand
 from runwire.contracts.frames import Frame, FrameType
 from runwire.contracts.headers import REPLAY_NEXT
 from runwire.contracts.status import RunStatus
+from runwire.contracts.subjects import Subjects
 from runwire.relay.join import FIRST_SEGMENTS
+from runwire.runtime.broker import Broker
 from runwire.runtime.metrics import COMMAND_DURATION
 from runwire.testing.servers import Servers
 from runwire.testing.waiting import eventually
-from tests.services import InProcessStack, all_frames_stored, assert_well_formed, collect
+from tests.services import (
+    AttemptFrames,
+    InProcessStack,
+    all_frames_stored,
+    assert_well_formed,
+    collect,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -228,26 +236,49 @@ async def _followers_of(client: Client, run_id: str) -> list[str]:
     return [c.name for c in consumers if c.config.filter_subject == subject]
 
 
+RUN_DATA = {"attempt": 1, "resumed": False, "partial_length": 0}
+
+
+async def _follow(client: Client, run_id: str, frames: list[Frame], first: asyncio.Event) -> None:
+    async for frame in client.stream(run_id):
+        frames.append(frame)
+        first.set()
+
+
 async def test_a_run_its_client_just_submitted_is_followed_without_a_consumer(
-    stack: InProcessStack,
+    infra: Servers, db_url: str, prefix: str
 ) -> None:
     """The broker keeps nothing for a client following the run it just submitted: it
-    listens on the run's subject, where every frame is published as it is stored."""
-    before = _joins_answered()
-    tokens = [f"t{i} " for i in range(12)]
-    reply = await stack.client.submit({"tokens": tokens, "token_delay_ms": 20})
-    run_id = reply.run.run_id
-    frames: list[Frame] = []
-    followers: list[str] | None = None
-    async for frame in stack.client.stream(run_id):
-        frames.append(frame)
-        if frame.type == FrameType.MESSAGE and followers is None:
-            followers = await _followers_of(stack.client, run_id)
+    listens on the run's live subject, where the stream republishes every frame it
+    stores; a `run` frame stored before the client listened (an attempt that started at
+    once) comes from the stream's last frame of the run. The test publishes the frames
+    as an attempt does, so that each order is certain."""
+    async with InProcessStack(infra.nats_url, db_url, prefix, executors=0) as stack:
+        broker = await Broker.connect(infra.nats_url, Subjects(prefix), name="test-executor")
+        before = _joins_answered()
+        try:
+            for stored_first in (False, True):
+                run_id = (await stack.client.submit({"tokens": ["x"]})).run.run_id
+                attempt = AttemptFrames(broker, run_id)
+                if stored_first:
+                    await attempt.emit(FrameType.RUN, RUN_DATA)
+                frames: list[Frame] = []
+                first = asyncio.Event()
+                following = asyncio.create_task(_follow(stack.client, run_id, frames, first))
+                if not stored_first:
+                    await attempt.emit(FrameType.RUN, RUN_DATA)
+                await asyncio.wait_for(first.wait(), 10)
+                followers = await _followers_of(stack.client, run_id)
+                await attempt.run([f"t{i} " for i in range(5)])
+                await asyncio.wait_for(following, 10)
 
-    assert followers == []
-    assert_well_formed(frames)
-    assert "".join(f.data["text"] for f in frames if f.type == FrameType.MESSAGE) == "".join(tokens)
-    assert _joins_answered() == before
+                assert followers == [], stored_first
+                assert_well_formed(frames)
+                texts = [f.data.get("text") for f in frames[1:-1]]
+                assert texts == [f"t{i} " for i in range(5)]
+        finally:
+            await broker.close()
+        assert _joins_answered() == before
 
 
 async def test_a_fresh_run_that_ended_before_it_was_followed_comes_whole_from_the_stream(

@@ -360,7 +360,8 @@ BEGIN
         IF FOUND THEN
             INSERT INTO run_events (run_id, event, status, attempt, actor, reason)
             VALUES (r.run_id, 'finished', r.status, r.attempts, p_actor, 'runner returned');
-            IF r.parent_run_id IS NULL AND NOT r.tenant = ANY(v_tenants) THEN
+            -- A node run's tenant too: its workflow run may have ended with it.
+            IF NOT r.tenant = ANY(v_tenants) THEN
                 v_tenants := v_tenants || r.tenant;
             END IF;
             RETURN NEXT r;
