@@ -29,10 +29,11 @@ class FrameType(StrEnum):
     DONE = "done"
 
 
-# Frames that the relay writes to Postgres at once instead of batching.
+# Frames that the relay writes to Postgres at once instead of batching (a join reads
+# the frames not written yet from the stream; these are the ones a reader of Postgres
+# alone, or a run that then waits long, should find written at once).
 URGENT_FRAME_TYPES = frozenset(
     {
-        FrameType.RUN,
         FrameType.TOOL_CALL,
         FrameType.TOOL_RESULT,
         FrameType.EFFECT,

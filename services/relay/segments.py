@@ -2,9 +2,11 @@
 
 The frames a relay archives are buffered per run, each buffer one contiguous range of
 the run's `seq`, and written in one multi-row statement per flush: every
-`segment_flush_ms`, when a buffer passes `segment_bytes`, and at once for `run`, tool,
-`error` and `done` frames. A frame's message is acknowledged only once its segment is
-written.
+`segment_flush_ms`, when a buffer passes `segment_bytes`, and at once for the frames of
+`URGENT_FRAME_TYPES` (tools, effects, nodes, waits, `error`, `done`; not an attempt's
+`run` frame, which its first output follows within the flush interval anyway: a quiet
+run's frames are then one statement, not two). A frame's message is acknowledged only
+once its segment is written.
 
 `write_segments` leaves out a segment that overlaps one already written, whole (another
 relay, or a redelivery after a crash, wrote some of the same frames): a run whose

@@ -404,3 +404,24 @@ async def test_a_client_follows_a_run_from_its_join_to_its_done(
     frames, transcript = await following
     assert [f.seq for f in frames] == list(range(1, chain.seq + 1))
     assert transcript.text == "a b " + "".join(f"{i} " for i in range(20))
+
+
+async def test_a_quiet_runs_frames_are_written_in_one_segment(
+    infra: Servers, db_url: str, prefix: str
+) -> None:
+    """A run whose output follows its `run` frame at once (most runs) costs Postgres one
+    segment statement: the `run` frame waits for `done` (or the flush timer, here too long
+    to matter), and `done` is written at once."""
+    overrides = {"segment_flush_ms": 60_000, "stream_replicas": infra.stream_replicas}
+    async with InProcessStack(
+        infra.nats_url, db_url, prefix, executors=0, overrides=overrides
+    ) as stack:
+        publisher = await Broker.connect(stack.nats_url, Subjects(prefix), name="test-executor")
+        try:
+            (run_id,) = await _runs(stack, 1)
+            await AttemptFrames(publisher, run_id).run(["a ", "b "])
+            await eventually(lambda: all_frames_stored(stack.store, run_id, 4), timeout=15)
+            segments = await stack.store.segments_after(run_id, 0)
+        finally:
+            await publisher.close()
+    assert [[f["seq"] for f in s.frames] for s in segments] == [[1, 2, 3, 4]]
