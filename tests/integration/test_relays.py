@@ -414,7 +414,12 @@ async def test_a_quiet_runs_frames_are_written_in_one_segment(
     to matter), and `done` is written at once."""
     overrides = {"segment_flush_ms": 60_000, "stream_replicas": infra.stream_replicas}
     async with InProcessStack(
-        infra.nats_url, db_url, prefix, executors=0, overrides=overrides
+        infra.nats_url,
+        db_url,
+        prefix,
+        executors=0,
+        db_roles=infra.service_roles,
+        overrides=overrides,
     ) as stack:
         publisher = await Broker.connect(stack.nats_url, Subjects(prefix), name="test-executor")
         try:
