@@ -363,6 +363,10 @@ def gateway_permissions(tenants: list[str], subjects: Subjects) -> dict[str, Any
         f"$JS.API.STREAM.MSG.GET.{stream}",
         f"$JS.API.DIRECT.GET.{stream}.>",
         f"$KV.{kv}.>",
+        # Listing a tenant's threads: a consumer of the listing's own, read, then deleted.
+        f"$JS.API.CONSUMER.CREATE.{stream}.*.$KV.{kv}.>",
+        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.*",
+        f"$JS.API.CONSUMER.DELETE.{stream}.*",
     ]
     allowed["subscribe"]["allow"].append(f"{GATEWAY_INBOX}.>")
     return allowed

@@ -8,12 +8,14 @@ import asyncio
 import contextlib
 import json
 import re
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import nats
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
@@ -23,6 +25,10 @@ from runwire.contracts.subjects import GATEWAY_INBOX, Subjects
 # Thread ids are keys of the bucket: letters, digits, '-' and '_'.
 # How long the first request waits for the threads bucket to be made or found.
 BUCKET_TIMEOUT_S = 30.0
+# Listing a tenant's threads: how many a request asks for at once, and how long the
+# server keeps the listing's consumer should the gateway die before deleting it.
+LISTING_BATCH = 256
+LISTING_IDLE_S = 60.0
 THREAD_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 
 
@@ -61,6 +67,7 @@ class Threads:
         self.tls_ca = tls_ca
         self._kv: KeyValue | None = None
         self._nc: Any = None
+        self._js: Any = None
         self._lock = asyncio.Lock()
 
     async def _bucket(self) -> KeyValue:
@@ -78,7 +85,7 @@ class Threads:
                     tls=tls_context(self.tls_ca),
                 )
                 # Creating a replicated bucket on a busy cluster can take seconds.
-                js = self._nc.jetstream(timeout=BUCKET_TIMEOUT_S)
+                js = self._js = self._nc.jetstream(timeout=BUCKET_TIMEOUT_S)
                 self._kv = await js.create_key_value(
                     bucket=Subjects(self.prefix).threads_bucket,
                     history=1,
@@ -156,17 +163,38 @@ class Threads:
         await (await self._bucket()).delete(f"{tenant}.{thread_id}")
 
     async def all(self, tenant: str) -> list[dict[str, Any]]:
-        """Every thread of the tenant."""
-        watcher = await (await self._bucket()).watch(f"{tenant}.*", ignore_deletes=True)
+        """Every thread of the tenant: the last value of each of its keys, read by a
+        consumer of this call's own, which says when it is made how many there are (a
+        key-value watcher's "that was all" can come before values already on their way,
+        and so list none)."""
+        await self._bucket()
+        bucket = Subjects(self.prefix).threads_bucket
+        stream = f"KV_{bucket}"
+        name = f"threads-{uuid.uuid4().hex}"
+        made = await self._js.add_consumer(
+            stream,
+            ConsumerConfig(
+                name=name,
+                filter_subject=f"$KV.{bucket}.{tenant}.*",
+                deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+                ack_policy=AckPolicy.NONE,
+                mem_storage=True,
+                inactive_threshold=LISTING_IDLE_S,
+            ),
+        )
         found = []
         try:
-            async for entry in watcher:
-                if entry is None:
-                    break
-                if entry.value:
-                    found.append(upgraded(json.loads(entry.value)))
+            reading = await self._js.pull_subscribe_bind(name=name, stream=stream)
+            left = made.num_pending or 0
+            while left > 0:
+                for msg in (got := await reading.fetch(min(left, LISTING_BATCH))):
+                    if msg.data and (msg.headers or {}).get("KV-Operation") is None:
+                        found.append(upgraded(json.loads(msg.data)))
+                left = got[-1].metadata.num_pending
+            await reading.unsubscribe()
         finally:
-            await watcher.stop()  # type: ignore[no-untyped-call]
+            with contextlib.suppress(nats.errors.Error):
+                await self._js.delete_consumer(stream, name)
         return found
 
     async def close(self) -> None:

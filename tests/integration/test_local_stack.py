@@ -173,7 +173,9 @@ async def test_the_gateway_serves_each_tenant_by_its_api_key(tmp_path: Path) -> 
             # in the gateway's bucket, which its broker identity may use).
             sdk = get_client(url=url, api_key=key)
             try:
-                thread = await sdk.threads.create()
+                thread = await sdk.threads.create(metadata={"project": "tides"})
+                found = await sdk.threads.search(metadata={"project": "tides"})
+                assert [t["thread_id"] for t in found] == [thread["thread_id"]]
                 parts = [
                     part
                     async for part in sdk.runs.stream(
