@@ -140,6 +140,11 @@ class Subjects:
         as it stores it, for a plain subscription (no replay, no consumer)."""
         return f"{self.prefix}.{tenant}.runs.{run_id}.live"
 
+    @property
+    def live_frames_wildcard(self) -> str:
+        """Every run's live subject (what the relay archives from)."""
+        return f"{self.prefix}.*.runs.*.live"
+
     @staticmethod
     def live_of(frames_subject: str) -> str:
         """The live subject of a run's frames subject."""

@@ -256,7 +256,8 @@ def service_permissions(
         subscribe += [f"{p}.ctl.cancel.>"]
         publish += [f"{p}.jobs.>", f"{p}.frames.out.>"]
     elif service == "relay":
-        subscribe += [f"{p}.*.cmd.join"]
+        # Every frame the frames stream stores, as it republishes it (the archive).
+        subscribe += [f"{p}.*.cmd.join", subjects.live_frames_wildcard]
     elif service == "recovery":
         publish += [f"{p}.jobs.>", f"{p}.frames.out.>", f"{p}.*.events.>"]
         # Consumers created and removed on the streams tenants read (it polices them).

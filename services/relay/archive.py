@@ -2,22 +2,34 @@
 
 Attempts publish each client frame once, numbered and fenced, so the stream holds each
 run's frames 1..N in order, once, and nothing forged: the relay numbers, checks and
-republishes nothing. It reads the stream with one durable pull consumer (filtered on
-every run's client subject, from the first message on) and buffers each run's frames
-for its next segment (`segments.py`); a frame is acknowledged only once its segment is
-written, so the frames a crashed relay held come back to the next one.
+republishes nothing. It hears each frame as the stream republishes it on its run's live
+subject (a plain subscription to `<prefix>.*.runs.*.live`, where only the server
+publishes: no consumer, nothing acknowledged frame by frame) and buffers each run's
+frames for its next segment (`segments.py`).
 
-One relay archives at a time: the consumer runs only while this relay holds the
-archive's Postgres advisory lock (`partitions.py`, with one partition), and a standby
-relay takes the lock over when the active one dies (its connection ends) or freezes
-past `partition_timeout_ms`.
+The stream's sequences are its frames, one after another, and each republished frame
+carries its own. A frame missing between the last one heard and the next (dropped on
+the way to a busy relay, or lost while the stream's leader changed) is read from the
+stream before the later one, and when nothing is heard for `LIVE_IDLE_S` the relay asks
+the stream whether it stored more. How far the archive is written is kept in Postgres
+(`frame_archive`: every frame up to that stream sequence is in a segment, or was left
+out as malformed), every `PROGRESS_S` and whenever the archive changes hands: the relay
+that archives next, after a take-over or a restart, reads the stream from there on
+before it listens.
+
+One relay archives at a time: it reads only while it holds the archive's Postgres
+advisory lock (`partitions.py`, with one partition), and a standby relay takes the lock
+over when the active one dies (its connection ends) or freezes past
+`partition_timeout_ms`.
 
 Each run's segments stay contiguous. A frame that follows the last one this relay took
-of its run is buffered. One this relay took already (delivered again) is acknowledged
-with its segment. Any other (a run this relay has not seen from its first frame: after a
-take-over, a restart, a redelivery after a crash, or frames missing before it) has its
-run brought up to date from the stream first (`SegmentWriter.sync`), which writes what
-no segment holds yet. A malformed message is logged with its run and terminated.
+of its run is buffered, and a run's first frame heard live starts its run here. Any
+other (a run this relay has not seen from its first frame: read from the stream after a
+take-over or a restart, or frames missing before it) has its run brought up to date
+from the stream first (`SegmentWriter.sync`), which writes what no segment holds yet. A
+malformed message is logged with its run and left out. While Postgres is away the relay
+tries the same frame again; what the stream stores meanwhile waits in the subscription,
+or past its bounds is read from the stream once the relay goes on.
 """
 
 import asyncio
@@ -28,12 +40,12 @@ from dataclasses import dataclass
 from nats.aio.msg import Msg
 
 from runwire.contracts.frames import URGENT_FRAME_TYPES
+from runwire.contracts.subjects import Subjects
 from runwire.relay.partitions import ARCHIVE_LOCKS, PartitionOwner
 from runwire.relay.segments import SegmentWriter
 from runwire.relay.stored import MalformedFrame, StoredFrame, parse_stored
 from runwire.relay.upgrade import retire_raw_frames
 from runwire.runtime.broker import Broker
-from runwire.runtime.consumer import DurablePull
 from runwire.runtime.errors import RunwireError, Unavailable
 from runwire.runtime.logs import bind, fields
 from runwire.runtime.settings import RelaySettings
@@ -42,16 +54,24 @@ from runwire.runtime.streams import StreamLimits
 
 log = logging.getLogger(__name__)
 
-# The durable consumer of the frames stream that archives it.
-ARCHIVE_CONSUMER = "relay-archive"
 # One archiver at a time: the whole stream is one partition.
 ARCHIVE_PARTITIONS = 1
-FETCH_BATCH = 256
-FRAMES_IN_FLIGHT = 10_000
-# Short, so that frames a crashed relay had fetched come back quickly to the next one.
-ARCHIVE_ACK_WAIT_S = 5.0
+# Nothing heard this long: the stream is asked whether it stored more.
+LIVE_IDLE_S = 1.0
+# How often the archive's progress is written to Postgres.
+PROGRESS_S = 1.0
+# Frames read from the stream at a time (catching up, or filling a gap).
+CATCH_UP_BATCH = 1000
+# The pause before a frame Postgres could not take is tried again.
+RETRY_S = 0.5
 OWNER_CHECK_S = 0.05
-NAK_DELAY_S = 0.5
+# What the live subscription holds while the relay is busy (writing, catching up); the
+# server drops what comes past it for this relay, and the relay reads it from the stream.
+LIVE_PENDING_MSGS = 100_000
+LIVE_PENDING_BYTES = 256 * 1024 * 1024
+# The durable consumer through which relays of earlier versions archived the stream: its
+# place is where this archive starts (it is removed then).
+EARLIER_CONSUMER = "relay-archive"
 # Runs whose place this relay remembers; past it the oldest are forgotten (a forgotten
 # run is looked up again if its frames keep coming: nothing is lost, it costs a query).
 MAX_RUNS = 100_000
@@ -74,9 +94,16 @@ class Archiver:
         self.settings = settings
         self.store = store
         self.broker = broker
+        self.stream = broker.subjects.run_frames_stream
         self.runs: dict[str, RunCursor] = {}
         self.segments = SegmentWriter(settings, store, broker)
+        # Every frame the stream stored up to this sequence is taken (buffered, written,
+        # or left out); and how far Postgres says the archive is written.
+        self.through = 0
+        self.saved = 0
         self._owner: PartitionOwner | None = None
+        self._taking = asyncio.Lock()
+        self._heard_at = 0.0
 
     async def run(self, stop: asyncio.Event) -> None:
         """Archive while this relay holds the archive lock, until `stop`."""
@@ -100,33 +127,181 @@ class Archiver:
             await self.segments.flush()
 
     async def _consume(self, partition: int, stop: asyncio.Event) -> None:
-        """Archive the frames stream, in stream order, until `stop`."""
-        subjects = self.broker.subjects
-        frames = DurablePull(
-            self.broker,
-            subjects.run_frames_stream,
-            ARCHIVE_CONSUMER,
-            limits=StreamLimits.of(self.settings),
-            max_ack_pending=FRAMES_IN_FLIGHT,
-            ack_wait_s=ARCHIVE_ACK_WAIT_S,
-            filter_subject=subjects.run_frames_wildcard,
-            declare_streams=False,  # declared once by run()
+        """Archive the frames stream, in stream order, until `stop`: what it stored since
+        the archive's progress first, then each frame as it is stored."""
+        loop = asyncio.get_running_loop()
+        listening = asyncio.Event()
+
+        async def heard(msg: Msg) -> None:
+            await listening.wait()
+            self._heard_at = loop.time()
+            async with self._taking:
+                await self._heard(msg, stop)
+
+        live = await self.broker.nc.subscribe(
+            self.broker.subjects.live_frames_wildcard,
+            cb=heard,
+            pending_msgs_limit=LIVE_PENDING_MSGS,
+            pending_bytes_limit=LIVE_PENDING_BYTES,
         )
-        await frames.open()
-        log.info("archiving the frames stream")
         try:
-            while (msgs := await frames.fetch(FETCH_BATCH, stop)) is not None:
-                if not await self._still_owner(stop):
-                    # Given back at once, for the next archiver, rather than left to wait
-                    # out their ack_wait.
-                    await frames.close(unhandled=msgs)
-                    break
-                urgent = False
-                for msg in msgs:
-                    urgent = await self.handle(msg) or urgent
-                self.segments.flush_soon(urgent)
+            while (start := await self._start(stop)) is None:
+                if stop.is_set():
+                    return
+            self.through = self.saved = start
+            log.info("archiving the frames stream from stream sequence %d on", self.through + 1)
+            async with self._taking:
+                if not await self._catch_up(stop):
+                    return
+            listening.set()
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), min(LIVE_IDLE_S, PROGRESS_S))
+                await self._save_progress()
+                if loop.time() - self._heard_at >= LIVE_IDLE_S:
+                    async with self._taking:
+                        await self._look_at_the_stream(stop)
         finally:
-            await frames.close()
+            with contextlib.suppress(Exception):
+                await live.unsubscribe()
+
+    async def _start(self, stop: asyncio.Event) -> int | None:
+        """Where the archive stands: what Postgres says, or else where the consumer of an
+        earlier version stood, or else nothing archived yet. None (after a pause) while
+        Postgres or the stream cannot say."""
+        try:
+            return await self._archive_start()
+        except RunwireError as exc:
+            log.warning("where the archive stands is not known yet: %s", exc.message)
+            await _pause(stop, RETRY_S)
+            return None
+
+    async def _archive_start(self) -> int:
+        saved = await self.store.archived_through(self.stream)
+        if saved is None:
+            earlier = await self.broker.consumer_of(self.stream, EARLIER_CONSUMER)
+            saved = 0
+            if earlier is not None:
+                saved = int(earlier.ack_floor.stream_seq) if earlier.ack_floor else 0
+                await self.store.advance_archive(self.stream, saved)
+                await self.broker.delete_consumer(self.stream, EARLIER_CONSUMER)
+                log.info("the archive's consumer of an earlier version removed")
+        last = await self.broker.last_stream_seq(self.stream)
+        if saved > last:
+            return await self._restart(last, saved)
+        return saved
+
+    async def _restart(self, last: int, saved: int) -> int:
+        log.warning(
+            "the frames stream ends at stream sequence %d, before the archive's %d: it was "
+            "made anew, and is archived from its start",
+            last,
+            saved,
+        )
+        await self.store.restart_archive(self.stream, 0)
+        self.runs.clear()
+        return 0
+
+    async def _look_at_the_stream(self, stop: asyncio.Event) -> None:
+        """Nothing heard for a while: read what the stream stored meanwhile, if anything
+        (a frame whose republish was lost, with none after it)."""
+        try:
+            last = await self.broker.last_stream_seq(self.stream)
+        except RunwireError as exc:
+            log.warning("the frames stream cannot be asked how far it is: %s", exc.message)
+            return
+        if last < self.through:
+            self.through = self.saved = await self._restart(last, self.through)
+        if last > self.through:
+            await self._catch_up(stop, last)
+
+    async def _heard(self, msg: Msg, stop: asyncio.Event) -> None:
+        headers = msg.headers or {}
+        subject = headers.get("Nats-Subject", "")
+        try:
+            stream_seq = int(headers["Nats-Sequence"])
+        except (KeyError, ValueError):
+            stream_seq = 0
+        if (
+            stream_seq <= 0
+            or msg.reply
+            or headers.get("Nats-Stream") != self.stream
+            or msg.subject != Subjects.live_of(subject)
+        ):
+            # Not the stream's republish: a tenant's consumer may deliver anywhere, a live
+            # subject too (nats-server does not check a push consumer's deliver subject).
+            log.warning(
+                "a message on %s that the frames stream did not store: left out", msg.subject
+            )
+            return
+        if stream_seq <= self.through:
+            return  # read from the stream already
+        if stream_seq > self.through + 1 and not await self._catch_up(stop, stream_seq - 1):
+            return
+        await self._take(subject, headers, msg.data, stream_seq, stop, live=True)
+
+    async def _catch_up(self, stop: asyncio.Event, upto: int | None = None) -> bool:
+        """Take what the stream stored after `through`, up to `upto` (its last frame when
+        None); False when stopped first."""
+        subjects = self.broker.subjects.run_frames_wildcard
+        while not stop.is_set():
+            try:
+                end = upto if upto is not None else await self.broker.last_stream_seq(self.stream)
+                while self.through < end:
+                    got = await self.broker.read_range(
+                        self.stream, subjects, self.through + 1, end, batch=CATCH_UP_BATCH
+                    )
+                    for m in got:
+                        subject = m.headers.get("Nats-Subject", "")
+                        if not await self._take(subject, m.headers, m.data, m.stream_seq, stop):
+                            return False
+                    if len(got) < CATCH_UP_BATCH:
+                        self.through = end  # the rest is gone from the stream (purged, expired)
+                return True
+            except RunwireError as exc:
+                log.warning(
+                    "the frames stream not read from stream sequence %d yet: %s",
+                    self.through + 1,
+                    exc.message,
+                )
+                await _pause(stop, RETRY_S)
+        return False
+
+    async def _take(
+        self,
+        subject: str,
+        headers: dict[str, str],
+        data: bytes,
+        stream_seq: int,
+        stop: asyncio.Event,
+        *,
+        live: bool = False,
+    ) -> bool:
+        """Archive one frame the stream stored (heard `live`, or read from the stream);
+        False when stopped before it was taken."""
+        while await self._still_owner(stop):
+            try:
+                stored = parse_stored(subject, headers, data, stream_seq)
+            except MalformedFrame as exc:
+                log.error(
+                    "malformed message on the frames stream left out: %s",
+                    exc.reason,
+                    extra=fields(run_id=exc.run_id, tenant=exc.tenant, stream_seq=stream_seq),
+                )
+                self.through = stream_seq
+                return True
+            with bind(run_id=stored.run_id, tenant=stored.tenant):
+                try:
+                    urgent = await self._archive(stored, live)
+                except RunwireError as exc:
+                    log.warning("frame %d not archived yet: %s", stored.seq, exc.message)
+                    self.runs.pop(stored.run_id, None)  # looked at again
+                    await _pause(stop, RETRY_S)
+                    continue
+            self.through = stream_seq
+            self.segments.flush_soon(urgent, stored.run_id)
+            return True
+        return False
 
     async def _still_owner(self, stop: asyncio.Event) -> bool:
         """Wait until this relay's archive lock is confirmed (at once, normally); False
@@ -134,76 +309,61 @@ class Archiver:
         while self._owner is not None and not self._owner.current():
             if stop.is_set():
                 return False
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), OWNER_CHECK_S)
+            await _pause(stop, OWNER_CHECK_S)
         return not stop.is_set()
 
+    async def _save_progress(self) -> None:
+        """Tell Postgres how far the archive is written."""
+        unwritten = self.segments.first_unwritten()
+        through = self.through if unwritten is None else min(self.through, unwritten - 1)
+        if through <= self.saved:
+            return
+        try:
+            await self.store.advance_archive(self.stream, through)
+        except RunwireError as exc:
+            log.warning("the archive's progress not saved yet: %s", exc.message)
+            return
+        self.saved = through
+
     async def _released(self, partition: int) -> None:
-        # Another relay may archive these runs now: write what is buffered, and forget
-        # where the runs stood.
+        # Another relay may archive these runs now: write what is buffered, say how far
+        # that goes, and forget where the runs stood.
         await self.segments.flush()
+        await self._save_progress()
         self.runs.clear()
         log.info("stopped archiving the frames stream; what it held is written")
 
-    async def handle(self, msg: Msg) -> bool:
-        """Archive one message of the frames stream; True when its frame must not wait
-        for the next flush."""
-        try:
-            stored = parse_stored(msg.subject, msg.headers, msg.data, msg.metadata.sequence.stream)
-        except MalformedFrame as exc:
-            log.error(
-                "malformed message on the frames stream terminated: %s",
-                exc.reason,
-                extra=fields(
-                    run_id=exc.run_id,
-                    tenant=exc.tenant,
-                    stream_seq=msg.metadata.sequence.stream,
-                ),
-            )
-            await msg.term()
-            return False
-        with bind(run_id=stored.run_id, tenant=stored.tenant):
-            try:
-                return await self._archive(stored, msg)
-            except RunwireError as exc:
-                log.warning("frame %d not archived yet: %s", stored.seq, exc.message)
-                self.runs.pop(stored.run_id, None)  # looked at again when it comes back
-                await msg.nak(delay=NAK_DELAY_S)
-                return False
-
-    async def _archive(self, stored: StoredFrame, msg: Msg) -> bool:
+    async def _archive(self, stored: StoredFrame, live: bool) -> bool:
+        """Buffer (or write) one frame; True when it must not wait for the next flush."""
         run = self.runs.get(stored.run_id)
-        if run is None and stored.seq == 1 and msg.metadata.num_delivered == 1:
-            # A run's first frame, delivered for the first time: nobody archived any
-            # frame of it yet. (The usual case: no query.)
+        if run is None and stored.seq == 1 and live:
+            # A run's first frame, stored after this relay began to listen: no frame of
+            # it is archived yet. (The usual case: no query.)
             run = self._remember(stored.run_id, 0, stored.tenant)
         if run is not None and run.tenant != stored.tenant:
-            await self._refuse(stored, run.tenant, msg)
+            self._refuse(stored, run.tenant)
             return False
         if run is not None and stored.seq == run.last_seq + 1:
-            self.segments.buffer(stored, msg)
+            self.segments.buffer(stored)
             run.last_seq = stored.seq
             return stored.frame.type in URGENT_FRAME_TYPES
         if run is not None and stored.seq <= run.last_seq:
-            await self.segments.settle_again(stored.run_id, stored.seq, msg)
-            return False
-        # A run in progress this relay has not seen from its start, a redelivery after a
-        # crash, or frames missing before this one: Postgres and the stream say what is
-        # archived and what is not. What is buffered is written first, so that the run's
-        # segments stay in order.
+            return False  # taken already
+        # A run in progress this relay has not seen from its start, or frames missing
+        # before this one: Postgres and the stream say what is archived and what is not.
+        # What is buffered is written first, so that the run's segments stay in order.
         await self.segments.flush()
         if self.segments.holds(stored.run_id):
             raise Unavailable("the run's earlier frames are not written yet")
         owner = await self.store.get_run_by_id(stored.run_id)
         if owner is None or owner.tenant != stored.tenant:
-            await self._refuse(stored, owner.tenant if owner else None, msg)
+            self._refuse(stored, owner.tenant if owner else None)
             return False
         complete = await self.segments.sync(stored.tenant, stored.run_id, stored.stream_seq)
-        await msg.ack()
         self._remember(stored.run_id, max(complete, stored.seq), stored.tenant)
         return False
 
-    async def _refuse(self, stored: StoredFrame, tenant: str | None, msg: Msg) -> None:
+    def _refuse(self, stored: StoredFrame, tenant: str | None) -> None:
         """A frame of a run Postgres does not have (deleted when its retention ended), or
         stored under another tenant's subject than the run's (a faulty or hostile
         publisher): never archived into the run's segments."""
@@ -217,7 +377,6 @@ class Archiver:
                 stored.tenant,
                 tenant,
             )
-        await msg.term()
 
     def _remember(self, run_id: str, last_seq: int, tenant: str) -> RunCursor:
         run = self.runs[run_id] = RunCursor(last_seq, tenant)
@@ -226,3 +385,9 @@ class Archiver:
             if not self.segments.holds(oldest):
                 del self.runs[oldest]
         return run
+
+
+async def _pause(stop: asyncio.Event, seconds: float) -> None:
+    """Wait `seconds`, or less if `stop` is set meanwhile."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)

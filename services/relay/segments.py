@@ -5,13 +5,14 @@ the run's `seq`, and written in one multi-row statement per flush: every
 `segment_flush_ms`, when a buffer passes `segment_bytes`, and at once for the frames of
 `URGENT_FRAME_TYPES` (tools, effects, nodes, waits, `error`, `done`; not an attempt's
 `run` frame, which its first output follows within the flush interval anyway: a quiet
-run's frames are then one statement, not two). A frame's message is acknowledged only
-once its segment is written.
+run's frames are then one statement, not two). `first_unwritten` says where the archive
+stands: every frame stored before it is written.
 
 `write_segments` leaves out a segment that overlaps one already written, whole (another
-relay, or a redelivery after a crash, wrote some of the same frames): a run whose
-segment was left out, or whose `done` was written with frames missing, is brought up to
-date from the stream (`sync`), which holds every frame of the run, in order, once.
+relay, or a relay reading again what it wrote before a crash, wrote some of the same
+frames): a run whose segment was left out, or whose `done` was written with frames
+missing, is brought up to date from the stream (`sync`), which holds every frame of the
+run, in order, once.
 """
 
 import asyncio
@@ -22,8 +23,6 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-
-from nats.aio.msg import Msg
 
 from runwire.relay.stored import MalformedFrame, StoredFrame, parse_stored
 from runwire.runtime import faults, tracing
@@ -53,12 +52,11 @@ class SegmentBuffer:
     last_seq: int = 0
     frames: list[str] = field(default_factory=list)
     size: int = 0
+    first_stream_seq: int = 0
     last_stream_seq: int = 0
     closed: bool = False
     # When each frame was made (its `at`), for the lag measured once it is written.
     made: list[datetime] = field(default_factory=list)
-    # The messages of these frames, acknowledged once the segment is written.
-    acks: list[Msg] = field(default_factory=list)
 
 
 def _flush_spans(buffers: Iterable[SegmentBuffer], started_ns: int, error: str = "") -> None:
@@ -153,19 +151,18 @@ class SegmentWriter:
         self.store = store
         self.broker = broker
         self.buffers: dict[str, SegmentBuffer] = {}
-        # The buffers of the flush under way, by run (a frame delivered again meanwhile
-        # is acknowledged with them).
+        # The buffers of the flush under way, by run.
         self._writing: dict[str, SegmentBuffer] = {}
         self._flush_lock = asyncio.Lock()
         self._flush_now = asyncio.Event()
 
-    def buffer(self, stored: StoredFrame, msg: Msg | None) -> None:
-        """Keep a frame for its run's next segment; `msg`, its message, is acknowledged
-        once the segment is written. The frame must follow the run's buffered ones."""
+    def buffer(self, stored: StoredFrame) -> None:
+        """Keep a frame for its run's next segment. The frame must follow the run's
+        buffered ones."""
         buffer = self.buffers.get(stored.run_id)
         if buffer is None:
             buffer = self.buffers[stored.run_id] = SegmentBuffer(
-                stored.run_id, stored.seq, stored.tenant
+                stored.run_id, stored.seq, stored.tenant, first_stream_seq=stored.stream_seq
             )
         elif stored.seq != buffer.last_seq + 1:
             raise ValueError(f"frame {stored.seq} does not follow {buffer.last_seq}")
@@ -175,8 +172,6 @@ class SegmentWriter:
             buffer.traceparent = stored.traceparent
         buffer.frames.append(stored.body)
         buffer.made.append(stored.frame.at)
-        if msg is not None:
-            buffer.acks.append(msg)
         buffer.last_seq = stored.seq
         buffer.size += len(stored.body)
         buffer.last_stream_seq = stored.stream_seq
@@ -186,21 +181,17 @@ class SegmentWriter:
         """Whether frames of the run wait to be written."""
         return run_id in self.buffers or run_id in self._writing
 
-    async def settle_again(self, run_id: str, seq: int, msg: Msg) -> None:
-        """A frame this relay took already comes again: acknowledged now if its segment
-        is written. If it still waits (its ack wait ran out while Postgres was slow or
-        away), this delivery is let go: the first is acknowledged with the segment, and
-        should the server want this one still, it comes back once the segment is
-        written. (Kept, every redelivery of a long outage would pile up here.)"""
-        for pending in (self.buffers.get(run_id), self._writing.get(run_id)):
-            if pending is not None and pending.first_seq <= seq <= pending.last_seq:
-                return
-        await msg.ack()
+    def first_unwritten(self) -> int | None:
+        """The stream sequence of the first frame buffered and not written yet; None when
+        every frame buffered is written."""
+        waiting = [*self.buffers.values(), *self._writing.values()]
+        return min((b.first_stream_seq for b in waiting), default=None)
 
-    def flush_soon(self, urgent: bool) -> None:
-        """Have the flusher write at once when a frame must not wait or a buffer is full
-        (the consumer goes on meanwhile)."""
-        if urgent or any(b.size >= self.settings.segment_bytes for b in self.buffers.values()):
+    def flush_soon(self, urgent: bool, run_id: str) -> None:
+        """Have the flusher write at once when a frame must not wait or the buffer of its
+        run (`run_id`) is full (the archiver goes on meanwhile)."""
+        buffer = self.buffers.get(run_id)
+        if urgent or (buffer is not None and buffer.size >= self.settings.segment_bytes):
             self._flush_now.set()
 
     async def flush(self) -> None:
@@ -216,8 +207,8 @@ class SegmentWriter:
                 await self._write(pending)
             except BaseException:
                 # Kept whole, those already written too (writing them again writes
-                # nothing twice): a frame is acknowledged only once it is written, and
-                # this relay takes every one of them for buffered or written.
+                # nothing twice): the archive counts a frame done only once it is
+                # written, and this relay takes every one of them for buffered or written.
                 self._keep(pending.values())
                 raise
             finally:
@@ -246,7 +237,7 @@ class SegmentWriter:
         await self._settle(pending.values(), counts)
 
     async def _settle(self, written: Iterable[SegmentBuffer], counts: list[SegmentCount]) -> None:
-        """Acknowledge the frames of written segments. A segment that `write_segments`
+        """Count the frames of written segments. A segment that `write_segments`
         left out (it overlaps one written already), or a `done` written with frames
         missing, has its run synced from the stream first; one whose sync fails is kept
         for the next flush."""
@@ -264,17 +255,14 @@ class SegmentWriter:
                         kept.append(b)
                         continue
             done.append(b)
-            for msg in b.acks:
-                await msg.ack()
         _archived(done)
         self._keep(kept)
 
     async def _write_each(self, buffers: Iterable[SegmentBuffer], started: int) -> None:
         """Write each run's segment in a statement of its own. One Postgres refuses even
         alone is left out: its frames stay readable from the stream until they expire
-        there; their messages are acknowledged, so that they do not come back, and the
-        loss is logged with the run. One not written for another reason (Postgres away, a
-        deadlock) is kept for the next flush."""
+        there, and the loss is logged with the run. One not written for another reason
+        (Postgres away, a deadlock) is kept for the next flush."""
         kept: list[SegmentBuffer] = []
         for b in buffers:
             with bind(run_id=b.run_id, tenant=b.tenant):
@@ -290,8 +278,6 @@ class SegmentWriter:
                         b.last_seq,
                         exc.message,
                     )
-                    for msg in b.acks:
-                        await msg.ack()
                     continue
                 except RunwireError as exc:
                     _flush_spans([b], started, exc.message)
@@ -314,7 +300,6 @@ class SegmentWriter:
                 old.size += newer.size
                 old.last_stream_seq = newer.last_stream_seq
                 old.closed = old.closed or newer.closed
-                old.acks.extend(newer.acks)
             self.buffers[old.run_id] = old
 
     async def sync(self, tenant: str, run_id: str, upto: int) -> int:
@@ -382,8 +367,8 @@ class SegmentWriter:
 
     async def flush_every(self) -> None:
         """Write the buffered segments every `segment_flush_ms`, and at once when a frame
-        that must not wait (`run`, tool, `error`, `done`) or a full buffer asks for it:
-        what arrives while a write is under way goes in the next one."""
+        that must not wait (tool, effect, node, wait, `error`, `done`) or a full buffer
+        asks for it: what arrives while a write is under way goes in the next one."""
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(

@@ -2155,6 +2155,12 @@ CREATE TABLE public.effects (
     checked_at timestamp with time zone
 );
 
+CREATE TABLE public.frame_archive (
+    stream text NOT NULL,
+    archived_through bigint NOT NULL,
+    CONSTRAINT frame_archive_archived_through_check CHECK ((archived_through >= 0))
+);
+
 CREATE TABLE public.frame_segments (
     run_id uuid NOT NULL,
     first_seq bigint NOT NULL,
@@ -2414,6 +2420,9 @@ ALTER TABLE ONLY public.effects
 
 ALTER TABLE ONLY public.effects
     ADD CONSTRAINT effects_pkey PRIMARY KEY (run_id, key);
+
+ALTER TABLE ONLY public.frame_archive
+    ADD CONSTRAINT frame_archive_pkey PRIMARY KEY (stream);
 
 ALTER TABLE ONLY public.frame_segments
     ADD CONSTRAINT frame_segments_pkey PRIMARY KEY (run_id, first_seq);
@@ -2773,6 +2782,8 @@ GRANT SELECT,DELETE ON TABLE public.coalesced_requests TO runwire_recovery;
 GRANT SELECT,UPDATE ON TABLE public.effects TO runwire_submitter;
 GRANT SELECT,INSERT,UPDATE ON TABLE public.effects TO runwire_executor;
 GRANT SELECT ON TABLE public.effects TO runwire_recovery;
+
+GRANT SELECT,INSERT,UPDATE ON TABLE public.frame_archive TO runwire_relay;
 
 GRANT SELECT ON TABLE public.frame_segments TO runwire_executor;
 GRANT SELECT,INSERT ON TABLE public.frame_segments TO runwire_relay;

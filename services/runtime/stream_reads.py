@@ -24,6 +24,9 @@ READ_TIMEOUT_S = 5.0
 # times, after READ_BEHIND_DELAY_S times the tries so far (about 2 s in all).
 READ_BEHIND_TRIES = 12
 READ_BEHIND_DELAY_S = 0.03
+# A range read that ends short of its end (messages purged, or a replica behind) is asked
+# again this many times before it is taken as what the stream holds.
+READ_SHORT_TRIES = 3
 # Where a frame stands, in one header of the message it was stored with: "<generation>
 # <raw seq> <seq> <type>" (the attempt that published it, its place among that attempt's
 # frames, its seq in the run; read back to learn where a run's frames end). One header,
@@ -197,6 +200,27 @@ class StreamReads:
                 seq = got[-1].stream_seq + 1
             await asyncio.sleep(READ_BEHIND_DELAY_S * behind)
         return found
+
+    async def read_range(
+        self, stream: str, subjects: str, start_seq: int, end_seq: int, *, batch: int = 1000
+    ) -> list[StoredMsg]:
+        """The first `batch` (or fewer) messages on `subjects` (a filter) with stream seq in
+        [start_seq, end_seq]; the next ones are read from after the last of them. Where the
+        stream holds fewer (purged, expired), a read that ends short of `end_seq` is made
+        again a few times (a replica behind the leader answers without the newest), then
+        taken for what the stream holds."""
+        got: list[StoredMsg] = []
+        for short in range(READ_SHORT_TRIES):
+            if short:
+                await asyncio.sleep(READ_BEHIND_DELAY_S * short)
+            got = [
+                m
+                for m in await self._direct_get_batch(stream, subjects, start_seq, batch)
+                if m.stream_seq <= end_seq
+            ]
+            if len(got) == batch or (got and got[-1].stream_seq == end_seq):
+                break
+        return got
 
     async def _direct_get_batch(
         self, stream: str, subject: str, seq: int, batch: int

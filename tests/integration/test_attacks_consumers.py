@@ -27,6 +27,7 @@ async def test_a_consumer_delivering_into_another_tenants_run_changes_nothing_it
     broker: Broker, secured: InProcessStack, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="runwire.client")
+    caplog.set_level(logging.WARNING, logger="runwire.relay")
     s = broker.subjects
     acme = await broker.tenant("acme")
     globex = await broker.tenant("globex")
@@ -62,13 +63,27 @@ async def test_a_consumer_delivering_into_another_tenants_run_changes_nothing_it
                 ack_policy=AckPolicy.NONE,
             ),
         )
+        # And its own run's stored frames into the victim's live subject, where the
+        # stream republishes what it stores (followers and the archiver listen there).
+        await attacker.jetstream(timeout=15).add_consumer(
+            s.run_frames_stream,
+            ConsumerConfig(
+                name="inject-live",
+                filter_subject=s.run_frames("acme", own.run.run_id),
+                deliver_subject=s.live_frames("globex", run_id),
+                deliver_policy=DeliverPolicy.ALL,
+                ack_policy=AckPolicy.NONE,
+            ),
+        )
         await asyncio.wait_for(following, 30)
         _, rejoined = await collect(globex, run_id)
     finally:
         await attacker.close()
         await acme.close()
         await globex.close()
-    # Every frame of the victim's run once, and none of the attacker's.
+    # Every frame of the victim's run once, and none of the attacker's: live, and as
+    # archived (the archiver left out what the stream did not store).
+    assert "that the frames stream did not store: left out" in caplog.text
     assert seen.count(FrameType.DONE) == 1
     assert live.text == "".join(tokens)
     assert rejoined.text == "".join(tokens)

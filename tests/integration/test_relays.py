@@ -8,13 +8,15 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
+from nats.aio.msg import Msg
 from nats.js.api import RetentionPolicy, StreamConfig
 
 from runwire.contracts.frames import FrameType
 from runwire.contracts.subjects import Subjects
-from runwire.relay.archive import ARCHIVE_CONSUMER
+from runwire.relay.archive import Archiver
 from runwire.relay.partitions import ARCHIVE_LOCKS, PRESENCE_LOCKS
 from runwire.runtime.broker import Broker
+from runwire.runtime.settings import RelaySettings
 from runwire.runtime.store import Segment
 from runwire.testing.servers import Servers
 from runwire.testing.waiting import eventually
@@ -170,33 +172,90 @@ async def test_frames_written_before_a_crash_are_not_written_again(
     assert (first.first_seq, first.last_seq) == (1, 4)
 
 
-async def test_a_consumer_that_reads_the_stream_again_duplicates_nothing(
-    archive: InProcessStack, broker: Broker
+async def test_an_archive_read_again_from_the_start_duplicates_nothing(
+    archive: InProcessStack, broker: Broker, db_url: str
 ) -> None:
-    """The archive's consumer is deleted (by an operator, or lost with its stream's
-    leader): the relay declares it again, which delivers the whole stream again. Runs
-    archived already are left as they are."""
+    """The archive's progress is lost (set back by an operator, or a database restored
+    from an older backup): the relay that archives next reads the whole stream again.
+    Runs archived already are left as they are; a run stored since is archived once."""
     first, second = await _runs(archive, 2)
     chain = AttemptFrames(broker, first)
     await chain.run(["a ", "b ", "c "])
     await eventually(lambda: _archived_once(archive, first, chain.seq), timeout=15)
+    stream = broker.subjects.run_frames_stream
+    await eventually(lambda: _archived_through(db_url, stream), timeout=15)
 
-    assert await broker.delete_consumer(broker.subjects.run_frames_stream, ARCHIVE_CONSUMER)
-    await eventually(
-        lambda: broker.consumer_of(broker.subjects.run_frames_stream, ARCHIVE_CONSUMER),
-        timeout=15,
-    )
+    await archive.stop_service("relay")
+    await archive.store.restart_archive(stream, 0)
+    archive.start_relay("relay-2")
     later = AttemptFrames(broker, second)
     await later.run(["d ", "e "])
 
     await eventually(lambda: _archived_once(archive, second, later.seq), timeout=15)
-    await eventually(lambda: _nothing_pending(broker), timeout=15)
     assert await archived_seqs(archive.store, first) == list(range(1, chain.seq + 1))
+    last = await broker.last_stream_seq(stream)
+    assert await eventually(lambda: _archived_through(db_url, stream, last), timeout=15) == last
 
 
-async def _nothing_pending(broker: Broker) -> bool:
-    info = await broker.consumer_of(broker.subjects.run_frames_stream, ARCHIVE_CONSUMER)
-    return info is not None and info.num_pending == 0 and info.num_ack_pending == 0
+async def _archived_through(db_url: str, stream: str, at_least: int = 1) -> int | None:
+    """How far Postgres says the frames stream is archived, once it is `at_least`."""
+    conn = await asyncpg.connect(db_url)
+    try:
+        through = await conn.fetchval(
+            "SELECT archived_through FROM frame_archive WHERE stream = $1", stream
+        )
+    finally:
+        await conn.close()
+    return through if through is not None and through >= at_least else None
+
+
+async def _archived_to_the_end(stack: InProcessStack, broker: Broker) -> bool:
+    """Whether Postgres says every frame the stream holds is archived (none held back)."""
+    stream = broker.subjects.run_frames_stream
+    last = await broker.last_stream_seq(stream)
+    return await _archived_through(stack.db_url, stream, last) is not None
+
+
+async def test_a_frame_whose_live_copy_was_lost_is_read_from_the_stream(
+    archive: InProcessStack, broker: Broker
+) -> None:
+    """The archiver hears frames as the stream republishes them. One whose copy never
+    reaches it (dropped on the way to a busy relay, lost in a leader change) is read from
+    the stream: when a later frame, of any run, shows the gap; and, with no frame after
+    it, when the archiver looks at the stream after a quiet while. Here an archiver is
+    handed the stream's copies with those left out."""
+    await archive.stop_service("relay")
+    first, second, third = await _runs(archive, 3)
+    copies: list[Msg] = []
+
+    async def heard(msg: Msg) -> None:
+        copies.append(msg)
+
+    await broker.nc.subscribe(broker.subjects.live_frames_wildcard, cb=heard)
+    chains = [AttemptFrames(broker, run_id) for run_id in (first, second, third)]
+    for chain in chains:
+        await chain.run(["a ", "b "])
+    total = sum(chain.seq for chain in chains)
+    await eventually(lambda: len(copies) == total, timeout=15)
+    archiver = Archiver(archive.settings(RelaySettings, "relay"), archive.store, broker)
+    archiver.through = await archiver._archive_start()
+    stop = asyncio.Event()
+    firsts, seconds = chains[0].seq, chains[0].seq + chains[1].seq
+
+    # The first run's `done` is never heard; the second run's frames follow it.
+    for msg in [*copies[: firsts - 1], *copies[firsts:seconds]]:
+        await archiver._heard(msg, stop)
+    await archiver.segments.flush()
+    assert await _archived_once(archive, first, chains[0].seq)
+    assert await _archived_once(archive, second, chains[1].seq)
+
+    # The third run's last frame is never heard, and nothing comes after it.
+    for msg in copies[seconds:-1]:
+        await archiver._heard(msg, stop)
+    await archiver._look_at_the_stream(stop)
+    await archiver.segments.flush()
+    assert await _archived_once(archive, third, chains[2].seq)
+    assert archiver.through == await broker.last_stream_seq(broker.subjects.run_frames_stream)
 
 
 async def test_a_malformed_message_stops_no_archiving(
@@ -204,7 +263,7 @@ async def test_a_malformed_message_stops_no_archiving(
 ) -> None:
     """Messages on the frames stream that are not frames (no position header, a body
     that is not a frame, a header that disagrees with the body) are logged with their run
-    and terminated; every frame around them is archived."""
+    and left out; every frame around them is archived."""
     caplog.set_level(logging.ERROR, logger="runwire.relay.archive")
     bad_run, other = await _runs(archive, 2)
     chain, beside = AttemptFrames(broker, bad_run), AttemptFrames(broker, other)
@@ -234,7 +293,7 @@ async def test_a_malformed_message_stops_no_archiving(
 
     await eventually(lambda: _archived_once(archive, bad_run, chain.seq), timeout=15)
     await eventually(lambda: _archived_once(archive, other, beside.seq), timeout=15)
-    await eventually(lambda: _nothing_pending(broker), timeout=15)
+    await eventually(lambda: _archived_to_the_end(archive, broker), timeout=15)
     refused = [r for r in caplog.records if "malformed message" in r.getMessage()]
     assert len(refused) == len(bad) + 1
     assert all(r.__dict__["fields"]["run_id"] == bad_run for r in refused)
@@ -244,7 +303,7 @@ async def test_frames_under_another_tenants_subject_or_of_no_run_are_not_archive
     archive: InProcessStack, broker: Broker, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A frame of a run published under another tenant's subject (a faulty or hostile
-    publisher), and frames of a run Postgres does not have, are logged and terminated:
+    publisher), and frames of a run Postgres does not have, are logged and left out:
     none reaches a segment, and the run's own frames are archived."""
     caplog.set_level(logging.ERROR, logger="runwire.relay")
     (run_id,) = await _runs(archive, 1)
@@ -260,7 +319,7 @@ async def test_frames_under_another_tenants_subject_or_of_no_run_are_not_archive
     await chain.run(["c "])
 
     await eventually(lambda: _archived_once(archive, run_id, chain.seq), timeout=15)
-    await eventually(lambda: _nothing_pending(broker), timeout=15)
+    await eventually(lambda: _archived_to_the_end(archive, broker), timeout=15)
     joined = await archive.client.join(run_id, 0)
     assert "for another tenant" not in "".join(f.data.get("text", "") for f in joined.replay)
     assert "under tenant acme's subject" in caplog.text

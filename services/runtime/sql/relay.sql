@@ -41,6 +41,22 @@ SELECT last_seq, last_stream_seq FROM frame_segments
 -- A run whose missing frames can no longer be found: stop asking for its closing frames.
 UPDATE runs SET frames_closed = true WHERE run_id = $1;
 
+-- name: archived_through
+-- How far the frames stream is archived (see frame_archive).
+SELECT archived_through FROM frame_archive WHERE stream = $1;
+
+-- name: advance_archive
+-- Never back: a relay that wakes from a freeze after another took over says only how
+-- far its own writes went.
+INSERT INTO frame_archive AS a (stream, archived_through) VALUES ($1, $2)
+    ON CONFLICT (stream) DO UPDATE
+   SET archived_through = greatest(a.archived_through, excluded.archived_through);
+
+-- name: restart_archive
+-- The stream was made anew (its sequences start again): archived from $2 on.
+INSERT INTO frame_archive (stream, archived_through) VALUES ($1, $2)
+    ON CONFLICT (stream) DO UPDATE SET archived_through = excluded.archived_through;
+
 -- name: lock_try
 -- Session advisory locks (per database) on a dedicated connection: relay partitions,
 -- relay presence and executor presence. Released by unlock, or when the connection ends.
