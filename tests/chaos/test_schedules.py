@@ -42,8 +42,10 @@ async def test_each_fire_runs_once_when_the_replica_that_fired_it_is_killed(
     killed_at = datetime.now(UTC)
     assert f"fault point {faults.SCHEDULE_FIRED}" in armed.logs()
     made = await _runs(processes)
-    # Its tick made one fire, or two when a second came due meanwhile; none got its job.
-    assert 1 <= len(made) <= 2
+    # Its tick made the fires due by then (one, or a few when a busy machine was slow to
+    # start ticking: they are caught up in one tick); none got its job.
+    assert made
+    assert all(datetime.fromisoformat(r["fire_at"]) <= killed_at for r in made)
     assert {r["status"] for r in made} == {"queued"}
     await fault_window(2.5, "no recovery: fires are missed")
     # Two replicas race for every fire from now on.
