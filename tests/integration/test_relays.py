@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 from nats.aio.msg import Msg
-from nats.js.api import RetentionPolicy, StreamConfig
+from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StreamConfig
 
 from runwire.contracts.frames import FrameType
 from runwire.contracts.subjects import Subjects
-from runwire.relay.archive import Archiver
+from runwire.relay.archive import EARLIER_CONSUMER, Archiver
 from runwire.relay.partitions import ARCHIVE_LOCKS, PRESENCE_LOCKS
 from runwire.runtime.broker import Broker
 from runwire.runtime.settings import RelaySettings
@@ -147,9 +147,9 @@ async def test_a_join_of_a_run_in_progress_continues_live_where_its_replay_ends(
 async def test_frames_written_before_a_crash_are_not_written_again(
     archive: InProcessStack, broker: Broker
 ) -> None:
-    """A relay wrote a run's first segment and died before it acknowledged its frames:
-    they come again, with the ones it never wrote. What is written already is left as
-    it is, and the rest is written once."""
+    """A relay wrote a run's first segment and died before it told Postgres how far the
+    archive went: the next relay reads those frames again, with the ones it never wrote.
+    What is written already is left as it is, and the rest is written once."""
     (run_id,) = await _runs(archive, 1)
     await archive.stop_service("relay")  # nothing archives while the stream fills
     chain = AttemptFrames(broker, run_id)
@@ -195,6 +195,65 @@ async def test_an_archive_read_again_from_the_start_duplicates_nothing(
     assert await archived_seqs(archive.store, first) == list(range(1, chain.seq + 1))
     last = await broker.last_stream_seq(stream)
     assert await eventually(lambda: _archived_through(db_url, stream, last), timeout=15) == last
+
+
+async def test_the_archive_goes_on_where_an_earlier_versions_consumer_stood(
+    archive: InProcessStack, broker: Broker, db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Relays of an earlier version kept the archive's place in a durable consumer of the
+    stream, `relay-archive`, acknowledging each frame once written. The first relay of
+    this version to archive starts after that consumer's acknowledged frames, keeps that
+    place in Postgres, and removes the consumer."""
+    caplog.set_level(logging.INFO, logger="runwire.relay.archive")
+    await archive.stop_service("relay")
+    await _forget_the_archive(db_url)
+    first, second = await _runs(archive, 2)
+    chain = AttemptFrames(broker, first)
+    await chain.run(["a ", "b "])
+    # The earlier version archived the first run, and acknowledged its frames.
+    stream = broker.subjects.run_frames_stream
+    js = broker.nc.jetstream()
+    earlier = await js.pull_subscribe(
+        broker.subjects.run_frames_wildcard,
+        durable=EARLIER_CONSUMER,
+        stream=stream,
+        config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT),
+    )
+    taken = await earlier.fetch(chain.seq, timeout=10)
+    await archive.store.insert_segments(
+        [
+            Segment(
+                first,
+                1,
+                chain.seq,
+                chain.last_stream_seq,
+                [m.data.decode() for m in taken],
+                closed=True,
+            )
+        ]
+    )
+    for msg in taken:
+        await msg.ack_sync()
+    later = AttemptFrames(broker, second)
+    await later.run(["c "])
+
+    archive.start_relay("relay-2")
+
+    await eventually(lambda: _archived_once(archive, second, later.seq), timeout=15)
+    assert await _archived_once(archive, first, chain.seq)
+    assert f"from stream sequence {chain.last_stream_seq + 1} on" in caplog.text
+    assert await broker.consumer_of(stream, EARLIER_CONSUMER) is None
+    last = await broker.last_stream_seq(stream)
+    assert await eventually(lambda: _archived_through(db_url, stream, last), timeout=15) == last
+
+
+async def _forget_the_archive(db_url: str) -> None:
+    """No place of the archive in Postgres (as before this version)."""
+    conn = await asyncpg.connect(db_url)
+    try:
+        await conn.execute("DELETE FROM frame_archive")
+    finally:
+        await conn.close()
 
 
 async def _archived_through(db_url: str, stream: str, at_least: int = 1) -> int | None:
