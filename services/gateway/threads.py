@@ -183,17 +183,23 @@ class Threads:
             ),
         )
         found = []
+        reading = None
         try:
             reading = await self._js.pull_subscribe_bind(name=name, stream=stream)
             left = made.num_pending or 0
             while left > 0:
-                for msg in (got := await reading.fetch(min(left, LISTING_BATCH))):
+                try:
+                    got = await reading.fetch(min(left, LISTING_BATCH))
+                except nats.errors.TimeoutError:
+                    break  # threads purged meanwhile: fewer than counted are left
+                for msg in got:
                     if msg.data and (msg.headers or {}).get("KV-Operation") is None:
                         found.append(upgraded(json.loads(msg.data)))
                 left = got[-1].metadata.num_pending
-            await reading.unsubscribe()
         finally:
             with contextlib.suppress(nats.errors.Error):
+                if reading is not None:
+                    await reading.unsubscribe()
                 await self._js.delete_consumer(stream, name)
         return found
 
