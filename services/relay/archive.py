@@ -65,8 +65,9 @@ CATCH_UP_BATCH = 1000
 # The pause before a frame Postgres could not take is tried again.
 RETRY_S = 0.5
 OWNER_CHECK_S = 0.05
-# What the live subscription holds while the relay is busy (writing, catching up); the
-# server drops what comes past it for this relay, and the relay reads it from the stream.
+# What the live subscription holds while the relay is busy (writing, catching up); what
+# comes past it is dropped (the client drops it, or the server for a client too slow)
+# and the relay reads it from the stream.
 LIVE_PENDING_MSGS = 100_000
 LIVE_PENDING_BYTES = 256 * 1024 * 1024
 # The durable consumer through which relays of earlier versions archived the stream: its

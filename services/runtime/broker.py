@@ -43,6 +43,8 @@ PUBLISH_TIMEOUT_S = 5.0
 ACK_CHECK_S = 0.25
 FRAME_HEADROOM_BYTES = 4096
 PING_MAX = 3
+# A subscription that falls behind drops messages, each reported: said this often at most.
+SLOW_CONSUMER_LOG_S = 10.0
 # A header value never carries a line break (it would end the header block).
 _NO_NEWLINES = str.maketrans({"\r": " ", "\n": " "})
 ERR_STREAM_FULL = 10077
@@ -159,9 +161,24 @@ class Broker(StreamAdmin, StreamReads):
 
         refused = asyncio.Event()
 
+        dropped = {"count": 0, "said_at": float("-inf")}
+
         async def on_error(exc: Exception) -> None:
             if "authorization violation" in str(exc).lower():
                 refused.set()
+            if isinstance(exc, nats.errors.SlowConsumerError):
+                # One per message dropped: said once every SLOW_CONSUMER_LOG_S, counted.
+                dropped["count"] += 1
+                now = asyncio.get_running_loop().time()
+                if now - dropped["said_at"] >= SLOW_CONSUMER_LOG_S:
+                    log.warning(
+                        "messages dropped for a subscription that fell behind (%d since "
+                        "last said): %s",
+                        dropped["count"],
+                        exc,
+                    )
+                    dropped.update(count=0, said_at=now)
+                return
             log.warning("NATS connection error: %s", exc)
 
         async def on_disconnect() -> None:
