@@ -205,10 +205,12 @@ class StreamReads:
         self, stream: str, subjects: str, start_seq: int, end_seq: int, *, batch: int = 1000
     ) -> list[StoredMsg]:
         """The first `batch` (or fewer) messages on `subjects` (a filter) with stream seq in
-        [start_seq, end_seq]; the next ones are read from after the last of them. Where the
-        stream holds fewer (purged, expired), a read that ends short of `end_seq` is made
-        again a few times (a replica behind the leader answers without the newest), then
-        taken for what the stream holds."""
+        [start_seq, end_seq]; the next ones are read from after the last of them.
+
+        The stream may hold fewer (purged, expired), or the replica that answers may be
+        behind the leader (it lacks the newest): a read that ends short of `end_seq` is
+        made again a few times, then the leader is asked for the next message after it;
+        Unavailable while the leader has one there."""
         got: list[StoredMsg] = []
         for short in range(READ_SHORT_TRIES):
             if short:
@@ -219,8 +221,25 @@ class StreamReads:
                 if m.stream_seq <= end_seq
             ]
             if len(got) == batch or (got and got[-1].stream_seq == end_seq):
-                break
+                return got
+        after = got[-1].stream_seq + 1 if got else start_seq
+        if await self._leader_holds(stream, subjects, after, end_seq):
+            raise Unavailable(
+                f"reading {stream}: the replica that answers has not stored stream seq "
+                f"{end_seq} yet"
+            )
         return got
+
+    async def _leader_holds(self, stream: str, subjects: str, start_seq: int, end_seq: int) -> bool:
+        """Whether the stream's leader holds a message on `subjects` in [start_seq,
+        end_seq] (a Get of the stream's API, which its leader answers)."""
+        try:
+            raw = await self.js.get_msg(stream, seq=start_seq, subject=subjects, next=True)
+        except nats.js.errors.NotFoundError:
+            return False
+        except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+            raise Unavailable(f"reading {stream} failed: {exc}") from exc
+        return raw.seq is not None and raw.seq <= end_seq
 
     async def _direct_get_batch(
         self, stream: str, subject: str, seq: int, batch: int

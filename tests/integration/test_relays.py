@@ -317,6 +317,29 @@ async def test_a_frame_whose_live_copy_was_lost_is_read_from_the_stream(
     assert archiver.through == await broker.last_stream_seq(broker.subjects.run_frames_stream)
 
 
+async def test_frames_gone_from_the_stream_hold_the_archive_up_nowhere(
+    archive: InProcessStack, broker: Broker
+) -> None:
+    """An archiver that reads the stream from an earlier place (a take-over, a restart)
+    meets sequences whose frames are gone (a run's frames purged once archived): it
+    goes on past them, the last of the stream included."""
+    await archive.stop_service("relay")
+    first, second = await _runs(archive, 2)
+    chains = [AttemptFrames(broker, first), AttemptFrames(broker, second)]
+    for chain in chains:
+        await chain.run(["a ", "b "])
+    stream = broker.subjects.run_frames_stream
+    await broker.purge_subject(stream, broker.subjects.run_frames("default", second))
+    archiver = Archiver(archive.settings(RelaySettings, "relay"), archive.store, broker)
+    archiver.through = await archiver._archive_start()
+
+    assert await archiver._catch_up(asyncio.Event())
+    await archiver.segments.flush()
+    assert archiver.through == await broker.last_stream_seq(stream)
+    assert await _archived_once(archive, first, chains[0].seq)
+    assert await archived_seqs(archive.store, second) == []
+
+
 async def test_a_malformed_message_stops_no_archiving(
     archive: InProcessStack, broker: Broker, caplog: pytest.LogCaptureFixture
 ) -> None:
