@@ -182,7 +182,9 @@ class Threads:
                 inactive_threshold=LISTING_IDLE_S,
             ),
         )
-        found = []
+        # By key: a thread changed while the listing runs comes again, and its last
+        # value is the one listed (a deleted one is not).
+        found: dict[str, dict[str, Any] | None] = {}
         reading = None
         try:
             reading = await self._js.pull_subscribe_bind(name=name, stream=stream)
@@ -191,17 +193,21 @@ class Threads:
                 try:
                     got = await reading.fetch(min(left, LISTING_BATCH))
                 except nats.errors.TimeoutError:
-                    break  # threads purged meanwhile: fewer than counted are left
+                    got = []
+                if not got:
+                    break  # threads deleted meanwhile: fewer than counted are left
                 for msg in got:
-                    if msg.data and (msg.headers or {}).get("KV-Operation") is None:
-                        found.append(upgraded(json.loads(msg.data)))
-                left = got[-1].metadata.num_pending
+                    live = msg.data and (msg.headers or {}).get("KV-Operation") is None
+                    found[msg.subject] = upgraded(json.loads(msg.data)) if live else None
+                # What was there when the listing began, and no more than that.
+                left = min(left - len(got), got[-1].metadata.num_pending)
         finally:
-            with contextlib.suppress(nats.errors.Error):
-                if reading is not None:
+            if reading is not None:
+                with contextlib.suppress(nats.errors.Error):
                     await reading.unsubscribe()
+            with contextlib.suppress(nats.errors.Error):
                 await self._js.delete_consumer(stream, name)
-        return found
+        return [thread for thread in found.values() if thread is not None]
 
     async def close(self) -> None:
         if self._nc is not None:

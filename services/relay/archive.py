@@ -65,6 +65,9 @@ CATCH_UP_BATCH = 1000
 # The pause before a frame Postgres could not take is tried again.
 RETRY_S = 0.5
 OWNER_CHECK_S = 0.05
+# A frame whose archiving fails for a reason other than an outage (a defect) is tried
+# this many times, then left out.
+DEFECT_TRIES = 3
 # What the live subscription holds while the relay is busy (writing, catching up); what
 # comes past it is dropped (the client drops it, or the server for a client too slow)
 # and the relay reads it from the stream.
@@ -102,6 +105,8 @@ class Archiver:
         # or left out); and how far Postgres says the archive is written.
         self.through = 0
         self.saved = 0
+        # When the stream archived was made (a stream made anew numbers from 1 again).
+        self.created = ""
         self._owner: PartitionOwner | None = None
         self._taking = asyncio.Lock()
         self._heard_at = 0.0
@@ -130,12 +135,10 @@ class Archiver:
     async def _consume(self, partition: int, stop: asyncio.Event) -> None:
         """Archive the frames stream, in stream order, until `stop`: what it stored since
         the archive's progress first, then each frame as it is stored."""
-        loop = asyncio.get_running_loop()
         listening = asyncio.Event()
 
         async def heard(msg: Msg) -> None:
             await listening.wait()
-            self._heard_at = loop.time()
             async with self._taking:
                 await self._heard(msg, stop)
 
@@ -159,7 +162,7 @@ class Archiver:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), min(LIVE_IDLE_S, PROGRESS_S))
                 await self._save_progress()
-                if loop.time() - self._heard_at >= LIVE_IDLE_S:
+                if asyncio.get_running_loop().time() - self._heard_at >= LIVE_IDLE_S:
                     async with self._taking:
                         await self._look_at_the_stream(stop)
         finally:
@@ -178,41 +181,44 @@ class Archiver:
             return None
 
     async def _archive_start(self) -> int:
-        saved = await self.store.archived_through(self.stream)
-        if saved is None:
+        last, created = await self.broker.stream_position(self.stream)
+        kept = await self.store.archived_through(self.stream)
+        self.created = created
+        if kept is None:
+            through = 0
             earlier = await self.broker.consumer_of(self.stream, EARLIER_CONSUMER)
-            saved = 0
+            if earlier is not None and earlier.ack_floor is not None:
+                through = int(earlier.ack_floor.stream_seq or 0)
+            await self.store.restart_archive(self.stream, created, through)
             if earlier is not None:
-                saved = int(earlier.ack_floor.stream_seq) if earlier.ack_floor else 0
-                await self.store.advance_archive(self.stream, saved)
                 await self.broker.delete_consumer(self.stream, EARLIER_CONSUMER)
                 log.info("the archive's consumer of an earlier version removed")
-        last = await self.broker.last_stream_seq(self.stream)
-        if saved > last:
-            return await self._restart(last, saved)
-        return saved
+            return through
+        kept_created, through = kept
+        if kept_created != created or through > last:
+            return await self._restart(created)
+        return through
 
-    async def _restart(self, last: int, saved: int) -> int:
+    async def _restart(self, created: str) -> int:
         log.warning(
-            "the frames stream ends at stream sequence %d, before the archive's %d: it was "
-            "made anew, and is archived from its start",
-            last,
-            saved,
+            "the frames stream was made anew (at %s): it is archived from its start", created
         )
-        await self.store.restart_archive(self.stream, 0)
+        await self.store.restart_archive(self.stream, created, 0)
+        self.created = created
         self.runs.clear()
         return 0
 
     async def _look_at_the_stream(self, stop: asyncio.Event) -> None:
-        """Nothing heard for a while: read what the stream stored meanwhile, if anything
-        (a frame whose republish was lost, with none after it)."""
+        """Nothing taken for a while: read what the stream stored meanwhile, if anything
+        (a frame whose republish was lost, with none after it), and notice a stream made
+        anew."""
         try:
-            last = await self.broker.last_stream_seq(self.stream)
+            last, created = await self.broker.stream_position(self.stream)
+            if created != self.created or last < self.through:
+                self.through = self.saved = await self._restart(created)
         except RunwireError as exc:
             log.warning("the frames stream cannot be asked how far it is: %s", exc.message)
             return
-        if last < self.through:
-            self.through = self.saved = await self._restart(last, self.through)
         if last > self.through:
             await self._catch_up(stop, last)
 
@@ -239,7 +245,10 @@ class Archiver:
             return  # read from the stream already
         if stream_seq > self.through + 1 and not await self._catch_up(stop, stream_seq - 1):
             return
-        await self._take(subject, headers, msg.data, stream_seq, stop, live=True)
+        if await self._take(subject, headers, msg.data, stream_seq, stop, live=True):
+            # Only a frame taken counts as heard: the stream is looked at after a quiet
+            # while whatever else arrives.
+            self._heard_at = asyncio.get_running_loop().time()
 
     async def _catch_up(self, stop: asyncio.Event, upto: int | None = None) -> bool:
         """Take what the stream stored after `through`, up to `upto` (its last frame when
@@ -249,15 +258,16 @@ class Archiver:
             try:
                 end = upto if upto is not None else await self.broker.last_stream_seq(self.stream)
                 while self.through < end:
-                    got = await self.broker.read_range(
+                    got, whole = await self.broker.read_range(
                         self.stream, subjects, self.through + 1, end, batch=CATCH_UP_BATCH
                     )
                     for m in got:
                         subject = m.headers.get("Nats-Subject", "")
                         if not await self._take(subject, m.headers, m.data, m.stream_seq, stop):
                             return False
-                    if len(got) < CATCH_UP_BATCH:
+                    if whole:
                         self.through = end  # the rest is gone from the stream (purged, expired)
+                    await self._save_progress()
                 return True
             except RunwireError as exc:
                 log.warning(
@@ -280,6 +290,7 @@ class Archiver:
     ) -> bool:
         """Archive one frame the stream stored (heard `live`, or read from the stream);
         False when stopped before it was taken."""
+        failures = 0
         while await self._still_owner(stop):
             try:
                 stored = parse_stored(subject, headers, data, stream_seq)
@@ -297,6 +308,19 @@ class Archiver:
                 except RunwireError as exc:
                     log.warning("frame %d not archived yet: %s", stored.seq, exc.message)
                     self.runs.pop(stored.run_id, None)  # looked at again
+                    await _pause(stop, RETRY_S)
+                    continue
+                except Exception:
+                    # A defect, not an outage: the run is looked at again from Postgres and
+                    # the stream (its sync), and the frame is left out after a few tries
+                    # rather than hold every other run's frames up.
+                    failures += 1
+                    log.exception("frame %d not archived (try %d)", stored.seq, failures)
+                    self.runs.pop(stored.run_id, None)
+                    if failures >= DEFECT_TRIES:
+                        log.error("frame %d of the run left out of its segments", stored.seq)
+                        self.through = stream_seq
+                        return True
                     await _pause(stop, RETRY_S)
                     continue
             self.through = stream_seq
@@ -320,7 +344,7 @@ class Archiver:
         if through <= self.saved:
             return
         try:
-            await self.store.advance_archive(self.stream, through)
+            await self.store.advance_archive(self.stream, self.created, through)
         except RunwireError as exc:
             log.warning("the archive's progress not saved yet: %s", exc.message)
             return

@@ -293,6 +293,8 @@ class SegmentWriter:
         never buffered past a gap)."""
         for old in buffers:
             newer = self.buffers.get(old.run_id)
+            if newer is old:
+                continue  # kept already (a write that failed, then its flush)
             if newer is not None:
                 old.frames.extend(newer.frames)
                 old.made.extend(newer.made)

@@ -2157,6 +2157,7 @@ CREATE TABLE public.effects (
 
 CREATE TABLE public.frame_archive (
     stream text NOT NULL,
+    stream_created text NOT NULL,
     archived_through bigint NOT NULL,
     CONSTRAINT frame_archive_archived_through_check CHECK ((archived_through >= 0))
 );

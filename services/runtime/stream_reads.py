@@ -27,6 +27,9 @@ READ_BEHIND_DELAY_S = 0.03
 # A range read that ends short of its end (messages purged, or a replica behind) is asked
 # again this many times before it is taken as what the stream holds.
 READ_SHORT_TRIES = 3
+# The most bytes of one batched read (the server ends the batch there, and says that
+# more is left).
+READ_MAX_BYTES = 8 * 1024 * 1024
 # Where a frame stands, in one header of the message it was stored with: "<generation>
 # <raw seq> <seq> <type>" (the attempt that published it, its place among that attempt's
 # frames, its seq in the run; read back to learn where a run's frames end). One header,
@@ -156,6 +159,16 @@ class StreamReads:
         except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
             raise Unavailable(f"purging {subject} failed: {exc}") from exc
 
+    async def stream_position(self, stream: str) -> tuple[int, str]:
+        """The stream's last sequence, and when it was made (a stream made anew numbers
+        its messages from 1 again)."""
+        try:
+            info = await self.js.stream_info(stream)
+        except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+            raise Unavailable(f"stream {stream} unavailable: {exc}") from exc
+        created = info.created.isoformat() if info.created else ""
+        return int(info.state.last_seq), created
+
     async def last_stream_seq(self, stream: str) -> int:
         try:
             info = await self.js.stream_info(stream)
@@ -180,12 +193,12 @@ class StreamReads:
         seq = start_seq
         behind = 0
         while seq <= end_seq:
-            got = await self._direct_get_batch(stream, subject, seq, batch)
+            got, more = await self._direct_get_batch(stream, subject, seq, batch)
             for m in got:
                 if m.stream_seq > end_seq:
                     return found
                 found.append(m)
-            if len(got) == batch:
+            if got and (len(got) == batch or more):
                 seq = got[-1].stream_seq + 1
                 continue
             if got and got[-1].stream_seq == end_seq:
@@ -203,32 +216,32 @@ class StreamReads:
 
     async def read_range(
         self, stream: str, subjects: str, start_seq: int, end_seq: int, *, batch: int = 1000
-    ) -> list[StoredMsg]:
-        """The first `batch` (or fewer) messages on `subjects` (a filter) with stream seq in
-        [start_seq, end_seq]; the next ones are read from after the last of them.
+    ) -> tuple[list[StoredMsg], bool]:
+        """Messages on `subjects` (a filter) with stream seq in [start_seq, end_seq], the
+        first `batch` or fewer (a batch ends early at READ_MAX_BYTES); and whether that is
+        all the range holds (False: read on from after the last of them).
 
         The stream may hold fewer (purged, expired), or the replica that answers may be
-        behind the leader (it lacks the newest): a read that ends short of `end_seq` is
-        made again a few times, then the leader is asked for the next message after it;
-        Unavailable while the leader has one there."""
+        behind the leader (it lacks the newest): a read that ends short of `end_seq` with
+        nothing more to send is made again a few times, then the leader is asked for the
+        next message after it; Unavailable while the leader has one there."""
         got: list[StoredMsg] = []
         for short in range(READ_SHORT_TRIES):
             if short:
                 await asyncio.sleep(READ_BEHIND_DELAY_S * short)
-            got = [
-                m
-                for m in await self._direct_get_batch(stream, subjects, start_seq, batch)
-                if m.stream_seq <= end_seq
-            ]
-            if len(got) == batch or (got and got[-1].stream_seq == end_seq):
-                return got
+            sent, more = await self._direct_get_batch(stream, subjects, start_seq, batch)
+            got = [m for m in sent if m.stream_seq <= end_seq]
+            if len(got) < len(sent) or (got and got[-1].stream_seq == end_seq):
+                return got, True
+            if got and (len(got) == batch or more):
+                return got, False
         after = got[-1].stream_seq + 1 if got else start_seq
         if await self._leader_holds(stream, subjects, after, end_seq):
             raise Unavailable(
                 f"reading {stream}: the replica that answers has not stored stream seq "
                 f"{end_seq} yet"
             )
-        return got
+        return got, True
 
     async def _leader_holds(self, stream: str, subjects: str, start_seq: int, end_seq: int) -> bool:
         """Whether the stream's leader holds a message on `subjects` in [start_seq,
@@ -243,28 +256,37 @@ class StreamReads:
 
     async def _direct_get_batch(
         self, stream: str, subject: str, seq: int, batch: int
-    ) -> list[StoredMsg]:
+    ) -> tuple[list[StoredMsg], bool]:
+        """Up to `batch` messages on `subject` from `seq` on (fewer past READ_MAX_BYTES),
+        and whether the answering server has more of them after the last it sent."""
         inbox = self.nc.new_inbox()
         out: list[StoredMsg] = []
         finished = asyncio.Event()
+        more = False
 
         async def collect(msg: Msg) -> None:
+            nonlocal more
             headers = msg.headers or {}
             status = headers.get("Status")
             if status is not None:
-                finished.set()  # 204 end of batch, or 404 nothing at/after seq
+                # 204 end of batch (with what is left after it), or 404 nothing at/after seq
+                more = headers.get("Nats-Num-Pending", "0") not in ("", "0")
+                finished.set()
                 return
             out.append(StoredMsg(int(headers.get("Nats-Sequence", "0")), headers, msg.data))
 
-        sub = await self.nc.subscribe(inbox, cb=collect)
+        request = {"seq": seq, "next_by_subj": subject, "batch": batch, "max_bytes": READ_MAX_BYTES}
         try:
-            request = {"seq": seq, "next_by_subj": subject, "batch": batch}
-            await self.nc.publish(
-                f"$JS.API.DIRECT.GET.{stream}", json.dumps(request).encode(), reply=inbox
-            )
-            await asyncio.wait_for(finished.wait(), timeout=READ_TIMEOUT_S)
+            sub = await self.nc.subscribe(inbox, cb=collect)
+            try:
+                await self.nc.publish(
+                    f"$JS.API.DIRECT.GET.{stream}", json.dumps(request).encode(), reply=inbox
+                )
+                await asyncio.wait_for(finished.wait(), timeout=READ_TIMEOUT_S)
+            finally:
+                await sub.unsubscribe()
         except TimeoutError as exc:
             raise Unavailable(f"reading {subject} from {stream} timed out") from exc
-        finally:
-            await sub.unsubscribe()
-        return out
+        except (nats.errors.Error, OSError) as exc:
+            raise Unavailable(f"reading {subject} from {stream} failed: {exc}") from exc
+        return out, more

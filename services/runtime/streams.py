@@ -174,6 +174,8 @@ class StreamAdmin:
             return bool(await self.js.delete_consumer(stream, durable))
         except nats.js.errors.NotFoundError:
             return False
+        except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+            raise Unavailable(f"cannot remove consumer {durable} of {stream}: {exc!r}") from exc
 
     async def stream_messages(self, stream: str) -> int | None:
         """How many messages `stream` holds; None when there is no such stream."""

@@ -18,6 +18,7 @@ from runwire.relay.partitions import ARCHIVE_LOCKS, PRESENCE_LOCKS
 from runwire.runtime.broker import Broker
 from runwire.runtime.settings import RelaySettings
 from runwire.runtime.store import Segment
+from runwire.runtime.streams import StreamLimits
 from runwire.testing.servers import Servers
 from runwire.testing.waiting import eventually
 from tests.services import (
@@ -186,7 +187,7 @@ async def test_an_archive_read_again_from_the_start_duplicates_nothing(
     await eventually(lambda: _archived_through(db_url, stream), timeout=15)
 
     await archive.stop_service("relay")
-    await archive.store.restart_archive(stream, 0)
+    await _set_archived_through(db_url, 0)
     archive.start_relay("relay-2")
     later = AttemptFrames(broker, second)
     await later.run(["d ", "e "])
@@ -245,6 +246,60 @@ async def test_the_archive_goes_on_where_an_earlier_versions_consumer_stood(
     assert await broker.consumer_of(stream, EARLIER_CONSUMER) is None
     last = await broker.last_stream_seq(stream)
     assert await eventually(lambda: _archived_through(db_url, stream, last), timeout=15) == last
+
+
+async def test_a_frames_stream_made_anew_is_archived_from_its_start(
+    archive: InProcessStack, broker: Broker, db_url: str
+) -> None:
+    """The frames stream is removed and made again (an operator starting it over): it
+    numbers its frames from 1 again. The relay that archives next sees a stream made at
+    another time than the one its progress is about, and archives the new one from its
+    start: a run whose frames all come before the old progress is archived too."""
+    first, second, third = await _runs(archive, 3)
+    before = AttemptFrames(broker, first)
+    await before.run(["a ", "b ", "c ", "d "])
+    await eventually(lambda: _archived_once(archive, first, before.seq), timeout=15)
+    stream = broker.subjects.run_frames_stream
+    old = await eventually(
+        lambda: _archived_through(db_url, stream, before.last_stream_seq), timeout=15
+    )
+    await archive.stop_service("relay")
+    assert await broker.delete_stream(stream)
+    await broker.ensure_streams(StreamLimits.of(archive.settings(RelaySettings, "relay")))
+    small = AttemptFrames(broker, second)
+    await small.run(["x "])
+    assert small.last_stream_seq < old  # all before the old progress
+    big = AttemptFrames(broker, third)
+    await big.run([f"{i} " for i in range(old)])  # and past it
+
+    archive.start_relay("relay-2")
+
+    await eventually(lambda: _archived_once(archive, third, big.seq), timeout=15)
+    await eventually(lambda: _archived_once(archive, second, small.seq), timeout=15)
+
+
+async def test_a_catch_up_through_more_bytes_than_one_read_holds_goes_on(
+    archive: InProcessStack, broker: Broker
+) -> None:
+    """A relay that takes over reads what the stream stored since the archive's progress
+    in batches that the server ends at a size: large frames (tool outputs of hundreds of
+    kilobytes) fill a batch before its count, and the relay reads on after it."""
+    await archive.stop_service("relay")
+    (run_id,) = await _runs(archive, 1)
+    chain = AttemptFrames(broker, run_id)
+    await chain.run(["x" * 300_000 + f" {i}" for i in range(40)])  # 12 MB
+
+    archive.start_relay("relay-2")
+
+    await eventually(lambda: _archived_once(archive, run_id, chain.seq), timeout=30)
+
+
+async def _set_archived_through(db_url: str, through: int) -> None:
+    conn = await asyncpg.connect(db_url)
+    try:
+        await conn.execute("UPDATE frame_archive SET archived_through = $1", through)
+    finally:
+        await conn.close()
 
 
 async def _forget_the_archive(db_url: str) -> None:

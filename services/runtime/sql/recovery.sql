@@ -149,12 +149,15 @@ SELECT k.run_id FROM unnest($1::uuid[]) AS k(run_id)
 -- name: queue_stats
 -- Per tenant with runs queued, recovering or running: runs waiting for an attempt and the
 -- age of the oldest (since its submit); those of them without a job yet (delayed, or behind
--- their session, key or share); the runs holding a job and the tenant's share.
+-- their session, key or share); the runs holding a job and the tenant's share. (An age
+-- is never below 0: a run submitted in the instant between this transaction's start,
+-- which is now(), and its snapshot would be younger than now.)
 SELECT a.tenant, a.depth, a.oldest_age_s, a.held, tenant_issued(a.tenant) AS issued,
        (SELECT o_share FROM tenant_share(a.tenant)) AS share
   FROM (SELECT tenant, count(*) FILTER (WHERE status <> 'running') AS depth,
-               extract(epoch FROM now() - min(created_at) FILTER (WHERE status <> 'running'))
-                   ::float8 AS oldest_age_s,
+               greatest(0, extract(epoch FROM
+                   now() - min(created_at) FILTER (WHERE status <> 'running')))::float8
+                   AS oldest_age_s,
                count(*) FILTER (WHERE status = 'queued' AND job_published_at IS NULL
                                   AND parent_run_id IS NULL) AS held
           FROM runs
@@ -166,7 +169,7 @@ SELECT a.tenant, a.depth, a.oldest_age_s, a.held, tenant_issued(a.tenant) AS iss
 -- waited. It reads every waiting run: measured every waiting_gauges_interval_ms, not at
 -- each tick.
 SELECT tenant, count(*) AS waiting,
-       extract(epoch FROM now() - min(updated_at))::float8 AS oldest_wait_s
+       greatest(0, extract(epoch FROM now() - min(updated_at)))::float8 AS oldest_wait_s
   FROM runs
  WHERE status = 'waiting'
  GROUP BY tenant;

@@ -42,20 +42,25 @@ SELECT last_seq, last_stream_seq FROM frame_segments
 UPDATE runs SET frames_closed = true WHERE run_id = $1;
 
 -- name: archived_through
--- How far the frames stream is archived (see frame_archive).
-SELECT archived_through FROM frame_archive WHERE stream = $1;
+-- How far the frames stream is archived, and when the stream archived was made (see
+-- frame_archive).
+SELECT stream_created, archived_through FROM frame_archive WHERE stream = $1;
 
 -- name: advance_archive
--- Never back: a relay that wakes from a freeze after another took over says only how
--- far its own writes went.
-INSERT INTO frame_archive AS a (stream, archived_through) VALUES ($1, $2)
+-- Never back, and only for the stream made at $2: a relay that wakes from a freeze
+-- after another took over says only how far its own writes went.
+INSERT INTO frame_archive AS a (stream, stream_created, archived_through)
+VALUES ($1, $2, $3)
     ON CONFLICT (stream) DO UPDATE
-   SET archived_through = greatest(a.archived_through, excluded.archived_through);
+   SET archived_through = greatest(a.archived_through, excluded.archived_through)
+ WHERE a.stream_created = excluded.stream_created;
 
 -- name: restart_archive
--- The stream was made anew (its sequences start again): archived from $2 on.
-INSERT INTO frame_archive (stream, archived_through) VALUES ($1, $2)
-    ON CONFLICT (stream) DO UPDATE SET archived_through = excluded.archived_through;
+-- Archived from $3 on: the stream made at $2 (made anew, or first archived here).
+INSERT INTO frame_archive (stream, stream_created, archived_through) VALUES ($1, $2, $3)
+    ON CONFLICT (stream) DO UPDATE
+   SET stream_created = excluded.stream_created,
+       archived_through = excluded.archived_through;
 
 -- name: lock_try
 -- Session advisory locks (per database) on a dedicated connection: relay partitions,

@@ -46,18 +46,20 @@ class RelayQueries(Queries):
     async def mark_frames_closed(self, run_id: str) -> None:
         await self._fetch("mark_frames_closed", uuid.UUID(run_id))
 
-    async def archived_through(self, stream: str) -> int | None:
-        """How far the frames stream `stream` is archived; None before it ever was."""
-        rows = await self._fetch("archived_through", stream)
-        return int(rows[0]["archived_through"]) if rows else None
+    async def archived_through(self, stream: str) -> tuple[str, int] | None:
+        """When the frames stream `stream` archived was made, and how far it is
+        archived; None before it ever was."""
+        row = await self._fetchrow("archived_through", stream)
+        return (row["stream_created"], int(row["archived_through"])) if row else None
 
-    async def advance_archive(self, stream: str, through: int) -> None:
-        """Every frame of `stream` up to stream sequence `through` is archived."""
-        await self._fetch("advance_archive", stream, through)
+    async def advance_archive(self, stream: str, created: str, through: int) -> None:
+        """Every frame of `stream` (the one made at `created`) up to stream sequence
+        `through` is archived."""
+        await self._fetch("advance_archive", stream, created, through)
 
-    async def restart_archive(self, stream: str, through: int) -> None:
-        """Archive `stream` from after `through` (a stream made anew)."""
-        await self._fetch("restart_archive", stream, through)
+    async def restart_archive(self, stream: str, created: str, through: int) -> None:
+        """Archive `stream`, the one made at `created`, from after `through`."""
+        await self._fetch("restart_archive", stream, created, through)
 
     async def insert_segments(self, segments: Sequence[Segment]) -> list[SegmentCount]:
         """Write one flush: a segment per run and the runs' counters, in one statement.
