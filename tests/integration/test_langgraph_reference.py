@@ -317,7 +317,14 @@ async def test_cancel_and_rollback_of_a_background_run(reference: str, gateway: 
         seen.append(("runs", [r["status"] for r in await sdk.runs.list(tid)]))
         return seen
 
-    same(*await both(reference, gateway, scenario))
+    theirs, ours = await both(reference, gateway, scenario)
+    # The server answers a cancel with wait by its thread's values once the run ended:
+    # none when the cancel came before its run saved its input, the input when after
+    # (seen on a busy machine). The gateway answers the first.
+    (_, theirs_cancel), (_, ours_cancel) = theirs.pop(0), ours.pop(0)
+    assert theirs_cancel in ({}, {"messages": [], **SLOW}), theirs_cancel
+    assert ours_cancel == {}
+    same(theirs, ours)
 
 
 async def test_a_client_that_leaves_a_stream_stops_the_run_when_it_asked_to(
