@@ -20,6 +20,7 @@ from runwire.client import Client
 from runwire.contracts.frames import Frame, FrameType
 from runwire.runtime.broker import Broker
 from runwire.runtime.store import Store
+from runwire.testing.servers import Servers
 from runwire.testing.stack import FAST, InProcessStack, collect, wait_ready
 from runwire.testing.waiting import eventually
 
@@ -27,6 +28,22 @@ __all__ = ["FAST", "InProcessStack", "collect", "eventually", "wait_ready"]
 
 ROOT = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_S = 90.0
+
+
+def stack_without_executor(
+    infra: Servers, db_url: str, prefix: str, **overrides: Any
+) -> InProcessStack:
+    """Submitter, relay and recovery, no executor (the test publishes the frames as an
+    attempt does), each service as its own Postgres role and with the infrastructure's
+    stream replicas, as the shared fixture runs them."""
+    return InProcessStack(
+        infra.nats_url,
+        db_url,
+        prefix,
+        executors=0,
+        db_roles=infra.service_roles,
+        overrides={"stream_replicas": infra.stream_replicas, **overrides},
+    )
 
 
 async def all_frames_stored(store: Store, run_id: str, frames: int) -> bool:

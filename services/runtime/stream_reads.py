@@ -170,11 +170,7 @@ class StreamReads:
         return int(info.state.last_seq), created
 
     async def last_stream_seq(self, stream: str) -> int:
-        try:
-            info = await self.js.stream_info(stream)
-        except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
-            raise Unavailable(f"stream {stream} unavailable: {exc}") from exc
-        return int(info.state.last_seq)
+        return (await self.stream_position(stream))[0]
 
     async def read_subject(
         self, stream: str, subject: str, start_seq: int, end_seq: int, *, batch: int = 1000

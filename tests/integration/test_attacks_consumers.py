@@ -53,28 +53,28 @@ async def test_a_consumer_delivering_into_another_tenants_run_changes_nothing_it
 
         following = asyncio.create_task(follow())
         await asyncio.wait_for(started.wait(), 20)  # the victim's client follows live
-        await attacker.jetstream(timeout=15).add_consumer(
-            s.events_stream,
-            ConsumerConfig(
-                name="inject",
-                filter_subject=s.events("acme", own.run.run_id),
-                deliver_subject=s.run_frames("globex", run_id),
-                deliver_policy=DeliverPolicy.ALL,
-                ack_policy=AckPolicy.NONE,
+        # Its own run's events into the victim's frames subject; and its own run's stored
+        # frames into the victim's live subject, where the stream republishes what it
+        # stores (followers and the archiver listen there).
+        injections = {
+            "inject": (s.events_stream, s.events("acme", own.run.run_id), s.run_frames),
+            "inject-live": (
+                s.run_frames_stream,
+                s.run_frames("acme", own.run.run_id),
+                s.live_frames,
             ),
-        )
-        # And its own run's stored frames into the victim's live subject, where the
-        # stream republishes what it stores (followers and the archiver listen there).
-        await attacker.jetstream(timeout=15).add_consumer(
-            s.run_frames_stream,
-            ConsumerConfig(
-                name="inject-live",
-                filter_subject=s.run_frames("acme", own.run.run_id),
-                deliver_subject=s.live_frames("globex", run_id),
-                deliver_policy=DeliverPolicy.ALL,
-                ack_policy=AckPolicy.NONE,
-            ),
-        )
+        }
+        for name, (stream, own_subject, victims) in injections.items():
+            await attacker.jetstream(timeout=15).add_consumer(
+                stream,
+                ConsumerConfig(
+                    name=name,
+                    filter_subject=own_subject,
+                    deliver_subject=victims("globex", run_id),
+                    deliver_policy=DeliverPolicy.ALL,
+                    ack_policy=AckPolicy.NONE,
+                ),
+            )
         await asyncio.wait_for(following, 30)
         _, rejoined = await collect(globex, run_id)
     finally:

@@ -25,6 +25,7 @@ from tests.services import (
     all_frames_stored,
     assert_well_formed,
     collect,
+    stack_without_executor,
 )
 
 pytestmark = pytest.mark.integration
@@ -253,14 +254,7 @@ async def test_a_run_its_client_just_submitted_is_followed_without_a_consumer(
     stores; a `run` frame stored before the client listened (an attempt that started at
     once) comes from the stream's last frame of the run. The test publishes the frames
     as an attempt does, so that each order is certain."""
-    async with InProcessStack(
-        infra.nats_url,
-        db_url,
-        prefix,
-        executors=0,
-        db_roles=infra.service_roles,
-        overrides={"stream_replicas": infra.stream_replicas},
-    ) as stack:
+    async with stack_without_executor(infra, db_url, prefix) as stack:
         broker = await Broker.connect(infra.nats_url, Subjects(prefix), name="test-executor")
         before = _joins_answered()
         try:

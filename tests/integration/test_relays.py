@@ -5,6 +5,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import asyncpg
 import pytest
@@ -27,6 +28,7 @@ from tests.services import (
     all_frames_stored,
     archived_seqs,
     collect,
+    stack_without_executor,
 )
 from tests.traces import InProcessSpans, of_run
 
@@ -36,14 +38,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 async def archive(infra: Servers, db_url: str, prefix: str) -> AsyncIterator[InProcessStack]:
     """Submitter, relay and recovery, no executor: the test publishes the frames."""
-    async with InProcessStack(
-        infra.nats_url,
-        db_url,
-        prefix,
-        executors=0,
-        db_roles=infra.service_roles,
-        overrides={"stream_replicas": infra.stream_replicas},
-    ) as stack:
+    async with stack_without_executor(infra, db_url, prefix) as stack:
         yield stack
 
 
@@ -294,32 +289,29 @@ async def test_a_catch_up_through_more_bytes_than_one_read_holds_goes_on(
     await eventually(lambda: _archived_once(archive, run_id, chain.seq), timeout=30)
 
 
-async def _set_archived_through(db_url: str, through: int) -> None:
+async def _archive_row(db_url: str, query: str, *args: object) -> Any:
+    """One statement on the archive's progress (`frame_archive`), as the test's admin."""
     conn = await asyncpg.connect(db_url)
     try:
-        await conn.execute("UPDATE frame_archive SET archived_through = $1", through)
+        return await conn.fetchval(query, *args)
     finally:
         await conn.close()
+
+
+async def _set_archived_through(db_url: str, through: int) -> None:
+    await _archive_row(db_url, "UPDATE frame_archive SET archived_through = $1", through)
 
 
 async def _forget_the_archive(db_url: str) -> None:
     """No place of the archive in Postgres (as before this version)."""
-    conn = await asyncpg.connect(db_url)
-    try:
-        await conn.execute("DELETE FROM frame_archive")
-    finally:
-        await conn.close()
+    await _archive_row(db_url, "DELETE FROM frame_archive")
 
 
 async def _archived_through(db_url: str, stream: str, at_least: int = 1) -> int | None:
     """How far Postgres says the frames stream is archived, once it is `at_least`."""
-    conn = await asyncpg.connect(db_url)
-    try:
-        through = await conn.fetchval(
-            "SELECT archived_through FROM frame_archive WHERE stream = $1", stream
-        )
-    finally:
-        await conn.close()
+    through = await _archive_row(
+        db_url, "SELECT archived_through FROM frame_archive WHERE stream = $1", stream
+    )
     return through if through is not None and through >= at_least else None
 
 
@@ -608,15 +600,7 @@ async def test_a_quiet_runs_frames_are_written_in_one_segment(
     """A run whose output follows its `run` frame at once (most runs) costs Postgres one
     segment statement: the `run` frame waits for `done` (or the flush timer, here too long
     to matter), and `done` is written at once."""
-    overrides = {"segment_flush_ms": 60_000, "stream_replicas": infra.stream_replicas}
-    async with InProcessStack(
-        infra.nats_url,
-        db_url,
-        prefix,
-        executors=0,
-        db_roles=infra.service_roles,
-        overrides=overrides,
-    ) as stack:
+    async with stack_without_executor(infra, db_url, prefix, segment_flush_ms=60_000) as stack:
         publisher = await Broker.connect(stack.nats_url, Subjects(prefix), name="test-executor")
         try:
             (run_id,) = await _runs(stack, 1)
