@@ -85,6 +85,11 @@ class Subjects:
     def command_wildcard(self, name: str) -> str:
         return f"{self.prefix}.*.cmd.{name}"
 
+    def jetstream_api(self, tenant: str) -> str:
+        """`<prefix>.<tenant>.JS.API`: the JetStream API prefix of a tenant's clients
+        (the submitter checks each request, then passes it on to the server's)."""
+        return f"{self.prefix}.{tenant}.JS.API"
+
     def tenant_of_command(self, subject: str) -> str:
         """The tenant token of a command subject."""
         return subject.split(".")[1]

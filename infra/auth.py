@@ -251,6 +251,8 @@ def service_permissions(
     publish += [f"{inbox_prefix(tenant)}.>" for tenant in tenants or []]
     if service == "submitter":
         subscribe += [f"{p}.*.cmd.{name}" for name in COMMANDS if name != "join"]
+        # Tenants' JetStream API requests, which it checks and passes on.
+        subscribe.append(f"{subjects.jetstream_api('*')}.>")
         publish += [f"{p}.jobs.>", f"{p}.frames.out.>", f"{p}.ctl.cancel.>"]
     elif service == "executor":
         subscribe += [f"{p}.ctl.cancel.>"]
@@ -328,6 +330,11 @@ def tenant_permissions(tenant: str, subjects: Subjects) -> dict[str, Any]:
         "publish": {
             "allow": [
                 f"{p}.{tenant}.cmd.>",
+                # Its JetStream API, which the submitter checks (services/submitter/
+                # jetstream.py), and the flow-control answers of its push consumers.
+                f"{subjects.jetstream_api(tenant)}.>",
+                f"$JS.FC.{subjects.run_frames_stream}.>",
+                f"$JS.FC.{subjects.events_stream}.>",
                 f"$JS.API.CONSUMER.CREATE.{subjects.run_frames_stream}.*.{runs}",
                 f"$JS.API.CONSUMER.CREATE.{subjects.events_stream}.*.{events}",
                 f"$JS.API.DIRECT.GET.{subjects.run_frames_stream}.{runs}",

@@ -10,7 +10,7 @@ import pytest
 from nats.aio.client import Client as NatsClient
 
 from runwire.client import Client
-from runwire.contracts.identities import tenant_user
+from runwire.contracts.identities import OPERATOR, tenant_user
 from runwire.contracts.subjects import Subjects
 from runwire.infra.auth import AUTH_FILE, Identities, render
 from runwire.infra.embedded import EmbeddedNats, EmbeddedNatsCluster
@@ -73,6 +73,16 @@ class Broker:
             allow_reconnect=False,
         )
         return nc, errors
+
+    async def consumers_of(self, tenant: str) -> int:
+        """How many consumers read `tenant`'s runs' frames (as the operator sees them)."""
+        nc, _ = await self.connect(OPERATOR)
+        try:
+            infos = await nc.jetstream().consumers_info(self.subjects.run_frames_stream)
+        finally:
+            await nc.close()
+        own = f"{self.subjects.prefix}.{tenant}."
+        return sum(1 for info in infos if (info.config.filter_subject or "").startswith(own))
 
     async def tenant(self, tenant: str) -> Client:
         user = tenant_user(tenant)

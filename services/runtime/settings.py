@@ -88,6 +88,12 @@ class CommonSettings(BaseSettings):
     nats_ping_interval_ms: int = Field(default=DEFAULT_NATS_PING_INTERVAL_MS, ge=100)
     """How often a service pings its NATS server; after 3 pings unanswered it takes the
     server for gone and connects to another server of the cluster."""
+    tenant_consumer_max_inactive_ms: int = Field(
+        default=DEFAULT_TENANT_CONSUMER_MAX_INACTIVE_MS, ge=1_000
+    )
+    """A tenant's consumer must go at most this long after its client stops reading
+    (its inactive threshold): the submitter refuses to make one that would stay longer,
+    and recovery removes one made otherwise."""
     nats_user: str | None = None
     """The service's NATS identity, on a broker that enforces identities (see
     Security)."""
@@ -350,11 +356,6 @@ class RecoverySettings(CommonSettings):
     that stopped following a run leaves its consumer for a few seconds), else the newest
     (and any consumer that breaks the rules of the next three settings, as soon as it
     is created)."""
-    tenant_consumer_max_inactive_ms: int = Field(
-        default=DEFAULT_TENANT_CONSUMER_MAX_INACTIVE_MS, ge=1_000
-    )
-    """A tenant's consumer must go at most this long after its client stops reading
-    (its inactive threshold)."""
     tenant_consumer_max_deliver: int = Field(default=DEFAULT_TENANT_CONSUMER_MAX_DELIVER, ge=1)
     """A tenant's acknowledged consumer may deliver a message at most this many
     times."""

@@ -14,6 +14,7 @@ from runwire.runtime.health import serve_health
 from runwire.runtime.lifecycle import CannotStart, run
 from runwire.runtime.settings import SubmitterSettings, from_env
 from runwire.submitter.commands import Submitter
+from runwire.submitter.jetstream import TenantJetStream
 from runwire.submitter.runners import RunnerCatalog
 from runwire.submitter.schedules import Schedules
 from runwire.submitter.tenants import TenantLimits
@@ -22,12 +23,14 @@ QUEUE_GROUP = "submitter"
 
 
 class SubmitterService(Service[SubmitterSettings]):
-    """Answers submit, get, cancel and abort_session in the `submitter` queue group."""
+    """Answers submit, get, cancel and abort_session in the `submitter` queue group, and
+    tenants' JetStream API requests (`jetstream.py`)."""
 
     name = "submitter"
     submitter: Submitter
     limits: TenantLimits
     schedules: Schedules
+    jetstream: TenantJetStream
 
     def __init__(
         self,
@@ -198,6 +201,7 @@ class SubmitterService(Service[SubmitterSettings]):
 
     async def work(self, stop: asyncio.Event) -> None:
         assert self.catalog is not None
+        await self.jetstream.start()
         # What a tenant without its own share and queue capacity gets, for every service.
         await self.store.set_queue_defaults(
             self.settings.tenant_share_runs,
@@ -213,6 +217,8 @@ class SubmitterService(Service[SubmitterSettings]):
         )
         self.limits = TenantLimits(self.store)
         self.schedules = Schedules(self.settings, self.store, self.outbox)
+        self.jetstream = TenantJetStream(self.settings, self.broker, QUEUE_GROUP)
+        self.stopping.append(self.jetstream.stop)
 
 
 service = SubmitterService(from_env(SubmitterSettings))

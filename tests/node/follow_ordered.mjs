@@ -1,0 +1,43 @@
+// A tenant follows a run as the official NATS JavaScript client's own idiom has it: an
+// ordered consumer (`js.consumers.get(stream, { filterSubjects })`, then `consume()`),
+// through the tenant's JetStream API prefix, from a stream sequence (1: the start).
+// Usage: node follow_ordered.mjs <nats url> <user> <password> <inbox prefix> <api prefix>
+//        <stream> <subject> <start seq> [add]
+// Prints one JSON object, {seqs, text}, once the run's `done` frame arrives. With `add`,
+// it makes a consumer of the subject with the client's manager instead (an ordered
+// consumer retries a refused creation without end) and prints what the server said.
+import { AckPolicy, StringCodec, connect } from "nats";
+
+const [url, user, pass, inboxPrefix, apiPrefix, stream, subject, start, mode] =
+  process.argv.slice(2);
+const sc = StringCodec();
+const nc = await connect({ servers: url, user, pass, inboxPrefix });
+if (mode === "add") {
+  const jsm = await nc.jetstreamManager({ apiPrefix, checkAPI: false });
+  try {
+    await jsm.consumers.add(stream, { filter_subject: subject, ack_policy: AckPolicy.None });
+    process.stdout.write(JSON.stringify({ made: true }));
+  } catch (err) {
+    process.stdout.write(JSON.stringify({ made: false, error: err.message }));
+  }
+  await nc.close();
+  process.exit(0);
+}
+const js = nc.jetstream({ apiPrefix });
+const consumer = await js.consumers.get(stream, {
+  filterSubjects: subject,
+  opt_start_seq: Number(start),
+});
+const messages = await consumer.consume();
+const seqs = [];
+let text = "";
+const timer = setTimeout(() => messages.stop(), 30000);
+for await (const m of messages) {
+  const frame = JSON.parse(sc.decode(m.data));
+  seqs.push(frame.seq);
+  if (frame.type === "message") text += frame.data.text;
+  if (frame.type === "done") break;
+}
+clearTimeout(timer);
+await nc.close();
+process.stdout.write(JSON.stringify({ seqs, text }));
