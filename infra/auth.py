@@ -17,11 +17,15 @@ exactly the subjects it needs, written as a nats-server `authorization` block.
   an operator's), receive
   replies only on their own inbox prefix (`_INBOX_<tenant>.>`), and read only their own
   runs' frames and events: core subscriptions under `<prefix>.<tenant>.runs.>` and
-  `.events.>`, JetStream consumers whose filter is under them (the filtered form of
-  the consumer-create API, `$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`), and the
-  last stored frame of one of their runs (the subject form of the direct get,
-  `$JS.API.DIRECT.GET.<stream>.<subject>`). Nothing
-  else: no stream management, no jobs, no control subjects, no other tenant's subjects.
+  `.events.>`, and JetStream through their own API prefix
+  (`<prefix>.<tenant>.JS.API.>`), whose requests the submitter checks before it passes
+  them on (services/submitter/jetstream.py: consumers filtered to the tenant's runs,
+  ephemeral, unacknowledged, delivering into its inbox; stored messages of its own
+  subjects): nothing under `$JS.API`, whose consumer configurations the broker cannot
+  look into, but the last stored frame of one of their runs (the subject form of the
+  direct get, `$JS.API.DIRECT.GET.<stream>.<subject>`). They may answer their push
+  consumers' flow control (`$JS.FC.<stream>.>`). Nothing else: no stream management, no
+  jobs, no control subjects, no other tenant's subjects.
 - **The gateway** (`svc-gateway`): what every tenant's clients may do, for the tenants
   there are (it acts for the tenant a request's API key names; the keys' hashes are in
   `.runwire/api-keys.json`, each tenant's key in its settings file).
@@ -335,8 +339,9 @@ def tenant_permissions(tenant: str, subjects: Subjects) -> dict[str, Any]:
                 f"{subjects.jetstream_api(tenant)}.>",
                 f"$JS.FC.{subjects.run_frames_stream}.>",
                 f"$JS.FC.{subjects.events_stream}.>",
-                f"$JS.API.CONSUMER.CREATE.{subjects.run_frames_stream}.*.{runs}",
-                f"$JS.API.CONSUMER.CREATE.{subjects.events_stream}.*.{events}",
+                # The last stored frame of one of its runs, by the subject form of the
+                # direct get (the subject is in the permission): how its client learns
+                # whether a run it just submitted has frames yet, without a hop.
                 f"$JS.API.DIRECT.GET.{subjects.run_frames_stream}.{runs}",
                 f"{p}.health.*",
             ],
@@ -396,6 +401,7 @@ def operator_permissions(subjects: Subjects) -> dict[str, Any]:
         "publish": {
             "allow": [
                 f"{p}.*.cmd.>",
+                f"{subjects.jetstream_api('*')}.>",
                 f"{p}.health.*",
                 "$JS.API.INFO",
                 "$JS.API.STREAM.INFO.*",

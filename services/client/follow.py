@@ -266,6 +266,9 @@ class Following(Connection):
         try:
             try:
                 await self.nc.flush(timeout=LAST_FRAME_TIMEOUT_S)  # in place on the server
+                # The server's own API, which a tenant may ask for the last message of
+                # one of its subjects (the subject form; no hop through the submitter:
+                # this is on the way to a fresh run's first frame).
                 last = await self._send(
                     f"$JS.API.DIRECT.GET.{stream}.{subject}", b"", None, LAST_FRAME_TIMEOUT_S
                 )
@@ -310,11 +313,11 @@ class Following(Connection):
     ) -> AsyncGenerator[Frame, None]:
         """Live frames from a stream position, until the subscription goes quiet or fails.
 
-        Through a consumer of its own, filtered to the run's subject and created with the
-        filtered form of the API (`$JS.API.CONSUMER.CREATE.<stream>.<name>.<subject>`): a
-        broker that enforces identities lets a tenant create only consumers filtered to
-        its own runs. Unacknowledged, in memory, and removed by the server once unused."""
-        js = self.nc.jetstream()
+        Through a consumer of its own, filtered to the run's subject and created through
+        the tenant's JetStream API prefix (the submitter lets a tenant create only
+        consumers filtered to its own runs). Unacknowledged, in memory, and removed by the
+        server once unused."""
+        js = self.nc.jetstream(prefix=self.subjects.jetstream_api(self.tenant))
         inbox = self.nc.new_inbox()
         try:
             sub = await self.nc.subscribe(inbox)

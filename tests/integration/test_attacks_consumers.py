@@ -1,9 +1,12 @@
-"""Attacks through JetStream consumers: a tenant may create consumers on its own runs'
-frames and events, and the broker does not check where such a consumer delivers:
-nats-server refuses only a deliver subject its own stream stores (a cycle), so a
-consumer of a tenant's events may deliver into another tenant's frames subject. A
-client following a run takes only that run's frames, wherever messages come from; and recovery
-removes a tenant's consumer that breaks the rules the broker cannot check."""
+"""Attacks through JetStream consumers. A tenant makes consumers only through its own
+JetStream API prefix, where the submitter refuses any that reads another tenant's runs,
+delivers outside the tenant's inbox, is durable, acknowledged or outlives its client;
+the broker refuses it the server's own API. Behind that, for a consumer made otherwise
+(an operator's, by mistake, on a tenant's subjects): nats-server refuses only a deliver
+subject its own stream stores (a cycle), so a consumer of a tenant's events may deliver
+into another tenant's frames subject; a client following a run takes only that run's
+frames, wherever messages come from, and recovery removes a tenant's consumer that
+breaks the rules, or one more than the tenant may hold."""
 
 import asyncio
 import logging
@@ -32,13 +35,29 @@ async def test_a_consumer_delivering_into_another_tenants_run_changes_nothing_it
     acme = await broker.tenant("acme")
     globex = await broker.tenant("globex")
     attacker, _ = await broker.connect(tenant_user("acme"), inbox=inbox_prefix("acme"))
+    operator, _ = await broker.connect(OPERATOR)
+    listener, _ = await broker.connect(tenant_user("globex"), inbox=inbox_prefix("globex"))
     try:
         # The attacker's own run, whose frames it will replay into the victim's run.
         own = await acme.submit({"tokens": ["injected ", "text"]})
         await collect(acme, own.run.run_id)
 
+        # The tenant cannot make a consumer that delivers into another tenant's run: the
+        # broker refuses it the server's API, the submitter its own.
+        api = attacker.jetstream(prefix=s.jetstream_api("acme"), timeout=15)
+        into_theirs = ConsumerConfig(
+            filter_subject=s.run_frames("acme", own.run.run_id),
+            deliver_subject=s.live_frames("globex", own.run.run_id),
+            ack_policy=AckPolicy.NONE,
+        )
+        with pytest.raises((nats.errors.TimeoutError, nats.js.errors.Error)):
+            await attacker.jetstream(timeout=2).add_consumer(s.run_frames_stream, into_theirs)
+        with pytest.raises(nats.js.errors.APIError) as refused:
+            await api.add_consumer(s.run_frames_stream, into_theirs)
+        assert "delivers into the tenant's inbox only" in str(refused.value)
+
         tokens = [f"t{i} " for i in range(40)]
-        victim = await globex.submit({"tokens": tokens, "token_delay_ms": 20})
+        victim = await globex.submit({"tokens": tokens, "token_delay_ms": 60})
         run_id = victim.run.run_id
         started = asyncio.Event()
         seen: list[str] = []
@@ -53,31 +72,38 @@ async def test_a_consumer_delivering_into_another_tenants_run_changes_nothing_it
 
         following = asyncio.create_task(follow())
         await asyncio.wait_for(started.wait(), 20)  # the victim's client follows live
-        # Its own run's events into the victim's frames subject; and its own run's stored
-        # frames into the victim's live subject, where the stream republishes what it
-        # stores (followers and the archiver listen there).
+        # What it could not make, made by an operator's mistake (a consumer of no one
+        # tenant's, which recovery leaves alone): the attacker's run's events into the
+        # victim's frames subject, and its stored frames into the victim's live subject,
+        # where the stream republishes what it stores (followers and the archiver
+        # listen there).
         injections = {
-            "inject": (s.events_stream, s.events("acme", own.run.run_id), s.run_frames),
+            "inject": (s.events_stream, s.events("*", own.run.run_id), s.run_frames),
             "inject-live": (
                 s.run_frames_stream,
-                s.run_frames("acme", own.run.run_id),
+                s.run_frames("*", own.run.run_id),
                 s.live_frames,
             ),
         }
+        # A client of the victim's listening on each subject (the SDK's follow may read
+        # through a consumer of its own instead): the injections are delivered.
+        for _, _, victims in injections.values():
+            await listener.subscribe(victims("globex", run_id))
+        await listener.flush()
         for name, (stream, own_subject, victims) in injections.items():
-            await attacker.jetstream(timeout=15).add_consumer(
-                stream,
-                ConsumerConfig(
-                    name=name,
-                    filter_subject=own_subject,
-                    deliver_subject=victims("globex", run_id),
-                    deliver_policy=DeliverPolicy.ALL,
-                    ack_policy=AckPolicy.NONE,
-                ),
+            config = ConsumerConfig(
+                name=name,
+                filter_subject=own_subject,
+                deliver_subject=victims("globex", run_id),
+                deliver_policy=DeliverPolicy.ALL,
+                ack_policy=AckPolicy.NONE,
             )
+            await operator.jetstream(timeout=15).add_consumer(stream, config)
         await asyncio.wait_for(following, 30)
         _, rejoined = await collect(globex, run_id)
     finally:
+        await listener.close()
+        await operator.close()
         await attacker.close()
         await acme.close()
         await globex.close()
@@ -87,9 +113,6 @@ async def test_a_consumer_delivering_into_another_tenants_run_changes_nothing_it
     assert seen.count(FrameType.DONE) == 1
     assert live.text == "".join(tokens)
     assert rejoined.text == "".join(tokens)
-    # Recovery removed the consumer as soon as it was created (and whatever it
-    # delivered before was skipped).
-    assert "a tenant's consumer removed: it delivers outside the tenant's inbox" in caplog.text
 
 
 async def _alive(nc: NatsClient, stream: str, name: str) -> bool:
@@ -109,7 +132,8 @@ async def test_a_tenants_consumers_that_break_the_rules_are_removed(
 ) -> None:
     s = broker.subjects
     mine = f"{inbox_prefix('acme')}.mine"
-    # What the broker lets a tenant create, and recovery removes.
+    # What neither the broker nor the submitter let a tenant make, made on its subjects
+    # by an operator's mistake: recovery removes each.
     broken = {
         "durable": ConsumerConfig(name="keep", durable_name="keep", ack_policy=AckPolicy.NONE),
         "forever": ConsumerConfig(name="forever", inactive_threshold=86_400.0),
@@ -136,12 +160,13 @@ async def test_a_tenants_consumers_that_break_the_rules_are_removed(
         try:
             done = await acme.submit({"tokens": ["a ", "b"]})
             await collect(acme, done.run.run_id)
-            js = attacker.jetstream(timeout=15)
             names = []
             for config in broken.values():
                 config.filter_subject = s.events("acme", done.run.run_id)
                 config.deliver_policy = DeliverPolicy.ALL
-                names.append((await js.add_consumer(s.events_stream, config)).name)
+                made = await operator.jetstream(timeout=15).add_consumer(s.events_stream, config)
+                names.append(made.name)
+            js = attacker.jetstream(prefix=s.jetstream_api("acme"), timeout=15)
             for name in names:
                 await eventually(lambda n=name: _gone(operator, s.events_stream, n), timeout=30)
 

@@ -11,7 +11,7 @@ import nats
 import nats.errors
 import nats.js.errors
 import pytest
-from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from runwire import ClientError
 from runwire.client import Client
@@ -89,33 +89,43 @@ async def test_a_tenant_cannot_reach_another_tenants_runs(
             await nc.subscribe(subject)
         await nc.flush()
         await eventually(lambda: sum("subscription" in e.lower() for e in errors) >= 6)
-        with pytest.raises((nats.errors.TimeoutError, nats.js.errors.Error, TimeoutError)):
-            await nc.jetstream(timeout=2).add_consumer(
-                s.run_frames_stream,
-                ConsumerConfig(
-                    name="peek",
-                    filter_subject=s.run_frames("globex", run_id),
-                    deliver_policy=DeliverPolicy.ALL,
-                ),
-            )
-        # Its own runs' consumer is allowed.
-        mine = await nc.jetstream(timeout=5).add_consumer(
-            s.run_frames_stream,
-            ConsumerConfig(
-                name="mine",
-                filter_subject=s.run_frames("acme", "*"),
-                deliver_policy=DeliverPolicy.ALL,
-                deliver_subject=f"{inbox_prefix('acme')}.mine",
-            ),
+        # JetStream's own API: refused by the broker, even on its own runs (the server
+        # takes a consumer's filter and deliver subject from the body, which the broker
+        # does not read); the tenant's JetStream API prefix, which the submitter checks,
+        # makes its own runs' consumer and refuses another tenant's.
+        own = ConsumerConfig(
+            filter_subject=s.run_frames("acme", "*"),
+            deliver_policy=DeliverPolicy.ALL,
+            deliver_subject=f"{inbox_prefix('acme')}.mine",
+            ack_policy=AckPolicy.NONE,
         )
-        assert mine.name == "mine"
+        theirs = ConsumerConfig(
+            filter_subject=s.run_frames("globex", run_id),
+            deliver_policy=DeliverPolicy.ALL,
+            ack_policy=AckPolicy.NONE,
+        )
+        for config in (own, theirs):
+            with pytest.raises((nats.errors.TimeoutError, nats.js.errors.Error, TimeoutError)):
+                await nc.jetstream(timeout=2).add_consumer(s.run_frames_stream, config)
+        api = nc.jetstream(prefix=s.jetstream_api("acme"), timeout=5)
+        with pytest.raises(nats.js.errors.APIError):
+            await api.add_consumer(s.run_frames_stream, theirs)
+        mine = await api.add_consumer(s.run_frames_stream, own)
+        assert mine.config.filter_subject == s.run_frames("acme", "*")
         # The last stored frame of a run (how a client learns whether a run it just
-        # submitted has frames yet): of its own runs only.
-        direct = f"$JS.API.DIRECT.GET.{s.run_frames_stream}"
-        with pytest.raises((nats.errors.TimeoutError, TimeoutError)):
-            await nc.request(f"{direct}.{s.run_frames('globex', run_id)}", b"", timeout=1)
-        none_yet = await nc.request(f"{direct}.{s.run_frames('acme', run_id)}", b"", timeout=5)
-        assert (none_yet.headers or {}).get("Status") == "404"
+        # submitted has frames yet): of its own runs only, through the server's API or
+        # the tenant's.
+        for api in ("$JS.API", s.jetstream_api("acme")):
+            direct = f"{api}.DIRECT.GET.{s.run_frames_stream}"
+            theirs_last = f"{direct}.{s.run_frames('globex', run_id)}"
+            if api == "$JS.API":
+                with pytest.raises((nats.errors.TimeoutError, TimeoutError)):
+                    await nc.request(theirs_last, b"", timeout=1)
+            else:
+                refused = await nc.request(theirs_last, b"", timeout=5)
+                assert b"not a subject of the tenant's runs" in refused.data
+            none_yet = await nc.request(f"{direct}.{s.run_frames('acme', run_id)}", b"", timeout=5)
+            assert (none_yet.headers or {}).get("Status") == "404"
     finally:
         await nc.close()
     await globex.close()
