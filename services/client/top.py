@@ -12,11 +12,11 @@ of two views:
 - a tenant's (a `tenant-<name>` identity, which may not read the jobs stream): the
   tenant's own runs that the events show queued or running.
 
-The events are read through a consumer a tenant may create: ephemeral, created with the
-filtered form of the API, unacknowledged, delivering into the connection's inbox
-(`_INBOX_<tenant>.`) and gone soon after `top` stops (the rules recovery holds tenants'
-consumers to). `render` turns a `Snapshot` into a rich table, so the view can be tested
-without a terminal.
+The events are read through a consumer a tenant may create: created through the
+tenant's JetStream API prefix (`<prefix>.<tenant>.JS.API`, which the submitter checks),
+unacknowledged, delivering into the connection's inbox (`_INBOX_<tenant>.`) and gone
+soon after `top` stops (see docs/wire-contract.md). `render` turns a `Snapshot` into a
+rich table, so the view can be tested without a terminal.
 """
 
 import asyncio
@@ -38,6 +38,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import api
+from nats.js.client import JetStreamContext
 from pydantic import ValidationError
 from rich.console import Console, Group
 from rich.live import Live
@@ -195,11 +196,7 @@ class TopCollector:
             config.deliver_policy = api.DeliverPolicy.BY_START_SEQUENCE
             config.opt_start_seq = self._stream_seq + 1
         try:
-            # The filtered form of the create API (a name and a filter): the only one the
-            # broker lets a tenant use.
-            info = await self.nc.jetstream(timeout=API_TIMEOUT_S).add_consumer(
-                self.subjects.events_stream, config
-            )
+            info = await self._jetstream().add_consumer(self.subjects.events_stream, config)
         except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
             self._events_problem = (
                 f"run history unavailable ({_why(exc)}): only events from now on are shown"
@@ -213,6 +210,15 @@ class TopCollector:
             if not info.num_pending:
                 self._history_read.set()
         await self.nc.flush()
+
+    def _jetstream(self) -> JetStreamContext:
+        """The JetStream API as this identity may call it: a tenant's through its own
+        prefix, which the submitter answers (the broker refuses it the server's)."""
+        if self.tenant_only:
+            return self.nc.jetstream(
+                prefix=self.subjects.jetstream_api(self.tenant), timeout=API_TIMEOUT_S
+            )
+        return self.nc.jetstream(timeout=API_TIMEOUT_S)
 
     async def close(self) -> None:
         if self._sub is not None:

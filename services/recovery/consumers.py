@@ -1,12 +1,13 @@
-"""Tenants' consumers held to the rules the broker cannot check.
+"""Tenants' consumers held to the rules, behind the submitter's check.
 
-A tenant may create JetStream consumers on its own runs' frames and events (the
-filtered form of the create API, which the broker allows only for a subject under the
-tenant's own), but the broker does not look at the rest of the configuration: a tenant
-could create hundreds of consumers that never expire, acknowledged ones redelivered
-without end, or push consumers delivering into a subject that is not its inbox (another
-tenant's, a service's). So recovery watches the server's advisories of consumers created
-and removes at once any consumer of a tenant that:
+A tenant creates JetStream consumers on its own runs' frames and events through its
+own API prefix (`<prefix>.<tenant>.JS.API`), which the submitter answers: it refuses a
+durable, acknowledged or long-lived consumer, and one delivering outside the tenant's
+inbox, before the server sees it (services/submitter/jetstream.py). What it cannot see is
+how many a tenant holds across the submitter's replicas, and a consumer made some other
+way (an identity with wider rights, a rule of the broker loosened later): so recovery
+watches the server's advisories of consumers created and removes at once any consumer
+of a tenant that:
 
 - is durable (a tenant's consumers are ephemeral, and go when their client stops);
 - outlives its client longer than `tenant_consumer_max_inactive_ms`;

@@ -354,8 +354,9 @@ class RecoverySettings(CommonSettings):
     """JetStream consumers one tenant may hold on the frames stream, and on the events
     stream. Past it, recovery first removes one that no client reads any more (a client
     that stopped following a run leaves its consumer for a few seconds), else the newest
-    (and any consumer that breaks the rules of the next three settings, as soon as it
-    is created)."""
+    (and any consumer that is durable, delivers outside the tenant's inbox, outlives its
+    client longer than `tenant_consumer_max_inactive_ms` or redelivers more than
+    `tenant_consumer_max_deliver` times, as soon as it is created)."""
     tenant_consumer_max_deliver: int = Field(default=DEFAULT_TENANT_CONSUMER_MAX_DELIVER, ge=1)
     """A tenant's acknowledged consumer may deliver a message at most this many
     times."""

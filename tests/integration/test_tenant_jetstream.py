@@ -8,7 +8,10 @@ what the API shows a tenant of the shared streams names no other tenant."""
 import asyncio
 import json
 import logging
+import os
 import shutil
+import sys
+from pathlib import Path
 from typing import Any
 
 import nats.js.errors
@@ -28,6 +31,7 @@ from tests.services import InProcessStack, collect, eventually
 pytestmark = [pytest.mark.integration, pytest.mark.security, ON_A_CLUSTER]
 
 TOKENS = [f"t{i} " for i in range(24)]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def _tenant_connection(broker: Broker, tenant: str) -> NatsClient:
@@ -277,3 +281,45 @@ async def test_a_javascript_ordered_consumer_follows_a_run_from_its_start_and_fr
     assert refused["made"] is False
     assert "not a subject of the tenant's runs" in refused["error"]
     assert (await node(mine, 1, "add"))["made"] is True
+
+
+async def test_the_examples_follow_a_run_with_an_official_client_alone(
+    broker: Broker, secured: InProcessStack
+) -> None:
+    user = tenant_user("acme")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNWIRE_")}
+    env |= {
+        "RUNWIRE_NATS_URL": broker.url,
+        "RUNWIRE_PREFIX": broker.subjects.prefix,
+        "RUNWIRE_TENANT": "acme",
+        "RUNWIRE_NATS_USER": user,
+        "RUNWIRE_NATS_PASSWORD": broker.identities.passwords[user],
+    }
+    python = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(ROOT / "examples" / "follow_with_nats.py"),
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(python.communicate(), 60)
+    assert python.returncode == 0, err.decode()
+    assert out.decode().strip() == "'Hi there' finished"
+    if shutil.which("node") is None:
+        return
+    await asyncio.to_thread(install_node_modules)
+    # Run where the `nats` package is installed (an ES module on standard input resolves
+    # its imports from the working folder).
+    node = await asyncio.create_subprocess_exec(
+        "node",
+        "--input-type=module",
+        cwd=NODE_DIR,
+        env=env,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    script = (ROOT / "examples" / "follow_with_nats.mjs").read_bytes()
+    out, err = await asyncio.wait_for(node.communicate(script), 60)
+    assert node.returncode == 0, err.decode()
+    assert out.decode().strip() == '"Hi there" finished'
