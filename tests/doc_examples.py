@@ -6,6 +6,7 @@ its block, that says how a test runs it:
     <!-- runs: examples/NAME.py -->  the block is that file, run there (`python FILE`)
     <!-- file: examples/NAME -->     the block is that file, which a later block or a
                                      test uses (a runner, a test, a workflow)
+    <!-- excerpt: examples/NAME -->  lines of that file, in its order (which runs elsewhere)
     <!-- not run: WHY -->            shown, not run, for the reason given
 
 Every `python` and `sh` block has one (tests/unit/test_docs.py checks it, and that each
@@ -21,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-MARKER = re.compile(r"^<!-- (?P<kind>runs|file|not run): (?P<what>.+) -->$")
+MARKER = re.compile(r"^<!-- (?P<kind>runs|file|excerpt|not run): (?P<what>.+) -->$")
 FENCE = "```"
 # Blocks a reader could take for something to run: each needs a marker.
 RUNNABLE_LANGUAGES = ("python", "sh")
@@ -51,6 +52,11 @@ class Block:
         if self.kind in ("runs", "file") and self.what != SHELL:
             return ROOT / str(self.what)
         return None
+
+    @property
+    def excerpt_of(self) -> Path | None:
+        """The example file the block's lines are taken from, if its marker names one."""
+        return ROOT / str(self.what) if self.kind == "excerpt" else None
 
     @property
     def runs(self) -> bool:

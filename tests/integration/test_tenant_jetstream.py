@@ -230,7 +230,7 @@ async def test_consumers_a_tenant_may_not_make_are_refused_before_the_server_see
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
-async def test_a_javascript_ordered_consumer_follows_a_run_from_its_start_and_from_a_join(
+async def test_a_javascript_ordered_consumer_follows_a_run_and_its_events(
     broker: Broker, secured: InProcessStack
 ) -> None:
     s = broker.subjects
@@ -244,7 +244,9 @@ async def test_a_javascript_ordered_consumer_follows_a_run_from_its_start_and_fr
     user = tenant_user("acme")
     await asyncio.to_thread(install_node_modules)
 
-    async def node(subject: str, start: int, *mode: str) -> dict[str, Any]:
+    async def node(
+        subject: str, start: int, *mode: str, stream: str = s.run_frames_stream
+    ) -> dict[str, Any]:
         script = await asyncio.create_subprocess_exec(
             "node",
             "follow_ordered.mjs",
@@ -253,7 +255,7 @@ async def test_a_javascript_ordered_consumer_follows_a_run_from_its_start_and_fr
             broker.identities.passwords[user],
             inbox_prefix("acme"),
             s.jetstream_api("acme"),
-            s.run_frames_stream,
+            stream,
             subject,
             str(start),
             *mode,
@@ -273,6 +275,10 @@ async def test_a_javascript_ordered_consumer_follows_a_run_from_its_start_and_fr
     seqs = [f.seq for f in joined.replay] + after_join["seqs"]
     assert seqs == list(range(1, len(seqs) + 1))
     assert _text(joined.replay) + after_join["text"] == "".join(TOKENS)
+
+    # And the run's events, from the events stream's start.
+    events = await node(s.events("acme", run_id), 1, stream=s.events_stream)
+    assert events["events"] == ["submitted", "claimed", "finished"]
 
     # The same client's consumer of another tenant's run: refused.
     globex = await broker.tenant("globex")

@@ -3,14 +3,15 @@
 // through the tenant's JetStream API prefix, from a stream sequence (1: the start).
 // Usage: node follow_ordered.mjs <nats url> <user> <password> <inbox prefix> <api prefix>
 //        <stream> <subject> <start seq> [add]
-// Prints one JSON object, {seqs, text}, once the run's `done` frame arrives. With `add`,
-// it makes a consumer of the subject with the client's manager instead (an ordered
+// Prints one JSON object, {seqs, text, events}, once the run's `done` frame (or, on the
+// events stream, the event that ends it) arrives. With `add`, it makes a consumer of the subject with the client's manager instead (an ordered
 // consumer retries a refused creation without end) and prints what the server said.
 import { AckPolicy, StringCodec, connect } from "nats";
 
 const [url, user, pass, inboxPrefix, apiPrefix, stream, subject, start, mode] =
   process.argv.slice(2);
 const sc = StringCodec();
+const ENDED = ["finished", "failed", "canceled", "interrupted"];
 const nc = await connect({ servers: url, user, pass, inboxPrefix });
 if (mode === "add") {
   const jsm = await nc.jetstreamManager({ apiPrefix, checkAPI: false });
@@ -30,14 +31,21 @@ const consumer = await js.consumers.get(stream, {
 });
 const messages = await consumer.consume();
 const seqs = [];
+const events = [];
 let text = "";
 const timer = setTimeout(() => messages.stop(), 30000);
 for await (const m of messages) {
   const frame = JSON.parse(sc.decode(m.data));
+  if (frame.event !== undefined) {
+    // A run event (the events stream): followed until the run has ended.
+    events.push(frame.event);
+    if (ENDED.includes(frame.event)) break;
+    continue;
+  }
   seqs.push(frame.seq);
   if (frame.type === "message") text += frame.data.text;
   if (frame.type === "done") break;
 }
 clearTimeout(timer);
 await nc.close();
-process.stdout.write(JSON.stringify({ seqs, text }));
+process.stdout.write(JSON.stringify({ seqs, text, events }));

@@ -101,7 +101,7 @@ def test_every_example_says_how_it_runs(page: Path) -> None:
         for block in doc_examples.blocks(page)
         if block.language in doc_examples.RUNNABLE_LANGUAGES and block.kind is None
     ]
-    assert unmarked == [], "give each a <!-- runs: ... -->, file: or not run: marker"
+    assert unmarked == [], "give each a <!-- runs: ... -->, file:, excerpt: or not run: marker"
     # A marker stands right before the block it is about, or it is about nothing.
     marked = {block.line - 1 for block in doc_examples.blocks(page) if block.kind}
     assert [line for line, _ in doc_examples.markers(page) if line not in marked] == []
@@ -117,3 +117,25 @@ def test_an_example_named_after_a_file_is_that_file(page: Path) -> None:
             assert block.text == block.file.read_text(), f"{block.where} is not {block.what}"
             if block.runs:
                 assert block.file.suffix == ".py", f"{block.where}: runs only Python files"
+        elif block.excerpt_of is not None:
+            assert block.excerpt_of.is_file(), f"{block.where}: no file {block.what}"
+            assert _in_order(block.text, block.excerpt_of.read_text()), (
+                f"{block.where}: not lines of {block.what}, in its order"
+            )
+
+
+def _in_order(excerpt: str, whole: str) -> bool:
+    """Whether every line of `excerpt` is a line of `whole` (indentation aside), in the
+    same order."""
+    lines = iter(line.strip() for line in whole.splitlines())
+    return all(
+        any(line.strip() == candidate for candidate in lines) for line in excerpt.splitlines()
+    )
+
+
+def test_an_excerpt_is_lines_of_its_file_in_order() -> None:
+    whole = "a = 1\nb = 2\nc = 3\n"
+    assert _in_order("a = 1\nc = 3\n", whole)
+    assert not _in_order("c = 3\na = 1\n", whole)
+    assert not _in_order("a = 1\nb = 20\n", whole)
+    assert _in_order("b = 2\n", "def f():\n    b = 2\n")
