@@ -4,8 +4,9 @@
 // Usage: node follow_ordered.mjs <nats url> <user> <password> <inbox prefix> <api prefix>
 //        <stream> <subject> <start seq> [add]
 // Prints one JSON object, {seqs, text, events}, once the run's `done` frame (or, on the
-// events stream, the event that ends it) arrives. With `add`, it makes a consumer of the subject with the client's manager instead (an ordered
-// consumer retries a refused creation without end) and prints what the server said.
+// events stream, the event that ends it) arrives. With `add`, it makes a consumer of the
+// subject with the client's manager instead (an ordered consumer retries a refused
+// creation without end) and prints what the server said.
 import { AckPolicy, StringCodec, connect } from "nats";
 
 const [url, user, pass, inboxPrefix, apiPrefix, stream, subject, start, mode] =
