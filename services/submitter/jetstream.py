@@ -9,6 +9,7 @@ A tenant's clients use `<prefix>.<tenant>.JS.API` as their JetStream API prefix 
 tenant's request there could read every tenant's frames or deliver into any subject.
 The submitter answers the prefix in its queue group:
 
+- `INFO` (the account's): the number of those streams, and no usage (answered here).
 - `STREAM.NAMES`: the frames and events streams, those of them that store a subject
   the request names (answered here).
 - `STREAM.INFO.<stream>`: the stream's configuration with its subjects narrowed to the
@@ -196,6 +197,8 @@ class TenantJetStream:
         server (which answers it)."""
         kind = ".".join(api[:2])
         rest = api[2:]
+        if api == ["INFO"]:
+            return self._account_info(tenant)
         if kind == "STREAM.NAMES" and not rest:
             return self._stream_names(tenant, _body(msg.data))
         if kind == "STREAM.INFO" and len(rest) == 1:
@@ -228,6 +231,30 @@ class TenantJetStream:
             s.run_frames_stream: s.run_frames(tenant, "*"),
             s.events_stream: s.events(tenant, "*"),
         }
+
+    def _account_info(self, tenant: str) -> bytes:
+        """What the clients ask first to see that JetStream is there (nats.js's manager):
+        the streams the tenant reads, and no usage (the account is every tenant's)."""
+        return json.dumps(
+            {
+                "type": "io.nats.jetstream.api.v1.account_info_response",
+                "memory": 0,
+                "storage": 0,
+                "streams": len(self._streams(tenant)),
+                "consumers": 0,
+                "limits": {
+                    "max_memory": -1,
+                    "max_storage": -1,
+                    "max_streams": -1,
+                    "max_consumers": -1,
+                    "max_ack_pending": -1,
+                    "memory_max_stream_bytes": -1,
+                    "storage_max_stream_bytes": -1,
+                    "max_bytes_required": False,
+                },
+                "api": {"total": 0, "errors": 0},
+            }
+        ).encode()
 
     def _stream(self, name: str) -> str:
         if name not in (self.subjects.run_frames_stream, self.subjects.events_stream):

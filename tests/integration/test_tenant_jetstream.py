@@ -148,6 +148,10 @@ async def test_another_tenants_run_is_refused_and_the_streams_show_no_other_tena
         assert sorted(json.loads(names.data)["streams"]) == sorted(
             [s.run_frames_stream, s.events_stream]
         )
+        # The account's information (what a client asks to see JetStream is there): the
+        # two streams, and no usage of the account every tenant shares.
+        account = await js.account_info()
+        assert (account.streams, account.consumers, account.storage) == (2, 0, 0)
     finally:
         await nc.close()
 

@@ -15,7 +15,7 @@ const sc = StringCodec();
 const ENDED = ["finished", "failed", "canceled", "interrupted"];
 const nc = await connect({ servers: url, user, pass, inboxPrefix });
 if (mode === "add") {
-  const jsm = await nc.jetstreamManager({ apiPrefix, checkAPI: false });
+  const jsm = await nc.jetstreamManager({ apiPrefix });
   try {
     await jsm.consumers.add(stream, { filter_subject: subject, ack_policy: AckPolicy.None });
     process.stdout.write(JSON.stringify({ made: true }));
