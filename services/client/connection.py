@@ -153,8 +153,13 @@ class Connection:
         self._fresh: OrderedDict[str, FrameChannel] = OrderedDict()
 
     async def close(self) -> None:
+        """Close the connection; one the server dropped closes quietly too (what was
+        still to be sent is lost with it)."""
         if not self.nc.is_closed:
-            await self.nc.close()
+            # nats-py closes a connection that is reconnecting by flushing what is
+            # pending into the lost socket, and raises that socket's error.
+            with contextlib.suppress(OSError):
+                await self.nc.close()
 
     async def __aenter__(self) -> Self:
         return self

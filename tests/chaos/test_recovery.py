@@ -10,7 +10,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from runwire.client import ClientError
+from runwire.client import Client, ClientError
 from runwire.contracts.status import RunStatus
 from runwire.infra.embedded import EmbeddedNats
 from runwire.infra.postgres import EmbeddedPostgres
@@ -150,6 +150,21 @@ async def own_servers(tmp_path: Path) -> AsyncIterator[tuple[EmbeddedNats, Embed
     finally:
         nats_server.stop()
         postgres.stop()
+
+
+async def test_a_client_closed_while_its_server_is_away_closes_without_an_error(
+    tmp_path: Path,
+) -> None:
+    """A program closing its client while the server is gone (the client reconnecting,
+    something still to send) is not handed the lost connection's error."""
+    (tmp_path / "nats").mkdir()
+    server = EmbeddedNats(tmp_path / "nats")
+    client = await Client.connect(server.start(), tenant="acme", prefix="rw")
+    server.stop()
+    await eventually(lambda: client.nc.is_reconnecting)
+    await client.nc.publish("rw.acme.anything", b"")  # pending when it closes
+    await client.close()
+    assert client.nc.is_closed
 
 
 @contextlib.asynccontextmanager
