@@ -1,12 +1,15 @@
 """Segments: the stored frames of each run, written to Postgres in batches.
 
 The frames a relay archives are buffered per run, each buffer one contiguous range of
-the run's `seq`, and written in one multi-row statement per flush: every
-`segment_flush_ms`, when a buffer passes `segment_bytes`, and at once for the frames of
-`URGENT_FRAME_TYPES` (tools, effects, nodes, waits, `error`, `done`; not an attempt's
-`run` frame, which its first output follows within the flush interval anyway: a quiet
-run's frames are then one statement, not two). `first_unwritten` says where the archive
-stands: every frame stored before it is written.
+the run's `seq`, and written in one multi-row statement per flush. A buffer is due
+`segment_flush_ms` after its first frame, when it passes `segment_bytes`, and at once
+when it takes a frame of `URGENT_FRAME_TYPES` (tools, effects, nodes, waits, `error`,
+`done`; not an attempt's `run` frame, which its first output follows within the flush
+interval anyway). A flush writes the buffers that are due and leaves the others to fill:
+a short run's frames are one segment and one statement, however many other runs end
+meanwhile (at hundreds of runs a second, writing every buffer at each run's `done` cut
+most runs in two). `first_unwritten` says where the archive stands: every frame stored
+before it is written.
 
 `write_segments` leaves out a segment that overlaps one already written, whole (another
 relay, or a relay reading again what it wrote before a crash, wrote some of the same
@@ -37,6 +40,8 @@ log = logging.getLogger(__name__)
 
 # Looks at a run whose sync met another relay's write of some of the same frames.
 SYNC_PASSES = 3
+# The shortest wait of the flusher between two flushes of buffers that ripen.
+MIN_WAIT_S = 0.001
 
 
 @dataclass
@@ -57,6 +62,14 @@ class SegmentBuffer:
     closed: bool = False
     # When each frame was made (its `at`), for the lag measured once it is written.
     made: list[datetime] = field(default_factory=list)
+    # When its first frame was buffered (monotonic), and whether it is to be written at
+    # the next flush whatever its age (an urgent frame, a full buffer, a failed write).
+    since: float = field(default_factory=time.monotonic)
+    due: bool = False
+
+    def ripe(self, now: float, age_s: float) -> bool:
+        """Whether the next flush writes it."""
+        return self.due or now - self.since >= age_s
 
 
 def _flush_spans(buffers: Iterable[SegmentBuffer], started_ns: int, error: str = "") -> None:
@@ -188,21 +201,31 @@ class SegmentWriter:
         return min((b.first_stream_seq for b in waiting), default=None)
 
     def flush_soon(self, urgent: bool, run_id: str) -> None:
-        """Have the flusher write at once when a frame must not wait or the buffer of its
-        run (`run_id`) is full (the archiver goes on meanwhile)."""
+        """Have the flusher write the buffer of the run (`run_id`) at once when a frame
+        must not wait or the buffer is full (the archiver goes on meanwhile)."""
         buffer = self.buffers.get(run_id)
-        if urgent or (buffer is not None and buffer.size >= self.settings.segment_bytes):
+        if buffer is None:
+            return
+        if urgent or buffer.size >= self.settings.segment_bytes:
+            buffer.due = True
             self._flush_now.set()
 
-    async def flush(self) -> None:
-        """Write every buffered segment in one statement; keep them while Postgres is
-        away. A statement whose data Postgres refuses is written again run by run, so that
-        one run's segment it cannot take stops no other run's (see `_write_each`)."""
+    async def flush(self, *, ripe_only: bool = False) -> None:
+        """Write every buffered segment (`ripe_only`: those due, see the module) in one
+        statement; keep them while Postgres is away. A statement whose data Postgres
+        refuses is written again run by run, so that one run's segment it cannot take
+        stops no other run's (see `_write_each`)."""
         async with self._flush_lock:
-            if not self.buffers:
+            if ripe_only:
+                now, age_s = time.monotonic(), self.settings.segment_flush_ms / 1000
+                pending = {k: b for k, b in self.buffers.items() if b.ripe(now, age_s)}
+                left = {k: b for k, b in self.buffers.items() if k not in pending}
+            else:
+                pending, left = self.buffers, {}
+            if not pending:
                 return
-            pending = self._writing = self.buffers
-            self.buffers = {}
+            self._writing = pending
+            self.buffers = left
             try:
                 await self._write(pending)
             except BaseException:
@@ -302,6 +325,7 @@ class SegmentWriter:
                 old.size += newer.size
                 old.last_stream_seq = newer.last_stream_seq
                 old.closed = old.closed or newer.closed
+            old.due = True  # tried once: the next flush tries again
             self.buffers[old.run_id] = old
 
     async def sync(self, tenant: str, run_id: str, upto: int) -> int:
@@ -368,17 +392,24 @@ class SegmentWriter:
         return [found[seq] for seq in sorted(found)]
 
     async def flush_every(self) -> None:
-        """Write the buffered segments every `segment_flush_ms`, and at once when a frame
-        that must not wait (tool, effect, node, wait, `error`, `done`) or a full buffer
-        asks for it: what arrives while a write is under way goes in the next one."""
+        """Write each buffered segment `segment_flush_ms` after its first frame, and at
+        once when a frame that must not wait (tool, effect, node, wait, `error`, `done`)
+        or a full buffer asks for it: what arrives while a write is under way goes in the
+        next one."""
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._flush_now.wait(), self.settings.segment_flush_ms / 1000
-                )
+                await asyncio.wait_for(self._flush_now.wait(), self._next_flush_in())
             self._flush_now.clear()
             try:
-                await self.flush()
+                await self.flush(ripe_only=True)
             except Exception:
                 # Keep flushing: buffered frames are retried, and the stream still has them.
                 log.exception("segment flush failed")
+
+    def _next_flush_in(self) -> float:
+        """Seconds until a buffer waiting for its age ripens (a failed write's buffers,
+        due already, are tried again with the next, or after `segment_flush_ms`)."""
+        age_s = self.settings.segment_flush_ms / 1000
+        now = time.monotonic()
+        waits = [b.since + age_s - now for b in self.buffers.values() if not b.due]
+        return min((max(w, MIN_WAIT_S) for w in waits), default=age_s)

@@ -46,7 +46,7 @@ DEFAULT_DRAIN_MS = 10_000
 DEFAULT_PUBLISH_PATIENCE_MS = 30_000
 # The longest a text delta may be held for later ones to join it (`coalesce_ms`).
 MAX_COALESCE_MS = 1_000
-DEFAULT_SEGMENT_FLUSH_MS = 50
+DEFAULT_SEGMENT_FLUSH_MS = 250
 DEFAULT_SEGMENT_BYTES = 64 * 1024
 DEFAULT_REPLAY_MAX_BYTES = 512 * 1024
 DEFAULT_PARTITION_TIMEOUT_MS = 10_000
@@ -296,8 +296,10 @@ class RelaySettings(CommonSettings):
     """The relay: how frames are packed into Postgres segments, join limits."""
 
     segment_flush_ms: int = Field(default=DEFAULT_SEGMENT_FLUSH_MS, ge=1)
-    """How often buffered frames are written to Postgres segments (`run`, tool, `error`
-    and `done` frames at once)."""
+    """A run's buffered frames are written to Postgres (one segment) at most this long
+    after the first of them; at once with a tool, effect, node, wait, `error` or `done`
+    frame. Longer: fewer, larger segments (a join reads what is not written yet from the
+    stream)."""
     segment_bytes: int = Field(default=DEFAULT_SEGMENT_BYTES, ge=1024)
     """A run's buffer is written at once past this size."""
     replay_max_bytes: int = Field(default=DEFAULT_REPLAY_MAX_BYTES, ge=1024)

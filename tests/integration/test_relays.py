@@ -610,3 +610,45 @@ async def test_a_quiet_runs_frames_are_written_in_one_segment(
         finally:
             await publisher.close()
     assert [[f["seq"] for f in s.frames] for s in segments] == [[1, 2, 3, 4]]
+
+
+async def test_a_runs_frames_wait_for_its_own_done_not_another_runs(
+    infra: Servers, db_url: str, prefix: str
+) -> None:
+    """Another run's `done` writes that run's frames at once, not the frames a run in
+    progress has buffered: each run's frames are one segment (when every `done` wrote
+    every buffer, most runs were cut in two at hundreds of runs a second)."""
+    async with stack_without_executor(infra, db_url, prefix, segment_flush_ms=60_000) as stack:
+        publisher = await Broker.connect(stack.nats_url, Subjects(prefix), name="test-executor")
+        try:
+            going, ending = await _runs(stack, 2)
+            attempt = AttemptFrames(publisher, going)
+            await attempt.run(["a "], done=False)
+            await AttemptFrames(publisher, ending).run(["b "])
+            await eventually(lambda: all_frames_stored(stack.store, ending, 3), timeout=15)
+            assert await archived_seqs(stack.store, going) == []
+            await attempt.run(["c "])
+            await eventually(lambda: all_frames_stored(stack.store, going, 4), timeout=15)
+            segments = await stack.store.segments_after(going, 0)
+        finally:
+            await publisher.close()
+    assert [[f["seq"] for f in s.frames] for s in segments] == [[1, 2, 3, 4]]
+
+
+async def test_a_run_in_progress_has_its_frames_written_once_they_are_old_enough(
+    infra: Servers, db_url: str, prefix: str
+) -> None:
+    """Without a frame that must be written at once, a run's frames reach Postgres
+    `segment_flush_ms` after the first of them (not only when the run ends)."""
+    async with stack_without_executor(infra, db_url, prefix, segment_flush_ms=300) as stack:
+        publisher = await Broker.connect(stack.nats_url, Subjects(prefix), name="test-executor")
+        try:
+            (run_id,) = await _runs(stack, 1)
+            await AttemptFrames(publisher, run_id).run(["a ", "b "], done=False)
+
+            async def written() -> bool:
+                return await archived_seqs(stack.store, run_id) == [1, 2, 3]
+
+            await eventually(written, timeout=15)
+        finally:
+            await publisher.close()

@@ -11,6 +11,7 @@ import asyncpg
 import nats
 import pytest
 
+from runwire.runtime.settings import DEFAULT_SEGMENT_FLUSH_MS
 from tests.services import InProcessStack, eventually
 
 pytestmark = pytest.mark.integration
@@ -85,7 +86,9 @@ async def test_a_no_op_run_costs_a_bounded_count_of_messages_calls_and_writes(
         # A no-op run needs no heartbeat: on a busy machine one held past a heartbeat
         # would add its lease renewal and progress ack to what is counted here.
         slow_beats = {"heartbeat_ms": 30_000, "lease_ttl_ms": 60_000, "ack_wait_ms": 60_000}
-        async with InProcessStack(infra.nats_url, db_url, prefix, overrides=slow_beats) as stack:
+        # The relay writes segments as a deployment does (the test stacks, faster).
+        settings = {**slow_beats, "segment_flush_ms": DEFAULT_SEGMENT_FLUSH_MS}
+        async with InProcessStack(infra.nats_url, db_url, prefix, overrides=settings) as stack:
             gate = asyncio.Semaphore(64)
 
             async def submit() -> str:
@@ -123,13 +126,17 @@ async def test_a_no_op_run_costs_a_bounded_count_of_messages_calls_and_writes(
     # and delivered; 3 run events; 3 frames published, and republished on the run's live
     # subject, where the relay hears them: 19 when the relay read them through a consumer
     # and acknowledged each; the job's ack); 13 calls of functions that run once per run
-    # (42 before the checks above were skipped); the run's row written 4 to 5 times after
-    # its insert (the relay may write a run's frames in two segments); 3 run events.
+    # (42 before the checks above were skipped); the run's row written 3 times after its
+    # insert (claimed, finished, its frames written; 4 to 5 before, see below); 3 run
+    # events.
     assert messages <= 13.5, report
     assert calls <= 13.5, report
-    assert per_run.get("runs.upd", 0) <= 5, report
+    assert per_run.get("runs.upd", 0) <= 3.2, report
     assert per_run.get("run_events.ins", 0) <= 3.5, report
     assert per_run.get("outbox.ins", 0) <= 2, report
+    # A run's frames are one segment (2.6 when every run's `done` flushed every run's
+    # buffered frames), written with one update of its row.
+    assert per_run.get("frame_segments.ins", 0) <= 1.1, report
     # A batch of runs ended together starts its tenant's next share turn once (each start
     # counts the tenant's jobs), not once per run.
     turns, batches = per_run.get("start_share_turn()", 0), per_run.get("finish_runs()", 0)
