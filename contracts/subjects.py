@@ -9,6 +9,10 @@ from dataclasses import dataclass
 DEFAULT_PREFIX = "rw"
 DEFAULT_TENANT = "default"
 TENANT_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# The second tokens of the services' own subjects (jobs, raw frames, health requests,
+# cancel notices): a tenant of one of these names would share their subject space (its
+# JetStream API, `<prefix>.jobs.JS.API.job`, is a job subject).
+RESERVED_TENANTS = frozenset({"jobs", "frames", "health", "ctl"})
 PREFIX_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 # A runner's name is one subject token (its jobs' subjects carry it) and a consumer name.
 RUNNER_NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
@@ -210,8 +214,9 @@ def inbox_prefix(tenant: str) -> str:
 
 
 def valid_tenant(tenant: str) -> bool:
-    """A tenant is one subject token of letters, digits, `_` or `-`."""
-    return bool(TENANT_PATTERN.match(tenant))
+    """A tenant is one subject token of 1-64 letters, digits, `_` or `-`, and none of
+    `RESERVED_TENANTS`."""
+    return bool(TENANT_PATTERN.match(tenant)) and tenant not in RESERVED_TENANTS
 
 
 def service_inbox(service: str) -> str:

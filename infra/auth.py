@@ -64,10 +64,11 @@ from runwire.contracts.subjects import (
     DEFAULT_INBOX,
     DEFAULT_TENANT,
     GATEWAY_INBOX,
-    TENANT_PATTERN,
+    RESERVED_TENANTS,
     Subjects,
     inbox_prefix,
     service_inbox,
+    valid_tenant,
 )
 from runwire.gateway.keys import add_key, expire_tenant_keys, new_key, remove_tenant_keys
 from runwire.infra.embedded import ROUTE_USER, reload_server
@@ -162,8 +163,11 @@ class Identities:
 
     def add_tenant(self, tenant: str) -> str:
         """Create the tenant's identity (or return the one it has); its password."""
-        if not TENANT_PATTERN.match(tenant):
-            raise ValueError(f"invalid tenant name {tenant!r}: 1-64 letters, digits, '-' or '_'")
+        if not valid_tenant(tenant):
+            raise ValueError(
+                f"invalid tenant name {tenant!r}: 1-64 letters, digits, '-' or '_', and "
+                f"none of {', '.join(sorted(RESERVED_TENANTS))}"
+            )
         return self.passwords.setdefault(self.user_of(tenant), secrets.token_urlsafe(32))
 
     def remove_tenant(self, tenant: str) -> bool:

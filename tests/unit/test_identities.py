@@ -7,8 +7,9 @@ import bcrypt
 import pytest
 
 from runwire.contracts.identities import tenant_user
-from runwire.contracts.subjects import Subjects
-from runwire.infra.auth import Identities, render
+from runwire.contracts.subjects import RESERVED_TENANTS, Subjects, valid_tenant
+from runwire.infra.auth import Identities, render, tenant_permissions
+from runwire.submitter.jetstream import intersects
 
 pytestmark = pytest.mark.unit
 
@@ -40,3 +41,27 @@ def test_the_servers_configuration_holds_hashes_that_check_the_passwords(tmp_pat
     assert {n: h for n, h in again.items() if n != tenant_user("acme")} == {
         n: h for n, h in users.items() if n != tenant_user("acme")
     }
+
+
+def _services_subjects(s: Subjects) -> list[str]:
+    """The subjects only services publish or read: jobs, raw frames, cancel notices."""
+    return [s.jobs_wildcard, f"{s.prefix}.frames.in.*.*", s.frames_out_wildcard]
+
+
+def test_no_tenant_name_reaches_the_services_subjects() -> None:
+    """A tenant's permissions hang off its name: a name equal to a token of the services'
+    subjects would share their space (`rw.jobs.JS.API.job`, the JetStream API of a
+    tenant `jobs`, is a job subject). Such names are no tenant's."""
+    s = Subjects("rw")
+    for tenant in ("acme", "default", "JS", "in", "out", "runs", "cmd", "a-b_c", "job"):
+        allowed = tenant_permissions(tenant, s)
+        mine = allowed["publish"]["allow"] + allowed["subscribe"]["allow"]
+        assert valid_tenant(tenant)
+        assert not [(m, x) for m in mine for x in _services_subjects(s) if intersects(m, x)]
+    assert any(
+        intersects(m, s.jobs_wildcard) for m in tenant_permissions("jobs", s)["publish"]["allow"]
+    )
+    for tenant in sorted(RESERVED_TENANTS):
+        assert not valid_tenant(tenant)
+        with pytest.raises(ValueError, match="none of"):
+            Identities.generate().add_tenant(tenant)
