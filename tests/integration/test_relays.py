@@ -621,7 +621,11 @@ async def test_a_runs_frames_wait_for_its_own_done_not_another_runs(
     async with stack_without_executor(infra, db_url, prefix, segment_flush_ms=60_000) as stack:
         publisher = await Broker.connect(stack.nats_url, Subjects(prefix), name="test-executor")
         try:
-            going, ending = await _runs(stack, 2)
+            warm, going, ending = await _runs(stack, 3)
+            # Archived once the relay hears frames live (before, it reads the stream
+            # from where the archive stood, and syncs the runs it finds there).
+            await AttemptFrames(publisher, warm).run([])
+            await eventually(lambda: all_frames_stored(stack.store, warm, 2), timeout=15)
             attempt = AttemptFrames(publisher, going)
             await attempt.run(["a "], done=False)
             await AttemptFrames(publisher, ending).run(["b "])
