@@ -59,6 +59,15 @@ async def _runs(stack: InProcessStack, n: int) -> list[str]:
     return [(await stack.client.submit({"tokens": ["x"]})).run.run_id for _ in range(n)]
 
 
+async def _hearing_live(stack: InProcessStack, publisher: Broker) -> None:
+    """Wait until the relay hears frames live: once a run's frames are archived, it has
+    read the stream from where the archive stood (a relay still doing so syncs each run
+    it finds there from the stream, in segments of its own, as designed)."""
+    (warm,) = await _runs(stack, 1)
+    await AttemptFrames(publisher, warm).run([])
+    await eventually(lambda: all_frames_stored(stack.store, warm, 2), timeout=15)
+
+
 async def _archived_once(stack: InProcessStack, run_id: str, frames: int) -> bool:
     return await all_frames_stored(stack.store, run_id, frames) and await archived_seqs(
         stack.store, run_id
@@ -107,6 +116,7 @@ async def _counted(stack: InProcessStack, run_id: str, frames: int) -> bool:
 async def test_each_flush_is_a_span_of_the_attempt_whose_frames_it_wrote(
     archive: InProcessStack, broker: Broker, spans: InProcessSpans
 ) -> None:
+    await _hearing_live(archive, broker)
     (run_id,) = await _runs(archive, 1)
     trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
     chain = AttemptFrames(broker, run_id, generation=3, traceparent=f"00-{trace_id}-{parent}-01")
@@ -603,6 +613,7 @@ async def test_a_quiet_runs_frames_are_written_in_one_segment(
     async with stack_without_executor(infra, db_url, prefix, segment_flush_ms=60_000) as stack:
         publisher = await Broker.connect(stack.nats_url, Subjects(prefix), name="test-executor")
         try:
+            await _hearing_live(stack, publisher)
             (run_id,) = await _runs(stack, 1)
             await AttemptFrames(publisher, run_id).run(["a ", "b "])
             await eventually(lambda: all_frames_stored(stack.store, run_id, 4), timeout=15)
@@ -621,11 +632,8 @@ async def test_a_runs_frames_wait_for_its_own_done_not_another_runs(
     async with stack_without_executor(infra, db_url, prefix, segment_flush_ms=60_000) as stack:
         publisher = await Broker.connect(stack.nats_url, Subjects(prefix), name="test-executor")
         try:
-            warm, going, ending = await _runs(stack, 3)
-            # Archived once the relay hears frames live (before, it reads the stream
-            # from where the archive stood, and syncs the runs it finds there).
-            await AttemptFrames(publisher, warm).run([])
-            await eventually(lambda: all_frames_stored(stack.store, warm, 2), timeout=15)
+            await _hearing_live(stack, publisher)
+            going, ending = await _runs(stack, 2)
             attempt = AttemptFrames(publisher, going)
             await attempt.run(["a "], done=False)
             await AttemptFrames(publisher, ending).run(["b "])
