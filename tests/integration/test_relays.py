@@ -2,6 +2,7 @@
 Postgres segments once and in order, by one relay at a time."""
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -57,6 +58,20 @@ async def broker(archive: InProcessStack) -> AsyncIterator[Broker]:
 async def _runs(stack: InProcessStack, n: int) -> list[str]:
     """`n` runs in Postgres (queued: no executor takes them)."""
     return [(await stack.client.submit({"tokens": ["x"]})).run.run_id for _ in range(n)]
+
+
+@contextlib.asynccontextmanager
+async def _publishing(
+    infra: Servers, db_url: str, prefix: str, **overrides: Any
+) -> AsyncIterator[tuple[InProcessStack, Broker]]:
+    """A stack without an executor (`overrides` its settings), and a connection that
+    publishes frames as an executor does."""
+    async with stack_without_executor(infra, db_url, prefix, **overrides) as stack:
+        publisher = await Broker.connect(stack.nats_url, Subjects(prefix), name="test-executor")
+        try:
+            yield stack, publisher
+        finally:
+            await publisher.close()
 
 
 async def _hearing_live(stack: InProcessStack, publisher: Broker) -> None:
@@ -610,16 +625,12 @@ async def test_a_quiet_runs_frames_are_written_in_one_segment(
     """A run whose output follows its `run` frame at once (most runs) costs Postgres one
     segment statement: the `run` frame waits for `done` (or the flush timer, here too long
     to matter), and `done` is written at once."""
-    async with stack_without_executor(infra, db_url, prefix, segment_flush_ms=60_000) as stack:
-        publisher = await Broker.connect(stack.nats_url, Subjects(prefix), name="test-executor")
-        try:
-            await _hearing_live(stack, publisher)
-            (run_id,) = await _runs(stack, 1)
-            await AttemptFrames(publisher, run_id).run(["a ", "b "])
-            await eventually(lambda: all_frames_stored(stack.store, run_id, 4), timeout=15)
-            segments = await stack.store.segments_after(run_id, 0)
-        finally:
-            await publisher.close()
+    async with _publishing(infra, db_url, prefix, segment_flush_ms=60_000) as (stack, publisher):
+        await _hearing_live(stack, publisher)
+        (run_id,) = await _runs(stack, 1)
+        await AttemptFrames(publisher, run_id).run(["a ", "b "])
+        await eventually(lambda: all_frames_stored(stack.store, run_id, 4), timeout=15)
+        segments = await stack.store.segments_after(run_id, 0)
     assert [[f["seq"] for f in s.frames] for s in segments] == [[1, 2, 3, 4]]
 
 
@@ -629,21 +640,17 @@ async def test_a_runs_frames_wait_for_its_own_done_not_another_runs(
     """Another run's `done` writes that run's frames at once, not the frames a run in
     progress has buffered: each run's frames are one segment (when every `done` wrote
     every buffer, most runs were cut in two at hundreds of runs a second)."""
-    async with stack_without_executor(infra, db_url, prefix, segment_flush_ms=60_000) as stack:
-        publisher = await Broker.connect(stack.nats_url, Subjects(prefix), name="test-executor")
-        try:
-            await _hearing_live(stack, publisher)
-            going, ending = await _runs(stack, 2)
-            attempt = AttemptFrames(publisher, going)
-            await attempt.run(["a "], done=False)
-            await AttemptFrames(publisher, ending).run(["b "])
-            await eventually(lambda: all_frames_stored(stack.store, ending, 3), timeout=15)
-            assert await archived_seqs(stack.store, going) == []
-            await attempt.run(["c "])
-            await eventually(lambda: all_frames_stored(stack.store, going, 4), timeout=15)
-            segments = await stack.store.segments_after(going, 0)
-        finally:
-            await publisher.close()
+    async with _publishing(infra, db_url, prefix, segment_flush_ms=60_000) as (stack, publisher):
+        await _hearing_live(stack, publisher)
+        going, ending = await _runs(stack, 2)
+        attempt = AttemptFrames(publisher, going)
+        await attempt.run(["a "], done=False)
+        await AttemptFrames(publisher, ending).run(["b "])
+        await eventually(lambda: all_frames_stored(stack.store, ending, 3), timeout=15)
+        assert await archived_seqs(stack.store, going) == []
+        await attempt.run(["c "])
+        await eventually(lambda: all_frames_stored(stack.store, going, 4), timeout=15)
+        segments = await stack.store.segments_after(going, 0)
     assert [[f["seq"] for f in s.frames] for s in segments] == [[1, 2, 3, 4]]
 
 
@@ -652,15 +659,11 @@ async def test_a_run_in_progress_has_its_frames_written_once_they_are_old_enough
 ) -> None:
     """Without a frame that must be written at once, a run's frames reach Postgres
     `segment_flush_ms` after the first of them (not only when the run ends)."""
-    async with stack_without_executor(infra, db_url, prefix, segment_flush_ms=300) as stack:
-        publisher = await Broker.connect(stack.nats_url, Subjects(prefix), name="test-executor")
-        try:
-            (run_id,) = await _runs(stack, 1)
-            await AttemptFrames(publisher, run_id).run(["a ", "b "], done=False)
+    async with _publishing(infra, db_url, prefix, segment_flush_ms=300) as (stack, publisher):
+        (run_id,) = await _runs(stack, 1)
+        await AttemptFrames(publisher, run_id).run(["a ", "b "], done=False)
 
-            async def written() -> bool:
-                return await archived_seqs(stack.store, run_id) == [1, 2, 3]
+        async def written() -> bool:
+            return await archived_seqs(stack.store, run_id) == [1, 2, 3]
 
-            await eventually(written, timeout=15)
-        finally:
-            await publisher.close()
+        await eventually(written, timeout=15)

@@ -293,43 +293,53 @@ async def test_a_javascript_ordered_consumer_follows_a_run_and_its_events(
     assert (await node(mine, 1, "add"))["made"] is True
 
 
-async def test_the_examples_follow_a_run_with_an_official_client_alone(
-    broker: Broker, secured: InProcessStack
-) -> None:
+def _example_env(broker: Broker) -> dict[str, str]:
+    """The environment an example runs in: tenant acme's settings, nothing else of ours."""
     user = tenant_user("acme")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNWIRE_")}
-    env |= {
+    return env | {
         "RUNWIRE_NATS_URL": broker.url,
         "RUNWIRE_PREFIX": broker.subjects.prefix,
         "RUNWIRE_TENANT": "acme",
         "RUNWIRE_NATS_USER": user,
         "RUNWIRE_NATS_PASSWORD": broker.identities.passwords[user],
     }
-    python = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(ROOT / "examples" / "follow_with_nats.py"),
+
+
+async def _example(
+    command: list[str], env: dict[str, str], *, script: bytes = b"", cwd: Path | None = None
+) -> str:
+    """Run an example (`script`: given on standard input); what it printed."""
+    proc = await asyncio.create_subprocess_exec(
+        *command,
         env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(python.communicate(), 60)
-    assert python.returncode == 0, err.decode()
-    assert out.decode().strip() == "'Hi there' finished"
-    if shutil.which("node") is None:
-        return
-    await asyncio.to_thread(install_node_modules)
-    # Run where the `nats` package is installed (an ES module on standard input resolves
-    # its imports from the working folder).
-    node = await asyncio.create_subprocess_exec(
-        "node",
-        "--input-type=module",
-        cwd=NODE_DIR,
-        env=env,
+        cwd=cwd,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
+    out, err = await asyncio.wait_for(proc.communicate(script), 60)
+    assert proc.returncode == 0, err.decode()
+    return out.decode().strip()
+
+
+async def test_the_python_example_follows_a_run_with_nats_py_alone(
+    broker: Broker, secured: InProcessStack
+) -> None:
+    example = str(ROOT / "examples" / "follow_with_nats.py")
+    printed = await _example([sys.executable, example], _example_env(broker))
+    assert printed == "'Hi there' finished"
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+async def test_the_javascript_example_follows_a_run_with_nats_js_alone(
+    broker: Broker, secured: InProcessStack
+) -> None:
+    await asyncio.to_thread(install_node_modules)
+    # Run where the `nats` package is installed (an ES module on standard input resolves
+    # its imports from the working folder).
     script = (ROOT / "examples" / "follow_with_nats.mjs").read_bytes()
-    out, err = await asyncio.wait_for(node.communicate(script), 60)
-    assert node.returncode == 0, err.decode()
-    assert out.decode().strip() == '"Hi there" finished'
+    printed = await _example(
+        ["node", "--input-type=module"], _example_env(broker), script=script, cwd=NODE_DIR
+    )
+    assert printed == '"Hi there" finished'
