@@ -215,7 +215,7 @@ async def streams(
 ) -> None:
     """Scenario 10, runwire (a stack of its own, with room for every stream at once) and
     the Redis Streams peer level by level; runwire's levels are left in `ours`."""
-    most = max(sizes.stream_levels)
+    most = max(*sizes.stream_levels, report.CPU_LEVEL)
     # Text deltas held up to this long join one frame (off in the latency scenarios).
     hold = many_streams.COALESCE_MS
     settings = {**BASE_SETTINGS, "max_in_flight": most, "coalesce_ms": hold}
@@ -236,6 +236,10 @@ async def streams(
             stack, srv, results, list(sizes.stream_levels)
         )
         ours.update(found)
+        # The headline CPU per token is uncoalesced: the same stack, every token a frame.
+        progress("restarting the executor with one frame a token (no deltas joined)")
+        await stack.restart_service("executor-1", coalesce_ms=0, coalesce_text="false")
+        await many_streams.measure_one_frame_a_token(stack, results, report.CPU_LEVEL)
     finally:
         await stack.close()
     many_streams.add_comparison(results, ours, theirs)

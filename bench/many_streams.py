@@ -388,6 +388,16 @@ async def measure_first_burst(stack: Stack, results: Results, runs: int = FIRST_
     return await _level(results, "runwire, just started", runs, _runwire_levels(stack))
 
 
+# The system name of the level run with one frame a token (no two deltas joined).
+ONE_FRAME_A_TOKEN = "runwire, one frame a token"
+
+
+async def measure_one_frame_a_token(stack: Stack, results: Results, runs: int) -> Level:
+    """One level on a stack whose executor joins no deltas (`RUNWIRE_COALESCE_MS=0`,
+    `RUNWIRE_COALESCE_TEXT=false`): what a token costs when every token is a frame."""
+    return await _level(results, ONE_FRAME_A_TOKEN, runs, _runwire_levels(stack))
+
+
 async def measure_side_by_side(
     stack: Stack, servers: Servers, results: Results, levels: list[int]
 ) -> tuple[dict[int, Level], dict[int, Level]]:

@@ -269,7 +269,7 @@ async def measure(stack: Stack, results: Results, resumes: int, waiting: int) ->
         f"resumes whose run frame reached the client {LATE_MS} ms late or more",
         f"{late} of {len(firsts)}",
         "resumes",
-        "see docs/performance.md, runs that wait",
+        "late: the client heard the frame only when it joined again after its idle wait",
     )
     progress(f"{SCENARIO}: resume → run frame p50 {p['p50']} ms, p99 {p['p99']} ms")
 
