@@ -24,6 +24,8 @@ PINS = (
     "langgraph-sdk==0.4.14",
 )
 START_WITHIN_S = 60.0
+# The reference graph's id, as serve.py registers chat_graph.py.
+GRAPH = "chat"
 
 
 def ensure_venv() -> Path:
@@ -56,6 +58,15 @@ def _free_port() -> int:
         return port
 
 
+def _serves_graph(url: str) -> bool:
+    """Whether the server answers and has registered the reference graph: under load it
+    answers `/ok` before its graphs are loaded, and a run on `chat` is then refused."""
+    if httpx.get(f"{url}/ok", timeout=2).status_code != 200:
+        return False
+    found = httpx.post(f"{url}/assistants/search", json={"graph_id": GRAPH, "limit": 1}, timeout=2)
+    return found.status_code == 200 and len(found.json()) > 0
+
+
 @contextmanager
 def langgraph_server(log: Path) -> Iterator[str]:
     """LangGraph's server with the reference graph `chat`; yields its base URL."""
@@ -76,7 +87,7 @@ def langgraph_server(log: Path) -> Iterator[str]:
                 if server.poll() is not None:
                     raise RuntimeError(f"LangGraph's server exited: {_tail(log)}")
                 try:
-                    if httpx.get(f"{url}/ok", timeout=2).status_code == 200:
+                    if _serves_graph(url):
                         break
                 except httpx.TransportError:
                     pass
