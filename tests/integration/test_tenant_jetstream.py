@@ -267,22 +267,23 @@ async def test_a_javascript_ordered_consumer_follows_a_run_and_its_events(
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
-        out, err = await asyncio.wait_for(script.communicate(), 60)
+        # Up to 75 s in the script: a client's own recovery of a dropped pull (see it).
+        out, err = await asyncio.wait_for(script.communicate(), 100)
         assert script.returncode == 0, err.decode()
         seen: dict[str, Any] = json.loads(out)
         return seen
 
     mine = s.run_frames("acme", run_id)
     from_start, after_join = await asyncio.gather(node(mine, 1), node(mine, joined.live.stream_seq))
-    assert from_start["seqs"] == list(range(1, len(from_start["seqs"]) + 1))
-    assert from_start["text"] == "".join(TOKENS)
+    assert from_start["seqs"] == list(range(1, len(from_start["seqs"]) + 1)), from_start
+    assert from_start["text"] == "".join(TOKENS), from_start
     seqs = [f.seq for f in joined.replay] + after_join["seqs"]
-    assert seqs == list(range(1, len(seqs) + 1))
-    assert _text(joined.replay) + after_join["text"] == "".join(TOKENS)
+    assert seqs == list(range(1, len(seqs) + 1)), after_join
+    assert _text(joined.replay) + after_join["text"] == "".join(TOKENS), after_join
 
     # And the run's events, from the events stream's start.
     events = await node(s.events("acme", run_id), 1, stream=s.events_stream)
-    assert events["events"] == ["submitted", "claimed", "finished"]
+    assert events["events"] == ["submitted", "claimed", "finished"], events
 
     # The same client's consumer of another tenant's run: refused.
     globex = await broker.tenant("globex")

@@ -3,8 +3,12 @@
 // through the tenant's JetStream API prefix, from a stream sequence (1: the start).
 // Usage: node follow_ordered.mjs <nats url> <user> <password> <inbox prefix> <api prefix>
 //        <stream> <subject> <start seq> [add]
-// Prints one JSON object, {seqs, text, events}, once the run's `done` frame (or, on the
-// events stream, the event that ends it) arrives. With `add`, it makes a consumer of the
+// Prints one JSON object, {seqs, text, events, notices}, once the run's `done` frame (or,
+// on the events stream, the event that ends it) arrives; `notices` are the consumer's own
+// status notifications (a missed heartbeat, a reset), for a failing test to show.
+// On a cluster, nats-server drops a pull whose reply inbox its route has not yet heard
+// of; the client notices only when two idle heartbeats are missed (30 s with its defaults)
+// and pulls again, so the script waits long enough for that recovery. With `add`, it makes a consumer of the
 // subject with the client's manager instead (an ordered consumer retries a refused
 // creation without end) and prints what the server said.
 import { AckPolicy, StringCodec, connect } from "nats";
@@ -31,10 +35,16 @@ const consumer = await js.consumers.get(stream, {
   opt_start_seq: Number(start),
 });
 const messages = await consumer.consume();
+const notices = [];
+(async () => {
+  for await (const status of await messages.status()) {
+    if (status.type !== "next") notices.push(status);
+  }
+})();
 const seqs = [];
 const events = [];
 let text = "";
-const timer = setTimeout(() => messages.stop(), 30000);
+const timer = setTimeout(() => messages.stop(), 75000);
 for await (const m of messages) {
   const frame = JSON.parse(sc.decode(m.data));
   if (frame.event !== undefined) {
@@ -49,4 +59,4 @@ for await (const m of messages) {
 }
 clearTimeout(timer);
 await nc.close();
-process.stdout.write(JSON.stringify({ seqs, text, events }));
+process.stdout.write(JSON.stringify({ seqs, text, events, notices }));
