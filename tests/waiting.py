@@ -10,7 +10,9 @@ import runwire
 @runwire.runner()
 async def asks(ctx: runwire.AttemptContext) -> dict[str, Any]:
     """Greet (once: checkpointed), ask, and say the answer. `timeout` (seconds): how long
-    it waits; `handle_timeout`: no answer in time is an answer too."""
+    it waits; `handle_timeout`: no answer in time is an answer too. What it says after
+    the wait is said once: an attempt that takes over from one that had said it (an
+    executor that stopped renewing its lease) finds it in `ctx.continuation`."""
     if not (ctx.checkpoint_state or {}).get("greeted"):
         await ctx.message("hello ")
         await ctx.checkpoint({"greeted": True})
@@ -19,10 +21,15 @@ async def asks(ctx: runwire.AttemptContext) -> dict[str, Any]:
     except runwire.WaitTimeout:
         if not ctx.input.get("handle_timeout"):
             raise
-        await ctx.message("no answer")
+        await _say_once(ctx, "no answer")
         return {"answer": None}
-    await ctx.message(f"you said {answer['say']}")
+    await _say_once(ctx, f"you said {answer['say']}")
     return {"answer": answer, "attempt": ctx.attempt}
+
+
+async def _say_once(ctx: runwire.AttemptContext, text: str) -> None:
+    if not ctx.continuation.endswith(text):
+        await ctx.message(text)
 
 
 @runwire.runner()
