@@ -40,7 +40,13 @@ async def _settled(stack: InProcessStack, run_id: str) -> RunSummary:
 
 
 @pytest.fixture
-async def charging(infra: Any, db_url: str, prefix: str) -> AsyncIterator[Any]:
+async def charging(
+    request: pytest.FixtureRequest, infra: Any, db_url: str, prefix: str
+) -> AsyncIterator[Any]:
+    """The endpoint and a stack that may charge it; parametrized indirectly, the claim's
+    deadline in ms (the default, 30 s, otherwise: a dispatch that a busy machine slows
+    past a short one fails by its deadline, which only the test of deadlines asks for)."""
+    claim_ms = getattr(request, "param", None)
     async with (
         EffectServer() as server,
         InProcessStack(
@@ -49,7 +55,7 @@ async def charging(infra: Any, db_url: str, prefix: str) -> AsyncIterator[Any]:
             prefix,
             db_roles=infra.service_roles,
             runners={"charge": charge},
-            overrides={"effect_claim_ms": 500},
+            overrides={"effect_claim_ms": claim_ms} if claim_ms else {},
         ) as stack,
     ):
         await stack.allow_effects("http")
@@ -69,7 +75,7 @@ async def test_an_unknown_effect_of_a_failed_run_is_reconciled_and_charged(
     events = [e["event"] for e in await stack.store.run_events(reply.run.run_id)]
 
     assert failed.status == RunStatus.FAILED
-    assert [(e.state, e.receipt_id) for e in run.effects] == [("reconciled", "ch_1")]
+    assert [(e.state, e.receipt_id) for e in run.effects] == [("reconciled", "ch_1")], run.effects
     assert list(server.charges.values()) == [1]  # reconciled, never dispatched again
     assert (budget.cost_used, budget.cost_reserved) == (30, 0)
     assert "effect_resolved" in events
@@ -85,12 +91,13 @@ async def test_an_effect_a_failed_run_never_performed_is_failed_and_released(
     run = await _settled(stack, reply.run.run_id)
     budget = await stack.client.budget()
 
-    assert [(e.key, e.state) for e in run.effects] == [("charge", "failed")]
+    assert [(e.key, e.state) for e in run.effects] == [("charge", "failed")], run.effects
     assert "never performed" in (run.effects[0].error or "")
     assert not server.charges
     assert (budget.cost_used, budget.cost_reserved) == (0, 0)
 
 
+@pytest.mark.parametrize("charging", [500], indirect=True, ids=["claims of 500 ms"])
 async def test_an_operator_resolves_an_effect_failed_by_its_deadline(
     charging: tuple[EffectServer, InProcessStack],
 ) -> None:
