@@ -267,7 +267,8 @@ async def test_a_javascript_ordered_consumer_follows_a_run_and_its_events(
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
-        # Up to 75 s in the script: a client's own recovery of a dropped pull (see it).
+        # Up to 75 s in the script: the client's own recovery of a dropped pull (see
+        # follow_ordered.mjs), and the node process's start beside it.
         out, err = await asyncio.wait_for(script.communicate(), 100)
         assert script.returncode == 0, err.decode()
         seen: dict[str, Any] = json.loads(out)

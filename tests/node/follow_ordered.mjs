@@ -5,12 +5,12 @@
 //        <stream> <subject> <start seq> [add]
 // Prints one JSON object, {seqs, text, events, notices}, once the run's `done` frame (or,
 // on the events stream, the event that ends it) arrives; `notices` are the consumer's own
-// status notifications (a missed heartbeat, a reset), for a failing test to show.
+// status notifications (a missed heartbeat, a reset), for a failing test to show. With
+// `add`, it makes a consumer of the subject with the client's manager instead (an ordered
+// consumer retries a refused creation without end) and prints what the server said.
 // On a cluster, nats-server drops a pull whose reply inbox its route has not yet heard
-// of; the client notices only when two idle heartbeats are missed (30 s with its defaults)
-// and pulls again, so the script waits long enough for that recovery. With `add`, it makes a consumer of the
-// subject with the client's manager instead (an ordered consumer retries a refused
-// creation without end) and prints what the server said.
+// of; the client notices only when two idle heartbeats are missed (30 s with its
+// defaults) and pulls again, so the script waits 75 s, past that recovery.
 import { AckPolicy, StringCodec, connect } from "nats";
 
 const [url, user, pass, inboxPrefix, apiPrefix, stream, subject, start, mode] =
